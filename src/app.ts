@@ -1,0 +1,48 @@
+/** The HTTP surface: routes, limits and the one place errors become answers. */
+import { Hono } from "hono";
+import { bodyLimit } from "hono/body-limit";
+import { HTTPException } from "hono/http-exception";
+import { loadConfig } from "./config/index.ts";
+import { describeFailure, errorHeaders, LessorError, logEvent } from "./errors/index.ts";
+import type { AppEnv } from "./routes/context.ts";
+import { sqlRoutes } from "./routes/sql.ts";
+import { tenantRoutes } from "./routes/tenants.ts";
+
+export const app = new Hono<AppEnv>();
+
+app.use("*", (c, next) =>
+  bodyLimit({
+    maxSize: loadConfig(c.env).maxBodyBytes,
+    onError: () => {
+      throw new LessorError("payload_too_large");
+    },
+  })(c, next),
+);
+
+app.get("/", (c) => c.json({ service: "lessor", docs: "https://github.com/lessor/lessor#readme" }));
+app.route("/", sqlRoutes);
+app.route("/", tenantRoutes);
+
+app.notFound(() => {
+  throw new LessorError("not_found");
+});
+
+app.onError((error, c) => {
+  if (error instanceof LessorError) {
+    if (error.status >= 500 && !error.retryAfterSeconds) {
+      logEvent("error", "request_failed", {
+        code: error.code,
+        failure: describeFailure(error),
+        cause: describeFailure(error.cause),
+      });
+    }
+    return c.json(error.body(), error.status, errorHeaders(error));
+  }
+  if (error instanceof HTTPException) {
+    // Hono's own refusals (bearer auth) already carry a JSON body in our shape.
+    return error.getResponse();
+  }
+  logEvent("error", "unhandled_error", { path: c.req.path, failure: describeFailure(error) });
+  const internal = new LessorError("internal");
+  return c.json(internal.body(), 500);
+});

@@ -1,0 +1,95 @@
+/**
+ * Typed configuration from the Worker's vars and secrets. Parsed once per isolate and per env
+ * object; a bad value is a `misconfigured` error that names the setting, never its value.
+ */
+import { LessorError } from "../errors/index.ts";
+
+export interface DatabaseHost {
+  name: string;
+  /** Admin connection string (a secret): used only to create tenant databases and roles. */
+  adminUrl: string;
+  hostname: string;
+  port: number;
+}
+
+export interface LessorConfig {
+  idleTimeoutMs: number;
+  maxBodyBytes: number;
+  poolSizes: ReadonlyMap<string, number>;
+  defaultTier: string;
+  hosts: ReadonlyMap<string, DatabaseHost>;
+  defaultHost: string;
+  wsProxy: string | null;
+}
+
+/** Largest pool a tenant may hold. */
+export const maxPoolSize = 6;
+
+const cache = new WeakMap<object, LessorConfig>();
+
+function fail(setting: string, problem: string): never {
+  throw new LessorError("misconfigured", { internal: `${setting}: ${problem}` });
+}
+
+function positiveInt(setting: string, raw: string | undefined, fallback: number): number {
+  if (raw === undefined || raw === "") return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value <= 0) fail(setting, "must be a positive integer");
+  return value;
+}
+
+function jsonObject(setting: string, raw: string | undefined): Record<string, unknown> {
+  if (!raw) fail(setting, "is not set");
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(raw);
+  } catch {
+    fail(setting, "is not valid JSON");
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed))
+    fail(setting, "must be a JSON object");
+  return parsed as Record<string, unknown>;
+}
+
+/** Reads and validates the configuration. */
+export function loadConfig(env: Env): LessorConfig {
+  const cached = cache.get(env);
+  if (cached) return cached;
+
+  const poolSizes = new Map<string, number>();
+  for (const [tier, size] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
+    if (typeof size !== "number" || !Number.isInteger(size) || size < 1 || size > maxPoolSize) {
+      fail("LESSOR_POOL_SIZES", `tier ${tier} must have a pool size from 1 to ${maxPoolSize}`);
+    }
+    poolSizes.set(tier, size);
+  }
+  const defaultTier = poolSizes.has("standard") ? "standard" : [...poolSizes.keys()][0];
+  if (!defaultTier) fail("LESSOR_POOL_SIZES", "names no tier");
+
+  const hosts = new Map<string, DatabaseHost>();
+  for (const [name, adminUrl] of Object.entries(jsonObject("LESSOR_HOSTS", env.LESSOR_HOSTS))) {
+    if (!/^[a-z0-9][a-z0-9-]{0,39}$/.test(name)) fail("LESSOR_HOSTS", "host names are lowercase slugs");
+    if (typeof adminUrl !== "string") fail("LESSOR_HOSTS", `host ${name} needs an admin connection string`);
+    let url: URL;
+    try {
+      url = new URL(adminUrl.replace(/^postgres(ql)?:/, "http:"));
+    } catch {
+      fail("LESSOR_HOSTS", `host ${name} has a malformed connection string`);
+    }
+    hosts.set(name, { name, adminUrl, hostname: url.hostname, port: Number(url.port || 5432) });
+  }
+  const defaultHost = [...hosts.keys()][0];
+  if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
+
+  const config: LessorConfig = {
+    idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 60_000),
+    maxBodyBytes: positiveInt("LESSOR_MAX_BODY_BYTES", env.LESSOR_MAX_BODY_BYTES, 1024 * 1024),
+    poolSizes,
+    defaultTier,
+    hosts,
+    defaultHost,
+    wsProxy: env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null,
+  };
+  cache.set(env, config);
+  return config;
+}

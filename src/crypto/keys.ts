@@ -1,0 +1,46 @@
+/**
+ * API keys: 256 random bits behind a recognisable prefix, stored only as SHA-256 hashes. A
+ * high-entropy key needs no slow hash: there is nothing to guess.
+ */
+
+const tenantKeyPrefix = "lsk_";
+
+function base64url(bytes: Uint8Array): string {
+  let binary = "";
+  for (const byte of bytes) binary += String.fromCharCode(byte);
+  return btoa(binary).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
+}
+
+function hex(buffer: ArrayBuffer): string {
+  return [...new Uint8Array(buffer)].map((byte) => byte.toString(16).padStart(2, "0")).join("");
+}
+
+/** A new tenant key, `lsk_` + 43 base64url characters (256 bits). */
+export function generateTenantKey(): string {
+  return tenantKeyPrefix + base64url(crypto.getRandomValues(new Uint8Array(32)));
+}
+
+/** A random password for a tenant's Postgres role (256 bits, URL-safe). */
+export function generateDatabasePassword(): string {
+  return base64url(crypto.getRandomValues(new Uint8Array(32)));
+}
+
+/** Hex SHA-256 of a key: what the catalog and the TenantObject store. */
+export async function hashKey(key: string): Promise<string> {
+  return hex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(key)));
+}
+
+/** Constant-time comparison of two hex hashes of equal length. */
+export function hashesEqual(a: string, b: string): boolean {
+  const encoder = new TextEncoder();
+  const left = encoder.encode(a);
+  const right = encoder.encode(b);
+  if (left.byteLength !== right.byteLength) return false;
+  return crypto.subtle.timingSafeEqual(left, right);
+}
+
+/** Compares a presented secret with the expected one without leaking where they differ. */
+export async function secretMatches(presented: string, expected: string): Promise<boolean> {
+  const [a, b] = await Promise.all([hashKey(presented), hashKey(expected)]);
+  return hashesEqual(a, b);
+}

@@ -1,0 +1,17 @@
+// Secrets are not in wrangler.toml, so `wrangler types` cannot see them; they are declared here.
+interface LessorSecrets {
+  /** Bearer key for operator endpoints. */
+  LESSOR_ADMIN_KEY: string;
+  /** 32 random bytes, base64: the AES-GCM key that seals tenant database passwords. */
+  LESSOR_SEAL_KEY: string;
+  /** Connection string of the control-plane database. */
+  LESSOR_CONTROL_PLANE_URL: string;
+  /** JSON object: database host name → admin connection string used to provision tenants on it. */
+  LESSOR_HOSTS: string;
+}
+
+interface Env extends LessorSecrets {}
+
+declare namespace Cloudflare {
+  interface Env extends LessorSecrets {}
+}

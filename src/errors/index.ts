@@ -1,0 +1,186 @@
+/**
+ * The one error catalog. Every refusal Lessor makes has a stable `code`, an HTTP status and a
+ * public message that is safe to show a caller. The internal message and the cause are for logs
+ * only, and even there never carry a credential (see `redact`).
+ */
+
+export interface ErrorSpec {
+  readonly status: 400 | 401 | 403 | 404 | 405 | 409 | 413 | 415 | 423 | 500 | 502 | 503 | 504;
+  readonly message: string;
+  /** Retryable refusals carry a hint in seconds; it becomes `Retry-After`. */
+  readonly retryable?: boolean;
+}
+
+export const errorCatalog = {
+  not_found: { status: 404, message: "No such route." },
+  method_not_allowed: { status: 405, message: "Method not allowed on this route." },
+  invalid_json: { status: 400, message: "The request body is not valid JSON." },
+  invalid_request: { status: 400, message: "The request is not valid." },
+  unsupported_media_type: { status: 415, message: "Send the body as application/json." },
+  payload_too_large: { status: 413, message: "The request body is larger than this deployment accepts." },
+  invalid_tenant_id: {
+    status: 400,
+    message: "A tenant id is 1 to 40 lowercase letters, digits or hyphens, starting with a letter or digit.",
+  },
+  missing_credentials: { status: 401, message: "No credentials were sent." },
+  invalid_credentials: { status: 401, message: "Unknown tenant or invalid key." },
+  invalid_connection_string: {
+    status: 400,
+    message: "Neon-Connection-String must be postgres://<tenant>:<tenant key>@<host>/<tenant>.",
+  },
+  tenant_not_found: { status: 404, message: "No such tenant." },
+  tenant_exists: { status: 409, message: "A tenant with this id already exists." },
+  provisioning_in_progress: {
+    status: 409,
+    message: "This tenant is being provisioned by another request; retry shortly.",
+    retryable: true,
+  },
+  tenant_not_ready: {
+    status: 409,
+    message: "The tenant has not finished provisioning; send the same create request again to resume it.",
+  },
+  tenant_disabled: { status: 423, message: "The tenant is disabled." },
+  unknown_host: { status: 400, message: "No database host with that name is configured." },
+  unknown_tier: { status: 400, message: "No tier with that name is configured." },
+  stale_generation: {
+    status: 409,
+    message: "The pool generation this work was bound to has ended; retry to get a lease on the current one.",
+    retryable: true,
+  },
+  tenant_starting_failed: {
+    status: 503,
+    message: "The tenant's database could not be reached; Lessor is backing off before it tries again.",
+    retryable: true,
+  },
+  tenant_draining: {
+    status: 503,
+    message: "The tenant's pool is draining; retry shortly.",
+    retryable: true,
+  },
+  connection_lost: {
+    status: 503,
+    message: "The connection to the tenant database was lost mid-query; the query may not have run. Retry.",
+    retryable: true,
+  },
+  lease_timeout: {
+    status: 503,
+    message: "No connection of the tenant's pool became free in time; retry shortly.",
+    retryable: true,
+  },
+  provisioning_failed: {
+    status: 502,
+    message: "Provisioning could not finish; send the same create request again to resume it.",
+    retryable: true,
+  },
+  control_plane_unavailable: {
+    status: 503,
+    message: "Lessor's control plane is not reachable right now.",
+    retryable: true,
+  },
+  misconfigured: { status: 500, message: "Lessor is misconfigured; the operator has been told in the logs." },
+  internal: { status: 500, message: "Internal error." },
+} as const satisfies Record<string, ErrorSpec>;
+
+export type ErrorCode = keyof typeof errorCatalog;
+
+/** The JSON body of every error answer (outside `/sql`'s Postgres errors). */
+export interface ErrorBody {
+  code: ErrorCode;
+  message: string;
+}
+
+/** A refusal with a stable code. Throw it anywhere; `app.onError` turns it into an answer. */
+export class LessorError extends Error {
+  override readonly name = "LessorError";
+  readonly code: ErrorCode;
+  readonly status: ErrorSpec["status"];
+  readonly publicMessage: string;
+  readonly retryAfterSeconds: number | undefined;
+
+  constructor(
+    code: ErrorCode,
+    options: { internal?: string; cause?: unknown; retryAfterSeconds?: number; publicMessage?: string } = {},
+  ) {
+    const spec: ErrorSpec = errorCatalog[code];
+    super(options.internal ?? spec.message, { cause: options.cause });
+    this.code = code;
+    this.status = spec.status;
+    this.publicMessage = options.publicMessage ?? spec.message;
+    this.retryAfterSeconds = spec.retryable
+      ? Math.max(1, Math.ceil(options.retryAfterSeconds ?? 1))
+      : undefined;
+  }
+
+  /** The answer a caller sees. */
+  body(): ErrorBody {
+    return { code: this.code, message: this.publicMessage };
+  }
+
+  /** A plain object that crosses RPC and rebuilds the same error on the other side. */
+  toWire(): WireError {
+    return {
+      code: this.code,
+      message: this.publicMessage,
+      ...(this.retryAfterSeconds === undefined ? {} : { retryAfterSeconds: this.retryAfterSeconds }),
+    };
+  }
+
+  static fromWire(wire: WireError): LessorError {
+    return new LessorError(wire.code, {
+      publicMessage: wire.message,
+      ...(wire.retryAfterSeconds === undefined ? {} : { retryAfterSeconds: wire.retryAfterSeconds }),
+    });
+  }
+}
+
+/** How a LessorError travels inside an RPC result. */
+export interface WireError {
+  code: ErrorCode;
+  message: string;
+  retryAfterSeconds?: number;
+}
+
+/** Headers an error answer carries. */
+export function errorHeaders(error: LessorError): Record<string, string> {
+  return error.retryAfterSeconds === undefined ? {} : { "Retry-After": String(error.retryAfterSeconds) };
+}
+
+const secretPatterns: ReadonlyArray<readonly [RegExp, string]> = [
+  // postgres://user:password@host: keep the user and host, drop the password.
+  [/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^@\s]*@/gi, "$1[redacted]@"],
+  // Lessor keys, wherever they appear.
+  [/\blsk_[A-Za-z0-9_-]{8,}/g, "[redacted]"],
+  // password=... in libpq keyword form or JSON-ish text.
+  [/(password["']?\s*[:=]\s*["']?)[^"'\s,}]+/gi, "$1[redacted]"],
+];
+
+/** Removes anything that looks like a credential from text bound for a log line. */
+export function redact(text: string): string {
+  let out = text;
+  for (const [pattern, replacement] of secretPatterns) out = out.replace(pattern, replacement);
+  return out;
+}
+
+/** One structured log line, credentials redacted. Never pass a stack. */
+export function logEvent(
+  level: "info" | "warn" | "error",
+  event: string,
+  fields: Record<string, unknown>,
+): void {
+  const line = redact(JSON.stringify({ level, event, ...fields }));
+  if (level === "error") console.error(line);
+  else if (level === "warn") console.warn(line);
+  else console.log(line);
+}
+
+/** A short, secret-free description of an unknown failure, for logs. */
+export function describeFailure(error: unknown): string {
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    return redact(`${error.name}${typeof code === "string" ? ` ${code}` : ""}: ${error.message}`).slice(
+      0,
+      500,
+    );
+  }
+  return redact(String(error)).slice(0, 500);
+}

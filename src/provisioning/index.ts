@@ -1,0 +1,146 @@
+/**
+ * Tenant provisioning: catalog row, database and login role on the tenant's host, sealed password,
+ * tenant schema migrations, key. Every step is idempotent, so a create that failed half way is
+ * resumed by sending the same create again; a concurrent create of the same id is refused while
+ * the first holds the tenant's provisioning lock.
+ */
+import { eq, sql } from "drizzle-orm";
+import type { LessorConfig } from "../config/index.ts";
+import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
+import { tenantCredentials, tenants } from "../control-plane/schema.ts";
+import { quoteIdent, quoteLiteral, type TenantId, tenantDatabaseName } from "../core/tenant-id.ts";
+import { generateDatabasePassword, generateTenantKey, hashKey } from "../crypto/keys.ts";
+import { seal } from "../crypto/seal.ts";
+import { describeFailure, LessorError, logEvent } from "../errors/index.ts";
+import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import { withConnection } from "../postgres/index.ts";
+import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
+
+export interface ProvisionInput {
+  id: TenantId;
+  tier: string;
+  host: string;
+}
+
+export type CatalogRow = typeof tenants.$inferSelect;
+
+/** The public view of a catalog row: never the key hash. */
+export function publicTenant(row: CatalogRow) {
+  return {
+    id: row.id,
+    ordinal: row.ordinal,
+    status: row.status,
+    tier: row.tier,
+    host: row.host,
+    schemaVersion: row.schemaVersion,
+    createdAt: row.createdAt.toISOString(),
+    updatedAt: row.updatedAt.toISOString(),
+  };
+}
+
+export interface Provisioned {
+  row: CatalogRow;
+  key: string;
+}
+
+export async function provisionTenant(
+  env: Env,
+  config: LessorConfig,
+  input: ProvisionInput,
+): Promise<Provisioned> {
+  if (!config.poolSizes.has(input.tier)) throw new LessorError("unknown_tier");
+  if (!config.hosts.has(input.host)) throw new LessorError("unknown_host");
+  const provisioned = await withControlPlane(config, env, async (db) => {
+    const { rows } = await db.execute<{ locked: boolean }>(
+      sql`SELECT pg_try_advisory_lock(hashtext('lessor:provision'), hashtext(${input.id})) AS locked`,
+    );
+    if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
+    try {
+      return await provisionLocked(db, env, config, input);
+    } finally {
+      await db.execute(sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`);
+    }
+  });
+  // Tell the tenant's object about its record now, so the first query needs no catalog read.
+  // If this fails, the object loads the record from the catalog on its first request instead.
+  const record = tenantRecordFromRow(provisioned.row, config);
+  if (record)
+    await env.TENANTS.getByName(input.id)
+      .configure(record)
+      .catch(() => undefined);
+  return provisioned;
+}
+
+async function provisionLocked(
+  db: ControlPlane,
+  env: Env,
+  config: LessorConfig,
+  input: ProvisionInput,
+): Promise<Provisioned> {
+  const name = tenantDatabaseName(input.id);
+  let [row] = await db.select().from(tenants).where(eq(tenants.id, input.id)).limit(1);
+  if (row && row.status !== "provisioning") throw new LessorError("tenant_exists");
+  if (!row) {
+    [row] = await db
+      .insert(tenants)
+      .values({
+        id: input.id,
+        status: "provisioning",
+        tier: input.tier,
+        host: input.host,
+        databaseName: name,
+        roleName: name,
+      })
+      .returning();
+  }
+  if (!row) throw new LessorError("internal", { internal: "catalog insert returned nothing" });
+  // A resumed create keeps the host it started on: the half-made database is there.
+  const host = config.hosts.get(row.host);
+  if (!host) throw new LessorError("unknown_host");
+
+  const password = generateDatabasePassword();
+  const sealed = await seal(env.LESSOR_SEAL_KEY, input.id, password);
+  await db
+    .insert(tenantCredentials)
+    .values({ tenantId: input.id, sealedPassword: sealed })
+    .onConflictDoUpdate({
+      target: tenantCredentials.tenantId,
+      set: { sealedPassword: sealed, sealedAt: sql`now()` },
+    });
+
+  let schemaVersion: number;
+  try {
+    await withConnection(config, host.adminUrl, "lessor:provision", async (admin) => {
+      const role = quoteIdent(row.roleName);
+      const roleExists = await admin.query("SELECT 1 FROM pg_roles WHERE rolname = $1", [row.roleName]);
+      // DDL takes no parameters; the password is base64url, so quoting it is exact.
+      await admin.query(
+        `${roleExists.rowCount ? "ALTER" : "CREATE"} ROLE ${role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD ${quoteLiteral(password)}`,
+      );
+      const dbExists = await admin.query("SELECT 1 FROM pg_database WHERE datname = $1", [row.databaseName]);
+      if (!dbExists.rowCount)
+        await admin.query(`CREATE DATABASE ${quoteIdent(row.databaseName)} OWNER ${role}`);
+      await admin.query(`REVOKE ALL ON DATABASE ${quoteIdent(row.databaseName)} FROM PUBLIC`);
+      await admin.query(`GRANT CONNECT ON DATABASE ${quoteIdent(row.databaseName)} TO ${role}`);
+    });
+    const tenantUrl = `postgres://${encodeURIComponent(row.roleName)}:${encodeURIComponent(password)}@${host.hostname}:${host.port}/${encodeURIComponent(row.databaseName)}`;
+    const run = await withConnection(config, tenantUrl, "lessor:migrate", (client) =>
+      migrateTenantDatabase(client, tenantMigrations),
+    );
+    schemaVersion = run.toVersion;
+  } catch (error) {
+    if (error instanceof LessorError) throw error;
+    logEvent("error", "provisioning_failed", { tenant: input.id, failure: describeFailure(error) });
+    throw new LessorError("provisioning_failed", { cause: error, retryAfterSeconds: 1 });
+  }
+
+  const key = generateTenantKey();
+  const [active] = await db
+    .update(tenants)
+    .set({ status: "active", keyHash: await hashKey(key), schemaVersion, updatedAt: sql`now()` })
+    .where(eq(tenants.id, input.id))
+    .returning();
+  if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });
+  logEvent("info", "tenant_provisioned", { tenant: input.id, host: active.host, schemaVersion });
+  return { row: active, key };
+}

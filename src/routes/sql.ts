@@ -1,0 +1,33 @@
+/**
+ * `POST /sql`: the Neon serverless driver's HTTP protocol. The tenant and its key come from the
+ * `Neon-Connection-String` header; the query runs on that tenant's pool, under a lease, in its
+ * TenantObject. Nothing here touches the control plane: the hot path opens no connection.
+ */
+import { Hono } from "hono";
+import { parseSqlConnectionString } from "../core/connection-string.ts";
+import { parseSqlRequest } from "../core/neon-protocol.ts";
+import { hashKey } from "../crypto/keys.ts";
+import { LessorError } from "../errors/index.ts";
+import { type AppEnv, readJson } from "./context.ts";
+
+export const sqlRoutes = new Hono<AppEnv>();
+
+sqlRoutes.post("/sql", async (c) => {
+  const credentials = parseSqlConnectionString(c.req.header("Neon-Connection-String"));
+  if (credentials === "missing") throw new LessorError("missing_credentials");
+  if (credentials === "malformed") throw new LessorError("invalid_connection_string");
+  if (credentials === "invalid_tenant_id") throw new LessorError("invalid_tenant_id");
+
+  const request = parseSqlRequest(await readJson(c), c.req.raw.headers);
+  if ("problem" in request) throw new LessorError("invalid_request", { publicMessage: request.problem });
+
+  const keyHash = await hashKey(credentials.key);
+  const outcome = await c.env.TENANTS.getByName(credentials.tenantId).sql(
+    credentials.tenantId,
+    keyHash,
+    request,
+  );
+  if (outcome.ok) return c.json(outcome.body);
+  if ("postgres" in outcome) return c.json(outcome.postgres, 400);
+  throw LessorError.fromWire(outcome.error);
+});

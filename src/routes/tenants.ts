@@ -1,0 +1,130 @@
+/** Operator endpoints for the tenant catalog (admin key). */
+import { and, asc, eq, gt, sql } from "drizzle-orm";
+import { Hono } from "hono";
+import { loadConfig } from "../config/index.ts";
+import { listLifecycleEvents, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
+import { tenants } from "../control-plane/schema.ts";
+import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
+import { LessorError } from "../errors/index.ts";
+import { provisionTenant, publicTenant } from "../provisioning/index.ts";
+import { requireAdmin } from "./auth.ts";
+import { type AppContext, type AppEnv, pageLimit, readJson } from "./context.ts";
+
+export const tenantRoutes = new Hono<AppEnv>();
+
+tenantRoutes.use("/v1/tenants", requireAdmin);
+tenantRoutes.use("/v1/tenants/*", requireAdmin);
+
+/** Validates the `:id` path segment before anything (an object, a catalog read) is derived from it. */
+function tenantParam(c: AppContext): TenantId {
+  const id = parseTenantId(c.req.param("id"));
+  if (!id) throw new LessorError("invalid_tenant_id");
+  return id;
+}
+
+tenantRoutes.post("/v1/tenants", async (c) => {
+  const config = loadConfig(c.env);
+  const body = await readJson(c);
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw new LessorError("invalid_request", { publicMessage: "The body must be a JSON object." });
+  }
+  const { id: rawId, tier = config.defaultTier, host = config.defaultHost } = body as Record<string, unknown>;
+  const id = parseTenantId(rawId);
+  if (!id) throw new LessorError("invalid_tenant_id");
+  if (typeof tier !== "string") throw new LessorError("unknown_tier");
+  if (typeof host !== "string") throw new LessorError("unknown_host");
+  const { row, key } = await provisionTenant(c.env, config, { id, tier, host });
+  const lessorHost = new URL(c.req.url).host;
+  return c.json(
+    {
+      tenant: publicTenant(row),
+      key,
+      connectionString: `postgres://${id}:${key}@${lessorHost}/${id}`,
+    },
+    201,
+  );
+});
+
+tenantRoutes.get("/v1/tenants", async (c) => {
+  const config = loadConfig(c.env);
+  const limit = pageLimit(c.req.query("limit"));
+  const cursor = c.req.query("cursor");
+  if (cursor !== undefined && !parseTenantId(cursor)) {
+    throw new LessorError("invalid_request", {
+      publicMessage: "cursor is not a cursor this endpoint returned.",
+    });
+  }
+  const rows = await withControlPlane(config, c.env, (db) =>
+    db
+      .select()
+      .from(tenants)
+      .where(cursor === undefined ? undefined : gt(tenants.id, cursor))
+      .orderBy(asc(tenants.id))
+      .limit(limit + 1),
+  );
+  const page = rows.slice(0, limit);
+  return c.json({
+    tenants: page.map(publicTenant),
+    nextCursor: rows.length > limit ? (page.at(-1)?.id ?? null) : null,
+  });
+});
+
+tenantRoutes.get("/v1/tenants/:id", async (c) => {
+  const id = tenantParam(c);
+  const config = loadConfig(c.env);
+  const [row] = await withControlPlane(config, c.env, (db) =>
+    db.select().from(tenants).where(eq(tenants.id, id)).limit(1),
+  );
+  if (!row) throw new LessorError("tenant_not_found");
+  const runtime = await c.env.TENANTS.getByName(id).status();
+  return c.json({ tenant: publicTenant(row), runtime });
+});
+
+for (const [action, status] of [
+  ["disable", "disabled"],
+  ["enable", "active"],
+] as const) {
+  tenantRoutes.post(`/v1/tenants/:id/${action}`, async (c) => {
+    const id = tenantParam(c);
+    const config = loadConfig(c.env);
+    const [row] = await withControlPlane(config, c.env, (db) =>
+      db
+        .update(tenants)
+        .set({ status, updatedAt: sql`now()` })
+        .where(and(eq(tenants.id, id), sql`${tenants.status} <> 'provisioning'`))
+        .returning(),
+    );
+    if (!row) throw new LessorError("tenant_not_found");
+    const record = tenantRecordFromRow(row, config);
+    if (record) await c.env.TENANTS.getByName(id).configure(record);
+    return c.json({ tenant: publicTenant(row) });
+  });
+}
+
+tenantRoutes.get("/v1/tenants/:id/events", async (c) => {
+  const id = tenantParam(c);
+  const config = loadConfig(c.env);
+  const limit = pageLimit(c.req.query("limit"));
+  const rawCursor = c.req.query("cursor");
+  const before = rawCursor === undefined ? null : Number(rawCursor);
+  if (before !== null && (!Number.isSafeInteger(before) || before < 1)) {
+    throw new LessorError("invalid_request", {
+      publicMessage: "cursor is not a cursor this endpoint returned.",
+    });
+  }
+  const rows = await withControlPlane(config, c.env, (db) =>
+    listLifecycleEvents(db, id, { before, limit: limit + 1 }),
+  );
+  const page = rows.slice(0, limit);
+  return c.json({
+    events: page.map((event) => ({
+      seq: event.seq,
+      generation: event.generation,
+      from: event.fromState,
+      to: event.toState,
+      reason: event.reason,
+      at: event.at.toISOString(),
+    })),
+    nextCursor: rows.length > limit ? (page.at(-1)?.seq.toString() ?? null) : null,
+  });
+});

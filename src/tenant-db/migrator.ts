@@ -1,0 +1,120 @@
+/**
+ * Applies the bundled tenant migrations to one tenant database.
+ *
+ * The database keeps its own ledger, `lessor.schema_migrations`, written in the same transaction
+ * as the migration it records: a crash can never fall between applying a migration and recording
+ * it. The runner always reads the database's real version, takes a per-database advisory lock so
+ * two runners never apply the same step, and refuses to run if an applied migration's checksum no
+ * longer matches the bundle (someone edited an applied migration).
+ */
+
+export interface TenantMigration {
+  /** 1-based, dense: version N is the N-th migration. */
+  version: number;
+  name: string;
+  kind: "expand" | "contract";
+  checksum: string;
+  statements: string[];
+}
+
+/** The part of a Postgres client the runner needs (node-postgres and the Neon driver both fit). */
+export interface Queryable {
+  query(text: string, params?: unknown[]): Promise<{ rows: Record<string, unknown>[] }>;
+}
+
+export class MigrationError extends Error {
+  override readonly name = "MigrationError";
+  constructor(
+    message: string,
+    readonly version: number | null,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+/** Key of the advisory lock every migration runner takes in a tenant database. */
+export const migrationLockKey = 0x1e55_0001;
+
+const ledgerDdl = `
+  CREATE SCHEMA IF NOT EXISTS lessor;
+  CREATE TABLE IF NOT EXISTS lessor.schema_migrations (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    kind text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+  )`;
+
+/** The database's real schema version: the highest version its own ledger records (0 if none). */
+export async function readSchemaVersion(db: Queryable): Promise<number> {
+  const { rows } = await db.query(
+    `SELECT CASE WHEN to_regclass('lessor.schema_migrations') IS NULL THEN 0
+            ELSE (SELECT coalesce(max(version), 0) FROM lessor.schema_migrations) END AS version`,
+  );
+  return Number(rows[0]?.version ?? 0);
+}
+
+export interface MigrationRun {
+  fromVersion: number;
+  toVersion: number;
+  applied: number[];
+}
+
+/**
+ * Brings the database to `targetVersion` (default: the newest bundled). Holds a session advisory
+ * lock for the duration; a second runner waits for it and then finds nothing left to do.
+ */
+export async function migrateTenantDatabase(
+  db: Queryable,
+  migrations: readonly TenantMigration[],
+  targetVersion: number = migrations.length,
+): Promise<MigrationRun> {
+  if (targetVersion < 0 || targetVersion > migrations.length) {
+    throw new MigrationError(`target version ${targetVersion} is not bundled`, null);
+  }
+  await db.query(ledgerDdl);
+  await db.query("SELECT pg_advisory_lock($1)", [migrationLockKey]);
+  try {
+    const { rows } = await db.query(
+      "SELECT version, checksum FROM lessor.schema_migrations ORDER BY version",
+    );
+    const applied = new Map(rows.map((row) => [Number(row.version), String(row.checksum)]));
+    for (const [version, checksum] of applied) {
+      const bundled = migrations[version - 1];
+      if (bundled && bundled.checksum !== checksum) {
+        throw new MigrationError(
+          `migration ${version} (${bundled.name}) was edited after it was applied; add a new migration instead`,
+          version,
+        );
+      }
+    }
+    const fromVersion = Math.max(0, ...applied.keys());
+    const done: number[] = [];
+    for (const migration of migrations) {
+      if (migration.version > targetVersion || applied.has(migration.version)) continue;
+      await db.query("BEGIN");
+      try {
+        for (const statement of migration.statements) await db.query(statement);
+        await db.query(
+          "INSERT INTO lessor.schema_migrations (version, name, kind, checksum) VALUES ($1, $2, $3, $4)",
+          [migration.version, migration.name, migration.kind, migration.checksum],
+        );
+        await db.query("COMMIT");
+      } catch (cause) {
+        await db.query("ROLLBACK").catch(() => undefined);
+        throw new MigrationError(
+          `migration ${migration.version} (${migration.name}) failed`,
+          migration.version,
+          {
+            cause,
+          },
+        );
+      }
+      done.push(migration.version);
+    }
+    return { fromVersion, toVersion: Math.max(fromVersion, ...done), applied: done };
+  } finally {
+    await db.query("SELECT pg_advisory_unlock($1)", [migrationLockKey]).catch(() => undefined);
+  }
+}

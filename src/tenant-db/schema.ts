@@ -1,0 +1,14 @@
+/**
+ * EXAMPLE tenant schema. Every tenant database gets these tables. Replace this file with your own
+ * application's schema and run `npm run db:generate` (see README, "Your own tenant schema").
+ */
+import { integer, jsonb, pgTable, serial, text, timestamp } from "drizzle-orm/pg-core";
+
+export const notes = pgTable("notes", {
+  id: serial("id").primaryKey(),
+  body: text("body").notNull(),
+  tags: text("tags").array().notNull().default([]),
+  attributes: jsonb("attributes"),
+  stars: integer("stars").notNull().default(0),
+  createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+});

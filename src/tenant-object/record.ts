@@ -1,0 +1,24 @@
+/** What a TenantObject knows about its tenant: enough to authenticate and to start its pool. */
+export interface TenantRecord {
+  tenantId: string;
+  status: "active" | "disabled";
+  keyHash: string;
+  tier: string;
+  poolSize: number;
+  host: string;
+  databaseName: string;
+  roleName: string;
+}
+
+/** The runtime half of `GET /v1/tenants/:id`. */
+export interface TenantRuntimeStatus {
+  state: "stopped" | "starting" | "ready" | "draining" | "failed";
+  generation: number;
+  poolSize: number | null;
+  leases: number;
+  lastUsedAt: string | null;
+  idleSince: string | null;
+  failureReason: string | null;
+  retryAt: string | null;
+  pendingEvents: number;
+}

@@ -1,0 +1,9 @@
+// Test-only bindings, merged into the generated Env (set in vitest.config.ts).
+interface LessorTestBindings {
+  /** Superuser connection string of the test Postgres, for assertions that look behind Lessor. */
+  TEST_PG_SUPERUSER_URL: string;
+}
+interface Env extends LessorTestBindings {}
+declare namespace Cloudflare {
+  interface Env extends LessorTestBindings {}
+}

@@ -1,0 +1,49 @@
+/**
+ * Starts the real local stack once for the whole test run: a throwaway Postgres on a free port,
+ * the WebSocket proxy and the control-plane schema. Tests inside workerd reach it through the
+ * bindings that vitest.config.ts builds from what this provides.
+ */
+import { createServer } from "node:net";
+import type { TestProject } from "vitest/node";
+import { type LocalStack, startLocalStack } from "../local/stack.ts";
+
+declare module "vitest" {
+  export interface ProvidedContext {
+    controlPlaneUrl: string;
+    hostsJson: string;
+    wsProxy: string;
+    pgSuperuserUrl: string;
+  }
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() =>
+        typeof address === "object" && address ? resolve(address.port) : reject(new Error("no port")),
+      );
+    });
+  });
+}
+
+let stack: LocalStack | undefined;
+
+export async function setup(project: TestProject): Promise<void> {
+  stack = await startLocalStack({
+    dataDir: `.lessor/test-pg-${process.pid}`,
+    pgPort: await freePort(),
+    pgPassword: "lessor-test-superuser",
+    persistent: false,
+  });
+  project.provide("controlPlaneUrl", stack.controlPlaneUrl);
+  project.provide("hostsJson", stack.hostsJson);
+  project.provide("wsProxy", stack.wsProxy);
+  project.provide("pgSuperuserUrl", stack.pg.url("postgres"));
+}
+
+export async function teardown(): Promise<void> {
+  await stack?.stop();
+}

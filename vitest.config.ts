@@ -1,0 +1,43 @@
+import { cloudflareTest } from "@cloudflare/vitest-plugin";
+import { defineConfig } from "vitest/config";
+
+/** Test-only secrets: never used outside this suite. */
+const testSealKey = "dGVzdC1zZWFsLWtleS0zMi1ieXRlcy1sb25nLi4uLi4="; // 32 bytes
+
+export default defineConfig({
+  test: {
+    projects: [
+      {
+        test: {
+          name: "unit",
+          include: ["test/unit/**/*.test.ts"],
+          environment: "node",
+        },
+      },
+      {
+        plugins: [
+          cloudflareTest(({ inject }) => ({
+            wrangler: { configPath: "./wrangler.toml" },
+            miniflare: {
+              bindings: {
+                LESSOR_ADMIN_KEY: "test-admin-key",
+                LESSOR_SEAL_KEY: testSealKey,
+                LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
+                LESSOR_HOSTS: inject("hostsJson"),
+                LESSOR_WS_PROXY: inject("wsProxy"),
+                TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
+              },
+            },
+          })),
+        ],
+        test: {
+          name: "workers",
+          include: ["test/integration/**/*.test.ts"],
+          globalSetup: ["./test/global-setup.ts"],
+          testTimeout: 60_000,
+          hookTimeout: 60_000,
+        },
+      },
+    ],
+  },
+});

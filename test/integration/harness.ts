@@ -4,7 +4,7 @@
  */
 import { env } from "cloudflare:test";
 import { exports } from "cloudflare:workers";
-import { Client, neon, neonConfig } from "@neondatabase/serverless";
+import { Client, type HTTPTransactionOptions, neon, neonConfig } from "@neondatabase/serverless";
 import { loadConfig } from "../../src/config/index.ts";
 import { configureDriver } from "../../src/postgres/index.ts";
 
@@ -49,8 +49,14 @@ neonConfig.fetchEndpoint = `${base}/sql`;
 neonConfig.fetchFunction = (url: string, init: RequestInit) => exports.default.fetch(new Request(url, init));
 
 /** The official `neon()` client, pointed at Lessor. */
-export function sqlFor(tenant: CreatedTenant, options: Parameters<typeof neon>[1] = {}) {
-  return neon(tenant.connectionString, { disableWarningInBrowsers: true, ...options });
+export function sqlFor<ArrayMode extends boolean = false, FullResults extends boolean = false>(
+  tenant: CreatedTenant,
+  options: HTTPTransactionOptions<ArrayMode, FullResults> = {},
+) {
+  return neon<ArrayMode, FullResults>(tenant.connectionString, {
+    disableWarningInBrowsers: true,
+    ...options,
+  });
 }
 
 /** Runs `work` on a superuser connection to the test cluster. */

@@ -63,7 +63,33 @@ export const lifecycleEvents = pgTable(
   (t) => [primaryKey({ columns: [t.tenantId, t.seq] }), index("lifecycle_events_at").on(t.at)],
 );
 
-export const controlPlaneSchema = { tenants, tenantCredentials, generationLedger, lifecycleEvents };
-
 /** Used by queries that must compare to the database clock rather than the Worker's. */
 export const dbNow = sql`now()`;
+
+/**
+ * Append-only usage deltas. TenantObjects batch their counters and append one row per flush;
+ * nothing on the hot path is ever UPDATEd. (tenant, seq) makes a replayed flush a no-op.
+ */
+export const usageDeltas = pgTable(
+  "usage_deltas",
+  {
+    tenantId: text("tenant_id").notNull(),
+    /** Per-tenant sequence assigned by the TenantObject. */
+    seq: bigint("seq", { mode: "number" }).notNull(),
+    queries: bigint("queries", { mode: "number" }).notNull(),
+    rowsReturned: bigint("rows_returned", { mode: "number" }).notNull(),
+    errors: bigint("errors", { mode: "number" }).notNull(),
+    leaseMs: bigint("lease_ms", { mode: "number" }).notNull(),
+    poolStarts: bigint("pool_starts", { mode: "number" }).notNull(),
+    at: timestamp("at", { withTimezone: true }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.tenantId, t.seq] })],
+);
+
+export const controlPlaneSchema = {
+  tenants,
+  tenantCredentials,
+  generationLedger,
+  lifecycleEvents,
+  usageDeltas,
+};

@@ -47,6 +47,13 @@ import { hashesEqual } from "../crypto/keys.ts";
 import { unseal } from "../crypto/seal.ts";
 import { describeFailure, LessorError, logEvent, type WireError } from "../errors/index.ts";
 import { openPool } from "../postgres/index.ts";
+import {
+  appendUsageDeltas,
+  isZeroUsage,
+  type UsageCounters,
+  type UsageDeltaRow,
+  zeroUsage,
+} from "../usage/index.ts";
 import { isIdleOutsideTransaction, trackTransactionStatus } from "./connection-state.ts";
 import { executeSqlRequest, mayLeaveSessionState } from "./execute.ts";
 import type { TenantRecord, TenantRuntimeStatus } from "./record.ts";
@@ -80,6 +87,8 @@ export class TenantObject extends DurableObject<Env> {
   private leases = 0;
   private idleSince: number | null = null;
   private lastUsedAt: number | null = null;
+  /** Usage since the last flush; moved to the usage outbox by the alarm. */
+  private usage: UsageCounters = { ...zeroUsage };
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -89,6 +98,9 @@ export class TenantObject extends DurableObject<Env> {
       ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS outbox (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, generation INTEGER NOT NULL, from_state TEXT NOT NULL,
         to_state TEXT NOT NULL, reason TEXT NOT NULL, at INTEGER NOT NULL)`);
+      ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS usage_outbox (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, queries INTEGER NOT NULL, rows_returned INTEGER NOT NULL,
+        errors INTEGER NOT NULL, lease_ms INTEGER NOT NULL, pool_starts INTEGER NOT NULL, at INTEGER NOT NULL)`);
       this.record = this.readKv<TenantRecord>("record");
       const persisted = this.readKv<Lifecycle>("lifecycle") ?? initialLifecycle;
       const { lifecycle, deadGeneration } = recoverAfterRestart(persisted);
@@ -112,17 +124,45 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Authenticates the key hash and runs one `/sql` request under a lease. */
   async sql(tenantId: string, keyHash: string, request: SqlRequest): Promise<SqlOutcome> {
+    let authenticated = false;
     try {
       const record = await this.authenticate(tenantId, keyHash);
+      authenticated = true;
       const lease = await this.acquireLease(record);
+      const leasedAt = Date.now();
       try {
-        return { ok: true, body: await this.runOnLease(lease, request) };
+        const body = await this.runOnLease(lease, request);
+        this.usage.queries++;
+        this.usage.rowsReturned +=
+          "results" in body ? body.results.reduce((n, r) => n + r.rows.length, 0) : body.rows.length;
+        return { ok: true, body };
       } finally {
+        this.usage.leaseMs += Date.now() - leasedAt;
         this.releaseLease();
       }
     } catch (error) {
+      if (authenticated) {
+        this.usage.queries++;
+        this.usage.errors++;
+      }
       const postgres = postgresErrorBody(error);
       if (postgres) return { ok: false, postgres };
+      return { ok: false, error: this.toLessorError(error).toWire() };
+    }
+  }
+
+  /**
+   * Authenticates a tenant key hash for the tenant's own REST endpoints. Answers with the same
+   * refusal for an unknown tenant and a wrong key; a disabled tenant is refused after the key checks.
+   */
+  async verifyKey(
+    tenantId: string,
+    keyHash: string,
+  ): Promise<{ ok: true } | { ok: false; error: WireError }> {
+    try {
+      await this.authenticate(tenantId, keyHash);
+      return { ok: true };
+    } catch (error) {
       return { ok: false, error: this.toLessorError(error).toWire() };
     }
   }
@@ -155,8 +195,8 @@ export class TenantObject extends DurableObject<Env> {
       heartbeatMs,
     });
     if (decision.kind === "drain") await this.drainIdle("idle_timeout");
-    await this.flushEvents().catch((error: unknown) =>
-      logEvent("warn", "lifecycle_flush_failed", {
+    await this.flushOutboxes().catch((error: unknown) =>
+      logEvent("warn", "outbox_flush_failed", {
         tenant: this.record?.tenantId,
         failure: describeFailure(error),
       }),
@@ -285,6 +325,7 @@ export class TenantObject extends DurableObject<Env> {
       this.pool = pool;
       this.poolGeneration = generation;
       this.idleSince = Date.now();
+      this.usage.poolStarts++;
       this.transition(startSucceeded(this.lifecycle), "pool_ready");
       await this.ensureAlarm(Date.now() + Math.min(heartbeatMs, this.config.idleTimeoutMs));
     } catch (error) {
@@ -398,17 +439,70 @@ export class TenantObject extends DurableObject<Env> {
     this.ctx.storage.sql.exec("DELETE FROM outbox WHERE seq <= ?", upTo);
   }
 
+  /** Rows waiting in either outbox (lifecycle events, usage deltas). */
   private pendingEventCount(): number {
-    return this.ctx.storage.sql.exec<{ n: number }>("SELECT count(*) AS n FROM outbox").one().n;
+    return this.ctx.storage.sql
+      .exec<{ n: number }>("SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM usage_outbox) AS n")
+      .one().n;
   }
 
-  private async flushEvents(): Promise<void> {
+  /** Moves the in-memory usage counters into the durable usage outbox. */
+  private stageUsage(): void {
+    if (isZeroUsage(this.usage)) return;
+    const u = this.usage;
+    this.ctx.storage.sql.exec(
+      "INSERT INTO usage_outbox (queries, rows_returned, errors, lease_ms, pool_starts, at) VALUES (?, ?, ?, ?, ?, ?)",
+      u.queries,
+      u.rowsReturned,
+      u.errors,
+      u.leaseMs,
+      u.poolStarts,
+      Date.now(),
+    );
+    this.usage = { ...zeroUsage };
+  }
+
+  private pendingUsage(): UsageDeltaRow[] {
+    return this.ctx.storage.sql
+      .exec<{
+        seq: number;
+        queries: number;
+        rows_returned: number;
+        errors: number;
+        lease_ms: number;
+        pool_starts: number;
+        at: number;
+      }>("SELECT * FROM usage_outbox ORDER BY seq LIMIT 500")
+      .toArray()
+      .map((row) => ({
+        seq: row.seq,
+        queries: row.queries,
+        rowsReturned: row.rows_returned,
+        errors: row.errors,
+        leaseMs: row.lease_ms,
+        poolStarts: row.pool_starts,
+        at: row.at,
+      }));
+  }
+
+  /**
+   * Appends both outboxes to the control plane in one connection. Each append is idempotent on
+   * (tenant, seq), so a flush that dies after the append and before the local delete is harmless.
+   */
+  private async flushOutboxes(): Promise<void> {
     const record = this.record;
+    this.stageUsage();
     const events = this.pendingEvents();
-    const last = events.at(-1);
-    if (!record || !last) return;
-    await withControlPlane(this.config, this.env, (db) => appendLifecycleEvents(db, record.tenantId, events));
-    this.forgetEvents(last.seq);
+    const usage = this.pendingUsage();
+    if (!record || (events.length === 0 && usage.length === 0)) return;
+    await withControlPlane(this.config, this.env, async (db) => {
+      await appendLifecycleEvents(db, record.tenantId, events);
+      await appendUsageDeltas(db, record.tenantId, usage);
+    });
+    const lastEvent = events.at(-1);
+    if (lastEvent) this.forgetEvents(lastEvent.seq);
+    const lastUsage = usage.at(-1);
+    if (lastUsage) this.ctx.storage.sql.exec("DELETE FROM usage_outbox WHERE seq <= ?", lastUsage.seq);
   }
 
   private async ensureAlarm(at: number): Promise<void> {

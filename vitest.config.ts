@@ -21,6 +21,12 @@ export default defineConfig({
             miniflare: {
               bindings: {
                 LESSOR_ADMIN_KEY: "test-admin-key",
+                LESSOR_POOL_SIZES: JSON.stringify({ free: 2, standard: 5, pro: 6, solo: 1 }),
+                LESSOR_BUDGETS: JSON.stringify({
+                  local: { connections: 300, reserve: 10 },
+                  small: { connections: 12, reserve: 2 },
+                  faulty: { connections: 100, reserve: 4 },
+                }),
                 LESSOR_SEAL_KEY: testSealKey,
                 LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
                 LESSOR_HOSTS: inject("hostsJson"),

@@ -49,7 +49,7 @@ export async function startLocalPostgres(options: {
     createPostgresUser: process.getuid?.() === 0,
     postgresFlags: [
       "-c",
-      "listen_addresses=127.0.0.1",
+      "listen_addresses=127.0.0.1,127.0.0.2",
       "-c",
       "max_connections=400",
       "-c",

@@ -44,7 +44,8 @@ export async function startLocalStack(options: {
     await ensureDatabase(pgServer.url(), controlPlaneDatabase);
     await migrateControlPlane(pgServer.url(controlPlaneDatabase));
     const proxy = await startWsProxy({
-      allowed: [`${pgServer.host}:${pgServer.port}`],
+      // 127.0.0.2 reaches the same cluster; tests use it as a second host they can cut off.
+      allowed: [`${pgServer.host}:${pgServer.port}`, `127.0.0.2:${pgServer.port}`],
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
     });
     return {

@@ -1,6 +1,7 @@
 /** Lessor's Worker entry: wires fetch and scheduled, and exports the Durable Object classes. */
 import { app } from "./app.ts";
 
+export { BudgetObject } from "./budget-object/index.ts";
 export { TenantObject } from "./tenant-object/index.ts";
 
 export default {

@@ -39,7 +39,16 @@ export async function setup(project: TestProject): Promise<void> {
     persistent: false,
   });
   project.provide("controlPlaneUrl", stack.controlPlaneUrl);
-  project.provide("hostsJson", stack.hostsJson);
+  const superuser = stack.pg.url("postgres");
+  project.provide(
+    "hostsJson",
+    JSON.stringify({
+      local: superuser,
+      // Same cluster under other names: a host with a small budget, and one the tests can cut off.
+      small: superuser,
+      faulty: superuser.replace("@127.0.0.1:", "@127.0.0.2:"),
+    }),
+  );
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));
 }

@@ -2,6 +2,7 @@
  * Typed configuration from the Worker's vars and secrets. Parsed once per isolate and per env
  * object; a bad value is a `misconfigured` error that names the setting, never its value.
  */
+import { type BudgetLimits, validateLimits } from "../core/budget.ts";
 import { LessorError } from "../errors/index.ts";
 
 export interface DatabaseHost {
@@ -10,6 +11,7 @@ export interface DatabaseHost {
   adminUrl: string;
   hostname: string;
   port: number;
+  budget: BudgetLimits;
 }
 
 export interface LessorConfig {
@@ -20,6 +22,12 @@ export interface LessorConfig {
   hosts: ReadonlyMap<string, DatabaseHost>;
   defaultHost: string;
   wsProxy: string | null;
+  /** How long a pool start waits for budget before `capacity_saturated`. */
+  admissionWaitMs: number;
+  /** Longest TTL a session lease may ask for; each use extends it by its TTL, up to this. */
+  leaseMaxTtlMs: number;
+  /** A drain that has waited this long for leases reports them as overdue. */
+  maxDrainMs: number;
 }
 
 /** Largest pool a tenant may hold. */
@@ -66,6 +74,8 @@ export function loadConfig(env: Env): LessorConfig {
   const defaultTier = poolSizes.has("standard") ? "standard" : [...poolSizes.keys()][0];
   if (!defaultTier) fail("LESSOR_POOL_SIZES", "names no tier");
 
+  const largestPool = Math.max(...poolSizes.values());
+  const budgets = jsonObject("LESSOR_BUDGETS", env.LESSOR_BUDGETS);
   const hosts = new Map<string, DatabaseHost>();
   for (const [name, adminUrl] of Object.entries(jsonObject("LESSOR_HOSTS", env.LESSOR_HOSTS))) {
     if (!/^[a-z0-9][a-z0-9-]{0,39}$/.test(name)) fail("LESSOR_HOSTS", "host names are lowercase slugs");
@@ -76,7 +86,15 @@ export function loadConfig(env: Env): LessorConfig {
     } catch {
       fail("LESSOR_HOSTS", `host ${name} has a malformed connection string`);
     }
-    hosts.set(name, { name, adminUrl, hostname: url.hostname, port: Number(url.port || 5432) });
+    const rawBudget = budgets[name] ?? budgets["*"];
+    if (typeof rawBudget !== "object" || rawBudget === null) {
+      fail("LESSOR_BUDGETS", `host ${name} has no budget (give it one, or a "*" default)`);
+    }
+    const { connections, reserve = 0 } = rawBudget as Record<string, unknown>;
+    const budget = { connections: Number(connections), reserve: Number(reserve) };
+    const problem = validateLimits(budget, largestPool);
+    if (problem) fail("LESSOR_BUDGETS", `host ${name}: ${problem}`);
+    hosts.set(name, { name, adminUrl, hostname: url.hostname, port: Number(url.port || 5432), budget });
   }
   const defaultHost = [...hosts.keys()][0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
@@ -89,6 +107,9 @@ export function loadConfig(env: Env): LessorConfig {
     hosts,
     defaultHost,
     wsProxy: env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null,
+    admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
+    leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),
+    maxDrainMs: positiveInt("LESSOR_MAX_DRAIN_MS", env.LESSOR_MAX_DRAIN_MS, 30_000),
   };
   cache.set(env, config);
   return config;

@@ -27,7 +27,7 @@ export async function withControlPlane<T>(
 ): Promise<T> {
   let connected = false;
   try {
-    return await withConnection(config, env.LESSOR_CONTROL_PLANE_URL, "lessor:control-plane", (client) => {
+    return await withConnection(config, env.LESSOR_CONTROL_PLANE_URL, "lessor-control-plane", (client) => {
       connected = true;
       return work(drizzle({ client, schema: controlPlaneSchema }));
     });
@@ -67,6 +67,7 @@ export function tenantRecordFromRow(
     host: row.host,
     databaseName: row.databaseName,
     roleName: row.roleName,
+    schemaVersion: row.schemaVersion,
   };
 }
 

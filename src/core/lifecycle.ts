@@ -27,6 +27,8 @@ export interface Lifecycle {
   failureReason: FailureReason | null;
   /** While failed: epoch ms before which no start is attempted. */
   retryAt: number | null;
+  /** A schema migration holds the tenant: no new lease is granted, and the pool is never evicted. */
+  migrating: boolean;
 }
 
 export const initialLifecycle: Lifecycle = {
@@ -35,6 +37,7 @@ export const initialLifecycle: Lifecycle = {
   failures: 0,
   failureReason: null,
   retryAt: null,
+  migrating: false,
 };
 
 /** What a request for a lease should do, given the lifecycle. */
@@ -43,9 +46,11 @@ export type AdmitDecision =
   | { kind: "start" }
   | { kind: "join_start" }
   | { kind: "refuse_backoff"; retryAfterMs: number; reason: FailureReason }
-  | { kind: "refuse_draining" };
+  | { kind: "refuse_draining" }
+  | { kind: "wait_migration" };
 
 export function admitDecision(lc: Lifecycle, now: number): AdmitDecision {
+  if (lc.migrating) return { kind: "wait_migration" };
   switch (lc.state) {
     case "ready":
       return { kind: "use" };
@@ -133,10 +138,13 @@ export function stopped(lc: Lifecycle, generation: number): Lifecycle {
  * generation is dead: the next request must start a new one.
  */
 export function recoverAfterRestart(lc: Lifecycle): { lifecycle: Lifecycle; deadGeneration: number | null } {
+  // An interrupted migration is not resumed here: the campaign re-runs it, and the migrator reads
+  // the database's own ledger, so nothing is applied twice.
+  const base = { ...initialLifecycle, ...lc, migrating: false };
   if (lc.state === "ready" || lc.state === "starting" || lc.state === "draining") {
-    return { lifecycle: { ...lc, state: "stopped" }, deadGeneration: lc.generation };
+    return { lifecycle: { ...base, state: "stopped" }, deadGeneration: lc.generation };
   }
-  return { lifecycle: lc, deadGeneration: null };
+  return { lifecycle: base, deadGeneration: null };
 }
 
 /** What the idle alarm should do. */

@@ -67,6 +67,31 @@ export const errorCatalog = {
     message: "No connection of the tenant's pool became free in time; retry shortly.",
     retryable: true,
   },
+  tenant_migrating: {
+    status: 503,
+    message: "The tenant's schema is being migrated; retry shortly.",
+    retryable: true,
+  },
+  capacity_saturated: {
+    status: 503,
+    message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",
+    retryable: true,
+  },
+  lease_not_found: { status: 404, message: "No such lease." },
+  lease_lost: {
+    status: 409,
+    message: "The connection behind this lease was lost; its transaction did not commit. Open a new lease.",
+  },
+  lease_limit: {
+    status: 503,
+    message:
+      "Every connection of the tenant's pool is held by a session lease; release one or retry shortly.",
+    retryable: true,
+  },
+  schema_too_old: {
+    status: 409,
+    message: "The tenant's schema is older than the version this request needs.",
+  },
   provisioning_failed: {
     status: 502,
     message: "Provisioning could not finish; send the same create request again to resume it.",

@@ -110,7 +110,7 @@ async function provisionLocked(
 
   let schemaVersion: number;
   try {
-    await withConnection(config, host.adminUrl, "lessor:provision", async (admin) => {
+    await withConnection(config, host.adminUrl, "lessor-provision", async (admin) => {
       const role = quoteIdent(row.roleName);
       const roleExists = await admin.query("SELECT 1 FROM pg_roles WHERE rolname = $1", [row.roleName]);
       // DDL takes no parameters; the password is base64url, so quoting it is exact.
@@ -124,7 +124,7 @@ async function provisionLocked(
       await admin.query(`GRANT CONNECT ON DATABASE ${quoteIdent(row.databaseName)} TO ${role}`);
     });
     const tenantUrl = `postgres://${encodeURIComponent(row.roleName)}:${encodeURIComponent(password)}@${host.hostname}:${host.port}/${encodeURIComponent(row.databaseName)}`;
-    const run = await withConnection(config, tenantUrl, "lessor:migrate", (client) =>
+    const run = await withConnection(config, tenantUrl, "lessor-provision", (client) =>
       migrateTenantDatabase(client, tenantMigrations),
     );
     schemaVersion = run.toVersion;

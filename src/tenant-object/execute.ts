@@ -52,7 +52,8 @@ function shape(result: PgResult): QueryResultBody {
   };
 }
 
-async function runStatement(client: PoolClient, statement: Statement): Promise<QueryResultBody> {
+/** Runs one statement and shapes its result. */
+export async function runStatement(client: PoolClient, statement: Statement): Promise<QueryResultBody> {
   const raw = (await client.query({
     text: statement.query,
     values: statement.params,

@@ -8,6 +8,8 @@ export interface TenantRecord {
   host: string;
   databaseName: string;
   roleName: string;
+  /** Schema version Lessor last applied; the database's own ledger is the truth. */
+  schemaVersion: number;
 }
 
 /** The runtime half of `GET /v1/tenants/:id`. */
@@ -21,4 +23,11 @@ export interface TenantRuntimeStatus {
   failureReason: string | null;
   retryAt: string | null;
   pendingEvents: number;
+  sessions: number;
+  pinned: boolean;
+  migrating: boolean;
+  schemaVersion: number | null;
+  /** While draining: leases held longer than the maximum drain time (never killed unless forced). */
+  drain: { startedAt: string; overdue: boolean; heldLeases: { lease: string; ageMs: number }[] } | null;
+  reclaimedLeases: number;
 }

@@ -86,3 +86,118 @@ export async function countBackends(prefix: string): Promise<number> {
     return Number(rows[0]?.n ?? 0);
   });
 }
+
+/** Runs `work` over `items` with at most `concurrency` in flight; results keep the input order. */
+export async function mapConcurrent<T, R>(
+  items: readonly T[],
+  concurrency: number,
+  work: (item: T, index: number) => Promise<R>,
+): Promise<R[]> {
+  const results = new Array<R>(items.length);
+  let next = 0;
+  async function worker(): Promise<void> {
+    while (next < items.length) {
+      const index = next++;
+      results[index] = await work(items[index] as T, index);
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(concurrency, items.length) }, worker));
+  return results;
+}
+
+/**
+ * Polls `probe` until `done` accepts its value, at most `attempts` times `intervalMs` apart, and
+ * returns the last value either way: the caller asserts on it, so a timeout fails with the evidence.
+ */
+export async function pollUntil<T>(
+  probe: () => Promise<T>,
+  done: (value: T) => boolean,
+  { attempts = 40, intervalMs = 250 }: { attempts?: number; intervalMs?: number } = {},
+): Promise<T> {
+  let value = await probe();
+  for (let attempt = 1; attempt < attempts && !done(value); attempt++) {
+    await new Promise((resolve) => setTimeout(resolve, intervalMs));
+    value = await probe();
+  }
+  return value;
+}
+
+/** Sends a raw `/sql` request the way the Neon driver does. */
+export function sqlRequest(
+  connectionString: string | null,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<Response> {
+  const all = new Headers(headers);
+  if (connectionString !== null) all.set("Neon-Connection-String", connectionString);
+  all.set("Neon-Raw-Text-Output", "true");
+  all.set("Neon-Array-Mode", "true");
+  all.set("content-type", "application/json");
+  return lessor("/sql", {
+    method: "POST",
+    headers: all,
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+}
+
+/** The runtime half of `GET /v1/tenants/:id`. */
+export interface RuntimeStatus {
+  state: string;
+  generation: number;
+  poolSize: number | null;
+  leases: number;
+  pendingEvents: number;
+}
+
+export async function runtimeOf(id: string): Promise<RuntimeStatus> {
+  const response = await admin(`/v1/tenants/${id}`);
+  if (response.status !== 200) throw new Error(`status ${id}: ${response.status} ${await response.text()}`);
+  return (await response.json<{ runtime: RuntimeStatus }>()).runtime;
+}
+
+export interface LifecycleEvent {
+  seq: number;
+  generation: number;
+  from: string;
+  to: string;
+  reason: string;
+  at: string;
+}
+
+/** Every lifecycle event of a tenant in the control plane, oldest first (walks the pages). */
+export async function eventsOf(id: string): Promise<LifecycleEvent[]> {
+  const events: LifecycleEvent[] = [];
+  let cursor: string | null = null;
+  for (let page = 0; page < 50; page++) {
+    const query: string = cursor === null ? "?limit=200" : `?limit=200&cursor=${cursor}`;
+    const response = await admin(`/v1/tenants/${id}/events${query}`);
+    if (response.status !== 200) throw new Error(`events ${id}: ${response.status} ${await response.text()}`);
+    const body = await response.json<{ events: LifecycleEvent[]; nextCursor: string | null }>();
+    events.push(...body.events);
+    cursor = body.nextCursor;
+    if (cursor === null) break;
+  }
+  return events.sort((a, b) => a.seq - b.seq);
+}
+
+/** The generations the control-plane ledger records for a tenant, ascending. */
+export function ledgerGenerations(id: string): Promise<number[]> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT generation FROM generation_ledger WHERE tenant_id = $1 ORDER BY generation",
+      [id],
+    );
+    return rows.map((row: { generation: number }) => Number(row.generation));
+  }, "lessor");
+}
+
+/** application_name of every backend of a tenant's pools (`lessor:<id>:<generation>`), one per backend. */
+export function tenantBackends(id: string): Promise<string[]> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT application_name FROM pg_stat_activity WHERE starts_with(application_name, $1) ORDER BY 1",
+      [`lessor:${id}:`],
+    );
+    return rows.map((row: { application_name: string }) => row.application_name);
+  });
+}

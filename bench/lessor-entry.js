@@ -1,0 +1,8 @@
+// Lessor's Worker entry, re-exported for the bench Worker (bench/worker.ts).
+//
+// Why a .js file: local/tsconfig.json type-checks bench/ for Node (Node types, erasableSyntaxOnly),
+// while src/ is Worker code type-checked by the root tsconfig.json and bundled by esbuild. Importing
+// src/index.ts from a .ts file under bench/ would pull all of src/ into the Node program. esbuild
+// (inside wrangler) bundles this file like any other; TypeScript reads its types from
+// lessor-entry.d.ts instead of following the import.
+export { default, TenantObject } from "../src/index.ts";

@@ -1,0 +1,302 @@
+/**
+ * The processes a bench run starts (the stack, `wrangler dev`) and what it reads about them from
+ * /proc: which workerd serves the Worker itself (behind wrangler dev's proxy), and how much CPU
+ * each part of the local server spends.
+ */
+import { type ChildProcess, fork, spawn } from "node:child_process";
+import { readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { createServer } from "node:net";
+import { resolve } from "node:path";
+import type { BenchStackInfo } from "./stack.ts";
+
+export const root = resolve(import.meta.dirname, "..");
+
+/** A free loopback TCP port (closed again before it is returned). */
+export function freePort(): Promise<number> {
+  return new Promise((done, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() =>
+        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
+      );
+    });
+  });
+}
+
+/** Rejects after `ms` with `what` in the message; the timer never keeps the process alive. */
+export function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms);
+    timer.unref();
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+export interface RunningStack {
+  info: BenchStackInfo;
+  child: ChildProcess;
+  stop(): Promise<void>;
+}
+
+/** Forks bench/stack.ts and waits (bounded) until its Postgres and proxy are up. */
+export async function startStack(options: {
+  dataDir: string;
+  pgPort: number;
+  password: string;
+}): Promise<RunningStack> {
+  const child = fork(
+    resolve(import.meta.dirname, "stack.ts"),
+    [options.dataDir, String(options.pgPort), options.password],
+    { cwd: root, stdio: ["ignore", "inherit", "inherit", "ipc"] },
+  );
+  const ready = new Promise<BenchStackInfo>((done, reject) => {
+    child.once("message", (message) => {
+      const typed = message as BenchStackInfo | { type: "failed"; message: string };
+      if (typed.type === "ready") done(typed);
+      else reject(new Error(`local stack failed to start: ${typed.message}`));
+    });
+    child.once("exit", (code) => reject(new Error(`local stack exited early (code ${code})`)));
+  });
+  let info: BenchStackInfo;
+  try {
+    info = await within(ready, 120_000, "local stack start");
+  } catch (error) {
+    child.kill("SIGTERM");
+    throw error;
+  }
+  return {
+    info,
+    child,
+    stop: async () => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise<void>((done) => child.once("exit", () => done()));
+      if (child.connected) child.send("stop");
+      else child.kill("SIGTERM");
+      await within(exited, 30_000, "local stack stop").catch(() => {
+        child.kill("SIGKILL");
+      });
+    },
+  };
+}
+
+export interface RunningWrangler {
+  child: ChildProcess;
+  /** Output lines kept for diagnostics (the last 200). */
+  output: string[];
+  stop(): Promise<void>;
+}
+
+/** Starts `wrangler dev` with the bench config and waits (bounded) for "Ready on". */
+export async function startWrangler(options: {
+  port: number;
+  inspectorPort: number;
+  envFile: string;
+  persistTo: string;
+  logLevel?: string;
+}): Promise<RunningWrangler> {
+  const child = spawn(
+    process.execPath,
+    [
+      resolve(root, "node_modules/wrangler/bin/wrangler.js"),
+      "dev",
+      "-c",
+      "bench/wrangler.toml",
+      "--ip",
+      "127.0.0.1",
+      "--port",
+      String(options.port),
+      "--inspector-port",
+      String(options.inspectorPort),
+      "--env-file",
+      options.envFile,
+      "--show-interactive-dev-session=false",
+      "--persist-to",
+      options.persistTo,
+      ...(options.logLevel ? ["--log-level", options.logLevel] : []),
+    ],
+    {
+      cwd: root,
+      stdio: ["ignore", "pipe", "pipe"],
+      // wrangler asks for nothing and sends no metrics from a benchmark.
+      env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "1" },
+    },
+  );
+  const output: string[] = [];
+  const keep = (chunk: Buffer) => {
+    for (const line of chunk.toString().split("\n")) if (line.trim()) output.push(line);
+    if (output.length > 200) output.splice(0, output.length - 200);
+  };
+  const ready = new Promise<void>((done, reject) => {
+    child.stdout?.on("data", (chunk: Buffer) => {
+      keep(chunk);
+      if (/Ready on/i.test(chunk.toString())) done();
+    });
+    child.stderr?.on("data", keep);
+    child.once("exit", (code) =>
+      reject(new Error(`wrangler dev exited early (code ${code}):\n${output.slice(-30).join("\n")}`)),
+    );
+  });
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((done) => child.once("exit", () => done()));
+    child.kill("SIGTERM");
+    await within(exited, 15_000, "wrangler stop").catch(() => {
+      child.kill("SIGKILL");
+    });
+  };
+  try {
+    await within(ready, 120_000, "wrangler dev start");
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return { child, output, stop };
+}
+
+// ── /proc ────────────────────────────────────────────────────────────────────────────────────────
+
+interface ProcStat {
+  pid: number;
+  ppid: number;
+  comm: string;
+  /** utime + stime + cutime + cstime, in clock ticks: the process's own CPU and its reaped children's. */
+  ticks: number;
+}
+
+/** Linux reports CPU time in clock ticks of 1/100 s on every platform Node runs on. */
+const ticksPerSecond = 100;
+
+function readStat(pid: number): ProcStat | null {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, "utf8");
+  } catch {
+    return null;
+  }
+  // The command name is in parentheses and may itself hold spaces or parentheses.
+  const open = text.indexOf("(");
+  const close = text.lastIndexOf(")");
+  const rest = text.slice(close + 2).split(" ");
+  const field = (index: number) => Number(rest[index - 3]);
+  return {
+    pid,
+    ppid: field(4),
+    comm: text.slice(open + 1, close),
+    ticks: field(14) + field(15) + field(16) + field(17),
+  };
+}
+
+function allStats(): ProcStat[] {
+  const stats: ProcStat[] = [];
+  for (const entry of readdirSync("/proc")) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = readStat(Number(entry));
+    if (stat) stats.push(stat);
+  }
+  return stats;
+}
+
+/** Every live process under `pid` (not `pid` itself). */
+export function descendants(pid: number, stats: ProcStat[] = allStats()): ProcStat[] {
+  const children = new Map<number, ProcStat[]>();
+  for (const stat of stats) {
+    const list = children.get(stat.ppid) ?? [];
+    list.push(stat);
+    children.set(stat.ppid, list);
+  }
+  const found: ProcStat[] = [];
+  const queue = [pid];
+  for (let next = queue.shift(); next !== undefined; next = queue.shift()) {
+    for (const child of children.get(next) ?? []) {
+      found.push(child);
+      queue.push(child.pid);
+    }
+  }
+  return found;
+}
+
+/** TCP ports a process listens on (IPv4 and IPv6), from its socket inodes and /proc/net/tcp*. */
+export function listeningPorts(pid: number): number[] {
+  const inodes = new Set<string>();
+  let fds: string[] = [];
+  try {
+    fds = readdirSync(`/proc/${pid}/fd`);
+  } catch {
+    return [];
+  }
+  for (const fd of fds) {
+    try {
+      const target = readlinkSync(`/proc/${pid}/fd/${fd}`);
+      const match = /^socket:\[(\d+)\]$/.exec(target);
+      if (match?.[1]) inodes.add(match[1]);
+    } catch {
+      // The descriptor closed while we looked.
+    }
+  }
+  const ports = new Set<number>();
+  for (const table of ["/proc/net/tcp", "/proc/net/tcp6"]) {
+    let text = "";
+    try {
+      text = readFileSync(table, "utf8");
+    } catch {
+      continue;
+    }
+    for (const line of text.split("\n").slice(1)) {
+      const columns = line.trim().split(/\s+/);
+      const local = columns[1];
+      const state = columns[3];
+      const inode = columns[9];
+      // State 0A is LISTEN.
+      if (!local || state !== "0A" || !inode || !inodes.has(inode)) continue;
+      const port = Number.parseInt(local.slice(local.lastIndexOf(":") + 1), 16);
+      if (Number.isInteger(port)) ports.add(port);
+    }
+  }
+  return [...ports];
+}
+
+/** The parts of the local server whose CPU a measurement reports. */
+export interface CpuGroups {
+  /** wrangler's own Node process (bundler, dev-server controller, log sink). */
+  wranglerNode: number[];
+  /** The workerd that runs wrangler dev's proxy worker (the public port). */
+  workerdProxy: number[];
+  /** The workerd that runs the Worker itself (Lessor, the baselines, the Durable Objects). */
+  workerdWorker: number[];
+  /** The stack process: the WebSocket-to-TCP proxy. */
+  wsProxy: number[];
+  /** The Postgres postmaster (its ticks include every backend it reaped) and its live backends. */
+  postgres: number[];
+}
+
+export type CpuSample = Record<keyof CpuGroups | "benchClient", number>;
+
+/** CPU seconds used so far by each group (live processes, plus children they reaped). */
+export function sampleCpu(groups: CpuGroups): CpuSample {
+  const stats = allStats();
+  const byPid = new Map(stats.map((stat) => [stat.pid, stat]));
+  const sum = (pids: number[]) => pids.reduce((total, pid) => total + (byPid.get(pid)?.ticks ?? 0), 0);
+  const postgresRoots = groups.postgres;
+  const postgresPids = [...postgresRoots, ...postgresRoots.flatMap((pid) => descendants(pid, stats).map((s) => s.pid))];
+  const usage = process.cpuUsage();
+  return {
+    wranglerNode: sum(groups.wranglerNode) / ticksPerSecond,
+    workerdProxy: sum(groups.workerdProxy) / ticksPerSecond,
+    workerdWorker: sum(groups.workerdWorker) / ticksPerSecond,
+    wsProxy: sum(groups.wsProxy) / ticksPerSecond,
+    postgres: sum(postgresPids) / ticksPerSecond,
+    benchClient: (usage.user + usage.system) / 1e6,
+  };
+}
+
+/** The difference of two samples, in CPU seconds per group. */
+export function cpuDelta(before: CpuSample, after: CpuSample): CpuSample {
+  const delta = {} as CpuSample;
+  for (const key of Object.keys(after) as (keyof CpuSample)[]) delta[key] = after[key] - before[key];
+  return delta;
+}
+
+export { allStats, readStat };

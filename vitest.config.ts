@@ -32,6 +32,7 @@ export default defineConfig({
                 LESSOR_HOSTS: inject("hostsJson"),
                 LESSOR_WS_PROXY: inject("wsProxy"),
                 TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
+                TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
               },
             },
           })),

@@ -89,7 +89,7 @@ export interface RunningWrangler {
   stop(): Promise<void>;
 }
 
-/** Starts `wrangler dev` with the bench config and waits (bounded) for "Ready on". */
+/** Starts `wrangler dev` with the bench config and waits (bounded) until the bench Worker answers. */
 export async function startWrangler(options: {
   port: number;
   inspectorPort: number;
@@ -129,16 +129,29 @@ export async function startWrangler(options: {
     for (const line of chunk.toString().split("\n")) if (line.trim()) output.push(line);
     if (output.length > 200) output.splice(0, output.length - 200);
   };
-  const ready = new Promise<void>((done, reject) => {
-    child.stdout?.on("data", (chunk: Buffer) => {
-      keep(chunk);
-      if (/Ready on/i.test(chunk.toString())) done();
-    });
-    child.stderr?.on("data", keep);
+  child.stdout?.on("data", keep);
+  child.stderr?.on("data", keep);
+  const exited = new Promise<never>((_, reject) =>
     child.once("exit", (code) =>
       reject(new Error(`wrangler dev exited early (code ${code}):\n${output.slice(-30).join("\n")}`)),
-    );
-  });
+    ),
+  );
+  // Ready when the Worker itself answers (a quieter log level prints no "Ready on" line).
+  let abandoned = false;
+  const ready = (async () => {
+    for (let attempt = 0; attempt < 480 && !abandoned && child.exitCode === null; attempt++) {
+      try {
+        const response = await fetch(`http://127.0.0.1:${options.port}/bench/noop`, {
+          signal: AbortSignal.timeout(2_000),
+        });
+        if ((await response.text()) === "bench-noop") return;
+      } catch {
+        // Not listening yet.
+      }
+      await new Promise((done) => setTimeout(done, 250));
+    }
+    throw new Error("the bench Worker never answered /bench/noop");
+  })();
   const stop = async () => {
     if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((done) => child.once("exit", () => done()));
@@ -148,8 +161,9 @@ export async function startWrangler(options: {
     });
   };
   try {
-    await within(ready, 120_000, "wrangler dev start");
+    await within(Promise.race([ready, exited]), 130_000, "wrangler dev start");
   } catch (error) {
+    abandoned = true;
     await stop();
     throw error;
   }

@@ -31,6 +31,8 @@ export async function startLocalStack(options: {
   pgPassword: string;
   persistent: boolean;
   proxyPort?: number;
+  /** Test-only fault injection on the proxy (see startWsProxy). */
+  proxyControl?: boolean;
   log?: (line: string) => void;
 }): Promise<LocalStack> {
   const pgServer = await startLocalPostgres({
@@ -47,6 +49,7 @@ export async function startLocalStack(options: {
       // 127.0.0.2 reaches the same cluster; tests use it as a second host they can cut off.
       allowed: [`${pgServer.host}:${pgServer.port}`, `127.0.0.2:${pgServer.port}`],
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
+      ...(options.proxyControl ? { control: true } : {}),
     });
     return {
       pg: pgServer,

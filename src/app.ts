@@ -4,9 +4,13 @@ import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { loadConfig } from "./config/index.ts";
 import { describeFailure, errorHeaders, LessorError, logEvent } from "./errors/index.ts";
+import { capacityRoutes } from "./routes/capacity.ts";
 import type { AppEnv } from "./routes/context.ts";
+import { leaseRoutes } from "./routes/leases.ts";
+import { maintenanceRoutes } from "./routes/maintenance.ts";
 import { sqlRoutes } from "./routes/sql.ts";
 import { tenantRoutes } from "./routes/tenants.ts";
+import { usageRoutes } from "./routes/usage.ts";
 
 export const app = new Hono<AppEnv>();
 
@@ -21,7 +25,11 @@ app.use("*", (c, next) =>
 
 app.get("/", (c) => c.json({ service: "lessor", docs: "https://github.com/lessor/lessor#readme" }));
 app.route("/", sqlRoutes);
+app.route("/", usageRoutes);
+app.route("/", maintenanceRoutes);
 app.route("/", tenantRoutes);
+app.route("/", leaseRoutes);
+app.route("/", capacityRoutes);
 
 app.notFound(() => {
   throw new LessorError("not_found");

@@ -2,6 +2,8 @@
 interface LessorTestBindings {
   /** Superuser connection string of the test Postgres, for assertions that look behind Lessor. */
   TEST_PG_SUPERUSER_URL: string;
+  /** Fault injection on the test WebSocket proxy: /stats, /block?address=, /unblock?address=. */
+  TEST_PROXY_CONTROL_URL: string;
 }
 interface Env extends LessorTestBindings {}
 declare namespace Cloudflare {

@@ -13,6 +13,7 @@ declare module "vitest" {
     hostsJson: string;
     wsProxy: string;
     pgSuperuserUrl: string;
+    proxyControlUrl: string;
   }
 }
 
@@ -37,6 +38,7 @@ export async function setup(project: TestProject): Promise<void> {
     pgPort: await freePort(),
     pgPassword: "lessor-test-superuser",
     persistent: false,
+    proxyControl: true,
   });
   project.provide("controlPlaneUrl", stack.controlPlaneUrl);
   const superuser = stack.pg.url("postgres");
@@ -51,6 +53,7 @@ export async function setup(project: TestProject): Promise<void> {
   );
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));
+  project.provide("proxyControlUrl", `http://${stack.wsProxy}/__control`);
 }
 
 export async function teardown(): Promise<void> {

@@ -190,6 +190,10 @@ export function classifyStartFailure(error: unknown): FailureReason {
     case "ECONNREFUSED":
       return "unreachable";
   }
+  // The driver reports a refused or broken WebSocket as the socket's error event, not an Error.
+  if (typeof error === "object" && error !== null && (error as { type?: unknown }).type === "error") {
+    return "unreachable";
+  }
   const message = error instanceof Error ? error.message : String(error);
   if (/websocket|connect|closed|terminat|ECONN|timeout/i.test(message)) return "unreachable";
   return "unknown";

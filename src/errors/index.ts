@@ -207,5 +207,11 @@ export function describeFailure(error: unknown): string {
       500,
     );
   }
+  if (typeof error === "object" && error !== null && "type" in error) {
+    const event = error as { type?: unknown; message?: unknown; constructor?: { name?: string } };
+    return redact(
+      `${event.constructor?.name ?? "Event"} ${String(event.type)}: ${String(event.message ?? "")}`,
+    ).slice(0, 500);
+  }
   return redact(String(error)).slice(0, 500);
 }

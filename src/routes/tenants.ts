@@ -12,8 +12,8 @@ import { type AppContext, type AppEnv, pageLimit, readJson } from "./context.ts"
 
 export const tenantRoutes = new Hono<AppEnv>();
 
-tenantRoutes.use("/v1/tenants", requireAdmin);
-tenantRoutes.use("/v1/tenants/*", requireAdmin);
+// Every route here is the operator's: the admin key is checked per route (not by a wildcard), so
+// tenant-key routes under /v1/tenants/:id/… (leases, usage) stay reachable with a tenant key.
 
 /** Validates the `:id` path segment before anything (an object, a catalog read) is derived from it. */
 function tenantParam(c: AppContext): TenantId {
@@ -22,7 +22,7 @@ function tenantParam(c: AppContext): TenantId {
   return id;
 }
 
-tenantRoutes.post("/v1/tenants", async (c) => {
+tenantRoutes.post("/v1/tenants", requireAdmin, async (c) => {
   const config = loadConfig(c.env);
   const body = await readJson(c);
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
@@ -45,7 +45,7 @@ tenantRoutes.post("/v1/tenants", async (c) => {
   );
 });
 
-tenantRoutes.get("/v1/tenants", async (c) => {
+tenantRoutes.get("/v1/tenants", requireAdmin, async (c) => {
   const config = loadConfig(c.env);
   const limit = pageLimit(c.req.query("limit"));
   const cursor = c.req.query("cursor");
@@ -69,7 +69,7 @@ tenantRoutes.get("/v1/tenants", async (c) => {
   });
 });
 
-tenantRoutes.get("/v1/tenants/:id", async (c) => {
+tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
   const [row] = await withControlPlane(config, c.env, (db) =>
@@ -84,7 +84,7 @@ for (const [action, status] of [
   ["disable", "disabled"],
   ["enable", "active"],
 ] as const) {
-  tenantRoutes.post(`/v1/tenants/:id/${action}`, async (c) => {
+  tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
     const id = tenantParam(c);
     const config = loadConfig(c.env);
     const [row] = await withControlPlane(config, c.env, (db) =>
@@ -101,7 +101,7 @@ for (const [action, status] of [
   });
 }
 
-tenantRoutes.get("/v1/tenants/:id/events", async (c) => {
+tenantRoutes.get("/v1/tenants/:id/events", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
   const limit = pageLimit(c.req.query("limit"));
@@ -128,3 +128,33 @@ tenantRoutes.get("/v1/tenants/:id/events", async (c) => {
     nextCursor: rows.length > limit ? (page.at(-1)?.seq.toString() ?? null) : null,
   });
 });
+
+/** 404 unless the catalog has the tenant: operator actions never conjure an object for a non-tenant. */
+async function requireCatalogTenant(c: AppContext, id: TenantId): Promise<void> {
+  const config = loadConfig(c.env);
+  const [row] = await withControlPlane(config, c.env, (db) =>
+    db.select({ id: tenants.id }).from(tenants).where(eq(tenants.id, id)).limit(1),
+  );
+  if (!row) throw new LessorError("tenant_not_found");
+}
+
+tenantRoutes.post("/v1/tenants/:id/drain", requireAdmin, async (c) => {
+  const id = tenantParam(c);
+  await requireCatalogTenant(c, id);
+  const body = await readJson(c);
+  const force = typeof body === "object" && body !== null && (body as Record<string, unknown>).force === true;
+  const runtime = await c.env.TENANTS.getByName(id).drain(force);
+  return c.json({ runtime }, 202);
+});
+
+for (const [action, pinned] of [
+  ["pin", true],
+  ["unpin", false],
+] as const) {
+  tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
+    const id = tenantParam(c);
+    await requireCatalogTenant(c, id);
+    await c.env.TENANTS.getByName(id).setPinned(pinned);
+    return c.json({ runtime: await c.env.TENANTS.getByName(id).status() });
+  });
+}

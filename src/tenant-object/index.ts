@@ -148,7 +148,8 @@ export class TenantObject extends DurableObject<Env> {
       // Session leases outlive nothing but their token: after a restart a token of a dead
       // generation is recognised and refused as stale rather than unknown.
       exec(`CREATE TABLE IF NOT EXISTS session_tokens (
-        token_hash TEXT PRIMARY KEY, generation INTEGER NOT NULL, expires_at INTEGER NOT NULL)`);
+        token_hash TEXT PRIMARY KEY, generation INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+        lost INTEGER NOT NULL DEFAULT 0)`);
       this.record = this.readKv<TenantRecord>("record");
       this.pinned = this.readKv<boolean>("pinned") ?? false;
       this.lifecycle = { ...initialLifecycle, ...(this.readKv<Lifecycle>("lifecycle") ?? {}) };
@@ -223,6 +224,7 @@ export class TenantObject extends DurableObject<Env> {
       const lease = await this.acquireLease(record);
       const leasedAt = Date.now();
       try {
+        this.refuseIfDisabled();
         const body = await this.runOnLease(record.tenantId, lease, request);
         this.usage.queries++;
         this.usage.rowsReturned +=
@@ -253,6 +255,7 @@ export class TenantObject extends DurableObject<Env> {
       const lease = await this.acquireLease(record);
       let client: PoolClient;
       try {
+        this.refuseIfDisabled();
         client = await this.checkout(lease.pool);
       } catch (error) {
         this.releaseLease();
@@ -322,7 +325,7 @@ export class TenantObject extends DurableObject<Env> {
         this.usage.errors++;
         if (postgresErrorBody(error) && !isConnectionFatal(error)) throw error;
         // The connection is gone: so is the transaction. End the lease and say so.
-        this.endSession(session, error instanceof Error ? error : new Error("connection lost"));
+        this.endSession(session, error instanceof Error ? error : new Error("connection lost"), "lost");
         throw new LessorError("connection_lost", { internal: "session connection failed", cause: error });
       } finally {
         session.busy = false;
@@ -409,7 +412,7 @@ export class TenantObject extends DurableObject<Env> {
     }
     if (force && this.lifecycle.state === "draining") {
       for (const session of [...this.sessions.values()]) {
-        this.endSession(session, new Error("forced drain"));
+        this.endSession(session, new Error("forced drain"), "stale");
         logEvent("warn", "lease_killed_by_forced_drain", {
           tenant: this.record?.tenantId,
           lease: session.tokenHash.slice(0, 12),
@@ -554,6 +557,14 @@ export class TenantObject extends DurableObject<Env> {
     }
     if (record.status === "disabled") throw new LessorError("tenant_disabled");
     return record;
+  }
+
+  /**
+   * A tenant disabled while a request waited for its lease (behind a start, say) is refused with
+   * the lease already in hand; the caller's `finally` releases it.
+   */
+  private refuseIfDisabled(): void {
+    if (this.record?.status === "disabled") throw new LessorError("tenant_disabled");
   }
 
   private async resolveRecord(tenantId: string): Promise<TenantRecord | null> {
@@ -755,7 +766,7 @@ export class TenantObject extends DurableObject<Env> {
   private async checkout(pool: Pool): Promise<PoolClient> {
     try {
       const client = await pool.connect();
-      trackTransactionStatus(client);
+      trackTransactionStatus(client, (error) => this.onPoolError(this.poolGeneration, error));
       return client;
     } catch (error) {
       throw new LessorError(/timeout/i.test(String(error)) ? "lease_timeout" : "connection_lost", {
@@ -797,28 +808,35 @@ export class TenantObject extends DurableObject<Env> {
     const session = this.sessions.get(tokenHash);
     if (session) {
       if (session.generation !== this.lifecycle.generation || this.pool === null) {
-        this.endSession(session, new Error("stale generation"));
+        this.endSession(session, new Error("stale generation"), "stale");
         throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
       }
       return session;
     }
     const known = this.ctx.storage.sql
-      .exec<{ generation: number }>("SELECT generation FROM session_tokens WHERE token_hash = ?", tokenHash)
+      .exec<{ generation: number; lost: number }>(
+        "SELECT generation, lost FROM session_tokens WHERE token_hash = ?",
+        tokenHash,
+      )
       .toArray()[0];
     if (known) {
-      this.ctx.storage.sql.exec("DELETE FROM session_tokens WHERE token_hash = ?", tokenHash);
-      if (known.generation !== this.lifecycle.generation || this.lifecycle.state !== "ready") {
-        throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
-      }
-      throw new LessorError("lease_lost");
+      if (known.lost === 1) throw new LessorError("lease_lost");
+      // Known, but not live in this object: its generation died with a restart or a stop.
+      throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
     }
     throw new LessorError("lease_not_found");
   }
 
-  /** Ends a session at once, destroying its connection (used when the connection is suspect). */
-  private endSession(session: Session, destroyWith: Error): void {
+  /**
+   * Ends a session at once, destroying its connection (used when the connection is suspect). The
+   * token stays known, so its owner learns why (`lease_lost` when the connection died,
+   * `stale_generation` when its generation ended) rather than that the lease never existed.
+   */
+  private endSession(session: Session, destroyWith: Error, remember: "lost" | "stale"): void {
     if (!this.sessions.delete(session.tokenHash)) return;
-    this.ctx.storage.sql.exec("DELETE FROM session_tokens WHERE token_hash = ?", session.tokenHash);
+    if (remember === "lost") {
+      this.ctx.storage.sql.exec("UPDATE session_tokens SET lost = 1 WHERE token_hash = ?", session.tokenHash);
+    }
     session.client.release(destroyWith);
     this.releaseLease();
   }

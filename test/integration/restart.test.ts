@@ -1,15 +1,21 @@
 /**
- * Restarts: an object that is evicted between requests finds its persisted generation with no pool
- * behind it, records it as dead, and the next request starts generation + 1 and works. Nothing is
- * ever served by the dead generation.
+ * Restarts: an object that is evicted or reset between requests finds its persisted generation
+ * with no pool behind it, the next request starts generation + 1 and works, and nothing is ever
+ * served by the dead generation.
+ *
+ * `evictDurableObject` waits for the object to be idle, and an object whose pool holds open
+ * connections (outgoing WebSockets) never is: workerd gives up after 30 s. So the eviction tests let
+ * the idle alarm drain the pool first, and the crash/deploy case, where a live generation dies with
+ * its object, uses `ctx.abort()`, which resets the object the way a deploy does.
  */
 import { env } from "cloudflare:workers";
-import { evictDurableObject } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { describe, expect, it, vi } from "vitest";
 import {
   type CreatedTenant,
   createTenant,
   eventsOf,
+  type LifecycleEvent,
   ledgerGenerations,
   pollUntil,
   runtimeOf,
@@ -18,64 +24,94 @@ import {
   uniqueTenantId,
 } from "./harness.ts";
 
-async function servingGeneration(tenant: CreatedTenant): Promise<string> {
+async function servingApplicationNames(tenant: CreatedTenant, requests = 1): Promise<Set<string>> {
   const sql = sqlFor(tenant);
-  const rows = await sql`SELECT current_setting('application_name') AS app, current_database() AS db`;
-  expect(rows[0]?.db).toBe(`tenant_${tenant.id}`);
-  return String(rows[0]?.app);
+  const rows = await Promise.all(
+    Array.from({ length: requests }, async () => {
+      const [row] = await sql`SELECT current_setting('application_name') AS app, current_database() AS db`;
+      expect(row?.db).toBe(`tenant_${tenant.id}`);
+      return String(row?.app);
+    }),
+  );
+  return new Set(rows);
 }
 
+/** Lets the idle alarm drain the pool: the alarm runs with the clock past the idle timeout. */
+async function drainByIdleAlarm(tenant: CreatedTenant): Promise<void> {
+  vi.useFakeTimers({ toFake: ["Date"] });
+  try {
+    vi.setSystemTime(Date.now() + 5 * 60_000);
+    expect(await runDurableObjectAlarm(env.TENANTS.getByName(tenant.id))).toBe(true);
+  } finally {
+    vi.useRealTimers();
+  }
+  expect(await runtimeOf(tenant.id)).toMatchObject({ state: "stopped", leases: 0 });
+}
+
+/** Resets the object with its pool live, as a deploy or a crash does. */
+async function resetObject(tenant: CreatedTenant): Promise<void> {
+  const outcome = await runInDurableObject(env.TENANTS.getByName(tenant.id), (_instance, state) => {
+    state.abort("test: object reset");
+  }).then(
+    () => "not reset",
+    (error: unknown) => String(error),
+  );
+  expect(outcome).toMatch(/object reset/);
+}
+
+const diedOnRestart = (generation: number) => (event: LifecycleEvent) =>
+  event.generation === generation && event.to === "stopped" && event.reason === "object_restarted";
+
 describe("object restart", () => {
-  it("the next request after an eviction starts generation + 1 and works", async () => {
-    const tenant = await createTenant(uniqueTenantId("restart"), { tier: "free" });
-    expect(await servingGeneration(tenant)).toBe(`lessor:${tenant.id}:1`);
-    expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 1 });
+  it("evictDurableObject between requests: the next request starts generation + 1 and works", async () => {
+    const tenant = await createTenant(uniqueTenantId("evict"), { tier: "free" });
+    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    await drainByIdleAlarm(tenant);
 
     await evictDurableObject(env.TENANTS.getByName(tenant.id));
 
-    // The restarted object knows generation 1 is gone: stopped, not ready on a pool it does not have.
+    // A fresh instance, from storage: the generation survived the eviction, the pool did not.
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "stopped", generation: 1, leases: 0 });
-
-    const sql = sqlFor(tenant);
-    const apps = await Promise.all(
-      Array.from({ length: 20 }, async () => (await sql`SELECT current_setting('application_name') AS app`)[0]?.app),
-    );
-    expect(new Set(apps)).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    expect(await servingApplicationNames(tenant, 20)).toEqual(new Set([`lessor:${tenant.id}:2`]));
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 2 });
     expect(await ledgerGenerations(tenant.id)).toEqual([1, 2]);
+    expect(new Set(await tenantBackends(tenant.id))).toEqual(new Set([`lessor:${tenant.id}:2`]));
   });
 
-  it("records the dead generation in the control plane's lifecycle events", async () => {
-    const tenant = await createTenant(uniqueTenantId("restart-ev"), { tier: "free" });
-    await servingGeneration(tenant);
-    await evictDurableObject(env.TENANTS.getByName(tenant.id));
-    expect(await servingGeneration(tenant)).toBe(`lessor:${tenant.id}:2`);
+  it("a reset with a live pool records that generation as dead, and the next request starts generation + 1", async () => {
+    const tenant = await createTenant(uniqueTenantId("reset"), { tier: "free" });
+    expect(await servingApplicationNames(tenant, 5)).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 1 });
 
-    const isDeathRecorded = (events: Awaited<ReturnType<typeof eventsOf>>) =>
-      events.some((event) => event.generation === 1 && event.to === "stopped" && event.reason === "object_restarted");
-    const events = await pollUntil(() => eventsOf(tenant.id), isDeathRecorded);
+    await resetObject(tenant);
+
+    // The restarted object does not pretend generation 1 is still ready.
+    expect(await runtimeOf(tenant.id)).toMatchObject({ state: "stopped", generation: 1, leases: 0 });
+    expect(await servingApplicationNames(tenant, 20)).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 2 });
+    expect(await ledgerGenerations(tenant.id)).toEqual([1, 2]);
+
+    const events = await pollUntil(
+      () => eventsOf(tenant.id),
+      (list) => list.some(diedOnRestart(1)),
+    );
     expect(events).toContainEqual(
       expect.objectContaining({ generation: 1, from: "ready", to: "stopped", reason: "object_restarted" }),
     );
-    // In order: generation 1 started and died before generation 2 started.
-    const death = events.findIndex((event) => event.reason === "object_restarted");
+    const death = events.findIndex(diedOnRestart(1));
     const secondStart = events.findIndex((event) => event.generation === 2 && event.to === "starting");
     expect(secondStart).toBeGreaterThan(death);
-    // Sequence numbers are unique (a replayed flush does not duplicate them).
     expect(new Set(events.map((event) => event.seq)).size).toBe(events.length);
   });
 
-  it("no request is served by the old generation's backends, which go away", async () => {
-    const tenant = await createTenant(uniqueTenantId("restart-be"), { tier: "free" });
+  it("no request is served by the dead generation's backends, and they go away", async () => {
+    const tenant = await createTenant(uniqueTenantId("reset-be"), { tier: "free" });
     const sql = sqlFor(tenant);
-    await Promise.all(Array.from({ length: 10 }, () => sql`SELECT pg_sleep(0.05)`));
+    await Promise.all(Array.from({ length: 6 }, () => sql`SELECT pg_sleep(0.05)`));
     expect(new Set(await tenantBackends(tenant.id))).toEqual(new Set([`lessor:${tenant.id}:1`]));
 
-    await evictDurableObject(env.TENANTS.getByName(tenant.id));
-    const apps = await Promise.all(
-      Array.from({ length: 10 }, async () => (await sql`SELECT current_setting('application_name') AS app`)[0]?.app),
-    );
-    expect(new Set(apps)).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    await resetObject(tenant);
+    expect(await servingApplicationNames(tenant, 10)).toEqual(new Set([`lessor:${tenant.id}:2`]));
 
     const backends = await pollUntil(
       () => tenantBackends(tenant.id),
@@ -84,13 +120,19 @@ describe("object restart", () => {
     expect(backends.filter((name) => name !== `lessor:${tenant.id}:2`)).toEqual([]);
   });
 
-  it("survives repeated evictions, one new generation each time", async () => {
-    const tenant = await createTenant(uniqueTenantId("restart-x3"), { tier: "free" });
+  it("survives repeated evictions and resets, one new generation each time", async () => {
+    const tenant = await createTenant(uniqueTenantId("restart-x"), { tier: "free" });
     for (const generation of [1, 2, 3]) {
-      expect(await servingGeneration(tenant)).toBe(`lessor:${tenant.id}:${generation}`);
-      await evictDurableObject(env.TENANTS.getByName(tenant.id));
+      expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.id}:${generation}`]));
+      if (generation % 2 === 1) {
+        await drainByIdleAlarm(tenant);
+        await evictDurableObject(env.TENANTS.getByName(tenant.id));
+      } else {
+        await resetObject(tenant);
+      }
     }
-    expect(await servingGeneration(tenant)).toBe(`lessor:${tenant.id}:4`);
+    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.id}:4`]));
     expect(await ledgerGenerations(tenant.id)).toEqual([1, 2, 3, 4]);
+    expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 4 });
   });
 });

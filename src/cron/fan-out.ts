@@ -1,0 +1,101 @@
+/**
+ * The cron fan-out: runs a list of named, independent jobs for one tick. Each job is guarded (a
+ * job that throws or hangs is reported and logged; the others run on regardless) and each logs
+ * its outcome with `logEvent`. Jobs must be idempotent: a tick can be delivered twice, and a run
+ * can be killed half way.
+ */
+import { describeFailure, logEvent } from "../errors/index.ts";
+
+/** The tick a job runs for. */
+export interface CronTick {
+  /** The cron expression that fired (as in wrangler.toml). */
+  cron: string;
+  /** The tick's scheduled time, epoch milliseconds: the same on a redelivery of the same tick. */
+  scheduledTime: number;
+}
+
+/** What a job reports when it finishes. */
+export interface JobResult {
+  /** One line for operators, e.g. "folded 120 rows". */
+  summary: string;
+  /** Extra structured log fields (counts, kinds): what metrics are built from. Never secrets. */
+  fields?: Record<string, unknown>;
+  /** Log level of a successful run (default info). */
+  level?: "info" | "warn";
+}
+
+export interface CronJob {
+  /** Stable name, used in logs. */
+  readonly name: string;
+  /** Cron expressions this job runs on; every tick when absent. */
+  readonly crons?: readonly string[];
+  /** A run still going after this long is reported as timed out (it is not cancelled). */
+  readonly timeoutMs?: number;
+  run(env: Env, tick: CronTick): Promise<JobResult>;
+}
+
+export interface JobReport {
+  job: string;
+  status: "ok" | "failed" | "timed_out";
+  summary: string;
+  durationMs: number;
+}
+
+/** Comfortably inside a one-minute cron, and above every job's own bound. */
+export const defaultJobTimeoutMs = 50_000;
+
+/** Whether `job` runs on `tick`. */
+export function isDue(job: CronJob, tick: CronTick): boolean {
+  return job.crons === undefined || job.crons.includes(tick.cron);
+}
+
+/** Runs one job, never throwing: every way it can end becomes a report and a log line. */
+export async function runGuarded(job: CronJob, env: Env, tick: CronTick): Promise<JobReport> {
+  const started = Date.now();
+  const base = { job: job.name, cron: tick.cron, scheduledAt: new Date(tick.scheduledTime).toISOString() };
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeoutMs = job.timeoutMs ?? defaultJobTimeoutMs;
+  const timedOut = new Promise<"timed_out">((resolve) => {
+    timer = setTimeout(() => resolve("timed_out"), timeoutMs);
+  });
+  try {
+    // A job that throws synchronously is still this job's failure, not the fan-out's.
+    const result = await Promise.race([Promise.resolve().then(() => job.run(env, tick)), timedOut]);
+    const durationMs = Date.now() - started;
+    if (result === "timed_out") {
+      const summary = `still running after ${timeoutMs} ms`;
+      logEvent("error", "cron_job", { ...base, status: "timed_out", summary, durationMs });
+      return { job: job.name, status: "timed_out", summary, durationMs };
+    }
+    logEvent(result.level ?? "info", "cron_job", {
+      ...base,
+      status: "ok",
+      summary: result.summary,
+      durationMs,
+      ...result.fields,
+    });
+    return { job: job.name, status: "ok", summary: result.summary, durationMs };
+  } catch (error) {
+    const durationMs = Date.now() - started;
+    const failure = describeFailure(error);
+    logEvent("error", "cron_job", { ...base, status: "failed", failure, durationMs });
+    return { job: job.name, status: "failed", summary: failure, durationMs };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * Starts every job due on `tick` at once, hands each run to `waitUntil` (so the Worker stays
+ * alive until all of them settle), and resolves with their reports. Never rejects.
+ */
+export function runJobs(
+  jobs: readonly CronJob[],
+  env: Env,
+  tick: CronTick,
+  waitUntil: (promise: Promise<unknown>) => void,
+): Promise<JobReport[]> {
+  const runs = jobs.filter((job) => isDue(job, tick)).map((job) => runGuarded(job, env, tick));
+  for (const run of runs) waitUntil(run);
+  return Promise.all(runs);
+}

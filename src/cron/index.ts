@@ -1,0 +1,24 @@
+/**
+ * The scheduled handler: one fan-out over the jobs below, per cron tick (wrangler.toml declares
+ * `* * * * *`). Cron handlers only fan out; each job lives with its feature and is idempotent.
+ * To add a job, append it to `cronJobs`.
+ */
+import { usageFoldJob } from "../maintenance/job.ts";
+import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
+
+export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
+
+/** Every job, in no particular order: they run concurrently and independently. */
+export const cronJobs: readonly CronJob[] = [usageFoldJob];
+
+/** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */
+export function runScheduled(
+  controller: ScheduledController,
+  env: Env,
+  ctx: ExecutionContext,
+  jobs: readonly CronJob[] = cronJobs,
+): Promise<JobReport[]> {
+  return runJobs(jobs, env, { cron: controller.cron, scheduledTime: controller.scheduledTime }, (promise) =>
+    ctx.waitUntil(promise),
+  );
+}

@@ -1,0 +1,98 @@
+/**
+ * Session leases: an interactive transaction across requests. A lease is one pinned connection of
+ * the tenant's current generation; only the owning tenant's key can use or release it.
+ *
+ *     POST   /v1/tenants/:id/leases   {"ttlMs": 30000}   → {lease, generation, expiresAt}
+ *     POST   /v1/leases/:lease/sql    {"query", "params"} → the `/sql` result shape
+ *     DELETE /v1/leases/:lease
+ */
+import { Hono } from "hono";
+import { parseSqlRequest } from "../core/neon-protocol.ts";
+import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
+import { hashKey } from "../crypto/keys.ts";
+import { LessorError } from "../errors/index.ts";
+import { sessionTokenPrefix } from "../tenant-object/index.ts";
+import { type AppContext, type AppEnv, readJson } from "./context.ts";
+
+export const leaseRoutes = new Hono<AppEnv>();
+
+/** The tenant key from `Authorization: Bearer`, hashed. */
+async function tenantKeyHash(c: AppContext): Promise<string> {
+  const header = c.req.header("Authorization");
+  if (!header) throw new LessorError("missing_credentials");
+  const token = header.match(/^Bearer\s+(\S+)$/i)?.[1];
+  if (!token) throw new LessorError("invalid_credentials");
+  return hashKey(token);
+}
+
+/** `lsl_<tenant>_<random>`: the tenant part routes the call; the object checks the rest. */
+function leaseTenant(token: string): TenantId {
+  if (!token.startsWith(sessionTokenPrefix)) throw new LessorError("lease_not_found");
+  const rest = token.slice(sessionTokenPrefix.length);
+  const cut = rest.indexOf("_");
+  const tenantId = cut > 0 ? parseTenantId(rest.slice(0, cut)) : null;
+  if (!tenantId || !/^[0-9a-f]{48}$/.test(rest.slice(cut + 1))) throw new LessorError("lease_not_found");
+  return tenantId;
+}
+
+leaseRoutes.post("/v1/tenants/:id/leases", async (c) => {
+  const tenantId = parseTenantId(c.req.param("id"));
+  if (!tenantId) throw new LessorError("invalid_tenant_id");
+  const keyHash = await tenantKeyHash(c);
+  const body = await readJson(c);
+  const ttlMs =
+    typeof body === "object" && body !== null ? (body as Record<string, unknown>).ttlMs : undefined;
+  if (ttlMs !== undefined && (typeof ttlMs !== "number" || !Number.isFinite(ttlMs) || ttlMs <= 0)) {
+    throw new LessorError("invalid_request", {
+      publicMessage: "ttlMs must be a positive number of milliseconds.",
+    });
+  }
+  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, keyHash, ttlMs ?? 30_000);
+  if (!opened.ok) throw notFoundIfUnauthenticated(opened.error);
+  return c.json({ lease: opened.lease, generation: opened.generation, expiresAt: opened.expiresAt }, 201);
+});
+
+leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
+  const token = c.req.param("lease");
+  const tenantId = leaseTenant(token);
+  const keyHash = await tenantKeyHash(c);
+  const request = parseSqlRequest(await readJson(c), c.req.raw.headers);
+  if ("problem" in request) throw new LessorError("invalid_request", { publicMessage: request.problem });
+  if (request.kind !== "single") {
+    throw new LessorError("invalid_request", {
+      publicMessage: "A lease runs one statement per call; use BEGIN and COMMIT across calls.",
+    });
+  }
+  const outcome = await c.env.TENANTS.getByName(tenantId).sessionSql(
+    tenantId,
+    keyHash,
+    token,
+    request.statement,
+  );
+  if (outcome.ok) return c.json(outcome.body);
+  if ("postgres" in outcome) return c.json(outcome.postgres, 400);
+  throw leaseNotFoundIfUnauthenticated(outcome.error);
+});
+
+leaseRoutes.delete("/v1/leases/:lease", async (c) => {
+  const token = c.req.param("lease");
+  const tenantId = leaseTenant(token);
+  const keyHash = await tenantKeyHash(c);
+  const closed = await c.env.TENANTS.getByName(tenantId).closeSession(tenantId, keyHash, token);
+  if (!closed.ok) throw leaseNotFoundIfUnauthenticated(closed.error);
+  return c.body(null, 204);
+});
+
+/** Another tenant's key looks exactly like an unknown tenant. */
+function notFoundIfUnauthenticated(error: Parameters<typeof LessorError.fromWire>[0]): LessorError {
+  return error.code === "invalid_credentials"
+    ? new LessorError("tenant_not_found")
+    : LessorError.fromWire(error);
+}
+
+/** Another tenant's key on a lease looks exactly like an unknown lease. */
+function leaseNotFoundIfUnauthenticated(error: Parameters<typeof LessorError.fromWire>[0]): LessorError {
+  return error.code === "invalid_credentials"
+    ? new LessorError("lease_not_found")
+    : LessorError.fromWire(error);
+}

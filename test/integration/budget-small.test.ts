@@ -1,0 +1,671 @@
+/**
+ * Invariants 2 and 4 under attack, on the `small` host (connections 12, reserve 2: pools share 10,
+ * so two standard pools of 5 fill it). Every test here tries to push the host past its budget or
+ * to get a pool evicted that must not be: cold storms, an eviction racing a lease, saturation,
+ * restarts of the BudgetObject and of a TenantObject, pinned and migrating pools.
+ *
+ * Two counts are watched during each run, every ~50 ms: the ledger's allocated + reserved +
+ * draining (must stay within 10) and the backends Postgres actually sees for this file's tenants
+ * (must stay within 12, the reserve being where maintenance connections and closing backends live).
+ *
+ * The `small` budget is shared by every test that uses it, so they all live in this one file and
+ * run one after another; each test starts from an empty ledger and leaves one behind.
+ */
+import { evictDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import type { CapacityStatus } from "../../src/budget-object/index.ts";
+import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
+import {
+  admin,
+  asSuperuser,
+  type CreatedTenant,
+  createTenant,
+  lessor,
+  mapConcurrent,
+  pollUntil,
+  sqlRequest,
+  uniqueTenantId,
+} from "./harness.ts";
+
+const host = "small";
+/** connections − reserve on the `small` host (vitest.config.ts). */
+const poolCapacity = 10;
+const connections = 12;
+/** Every tenant of this file starts with it, so one LIKE counts all of this file's backends. */
+const filePrefix = uniqueTenantId("bsm");
+
+type Tier = "standard" | "free" | "solo";
+const tierSize: Record<Tier, number> = { standard: 5, free: 2, solo: 1 };
+
+// ── Bookkeeping for cleanup ─────────────────────────────────────────────────────────────────────
+
+const created: CreatedTenant[] = [];
+const heldLeases = new Map<string, string>(); // lease token → tenant key
+
+async function newTenant(tag: string, tier: Tier = "standard"): Promise<CreatedTenant> {
+  const tenant = await createTenant(`${filePrefix}-${tag}`, { host, tier });
+  created.push(tenant);
+  return tenant;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+// ── Looking at the budget ───────────────────────────────────────────────────────────────────────
+
+async function capacity(): Promise<CapacityStatus> {
+  const response = await admin("/v1/capacity");
+  if (response.status !== 200) throw new Error(`capacity: ${response.status} ${await response.text()}`);
+  const { hosts } = await response.json<{ hosts: CapacityStatus[] }>();
+  const small = hosts.find((h) => h.host === host);
+  if (!small) throw new Error("capacity lists no small host");
+  return small;
+}
+
+function ledgerUsed(status: CapacityStatus): number {
+  return status.allocated + status.reserved + status.draining;
+}
+
+function isEmptyLedger(status: CapacityStatus): boolean {
+  return (
+    ledgerUsed(status) === 0 &&
+    status.pools.reserved + status.pools.allocated + status.pools.draining === 0 &&
+    status.waiters === 0
+  );
+}
+
+interface Samples {
+  count: number;
+  maxLedger: number;
+  maxBackends: number;
+  violations: string[];
+}
+
+/**
+ * Samples the ledger and pg_stat_activity every ~50 ms until stopped (bounded). One superuser
+ * connection serves the whole run; it is not a `lessor:` backend, so it is not counted.
+ */
+function startSampler(): { stop: () => Promise<Samples> } {
+  const samples: Samples = { count: 0, maxLedger: 0, maxBackends: 0, violations: [] };
+  let running = true;
+  const done = asSuperuser(async (client) => {
+    for (let i = 0; running && i < 4_000; i++) {
+      const [status, result] = await Promise.all([
+        capacity(),
+        client.query(
+          "SELECT count(*)::int AS n, array_agg(application_name ORDER BY application_name) AS apps FROM pg_stat_activity WHERE application_name LIKE $1",
+          [`lessor:${filePrefix}-%`],
+        ),
+      ]);
+      const row = result.rows[0] as { n: number; apps: string[] | null } | undefined;
+      const backends = Number(row?.n ?? 0);
+      const used = ledgerUsed(status);
+      samples.count++;
+      samples.maxLedger = Math.max(samples.maxLedger, used);
+      samples.maxBackends = Math.max(samples.maxBackends, backends);
+      if (used > poolCapacity) {
+        samples.violations.push(
+          `ledger ${used} > ${poolCapacity}: allocated ${status.allocated} reserved ${status.reserved} draining ${status.draining}`,
+        );
+      }
+      if (backends > connections) {
+        samples.violations.push(`${backends} backends > ${connections}: ${(row?.apps ?? []).join(", ")}`);
+      }
+      await sleep(50);
+    }
+  });
+  return {
+    stop: async () => {
+      running = false;
+      await done;
+      return samples;
+    },
+  };
+}
+
+async function backendApps(): Promise<string[]> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1 ORDER BY 1",
+      [`lessor:${filePrefix}-%`],
+    );
+    return rows.map((row: { application_name: string }) => row.application_name);
+  });
+}
+
+// ── Talking to Lessor ───────────────────────────────────────────────────────────────────────────
+
+interface Outcome {
+  tenant: string;
+  status: number;
+  code: string | null;
+  retryAfter: string | null;
+  /** application_name of the backend that served it: `lessor:<tenant>:<generation>`. */
+  app: string | null;
+  db: string | null;
+}
+
+/** One `/sql` request reading who served it. Never throws for an HTTP refusal. */
+async function probe(tenant: CreatedTenant, sleepSeconds = 0): Promise<Outcome> {
+  const response = await sqlRequest(tenant.connectionString, {
+    query: `SELECT current_setting('application_name'), current_database(), pg_sleep(${sleepSeconds})`,
+    params: [],
+  });
+  const text = await response.text();
+  const outcome: Outcome = {
+    tenant: tenant.id,
+    status: response.status,
+    code: null,
+    retryAfter: response.headers.get("Retry-After"),
+    app: null,
+    db: null,
+  };
+  if (response.status === 200) {
+    const body = JSON.parse(text) as { rows: (string | null)[][] };
+    outcome.app = body.rows[0]?.[0] ?? null;
+    outcome.db = body.rows[0]?.[1] ?? null;
+  } else {
+    outcome.code = (JSON.parse(text) as { code?: string }).code ?? text.slice(0, 200);
+  }
+  return outcome;
+}
+
+/** Problems with an outcome: anything but a correct answer or a 503 capacity_saturated with Retry-After. */
+function problemsOf(outcome: Outcome): string[] {
+  if (outcome.status === 200) {
+    const ok =
+      outcome.db === `tenant_${outcome.tenant}` && (outcome.app ?? "").startsWith(`lessor:${outcome.tenant}:`);
+    return ok ? [] : [`${outcome.tenant} was served by ${outcome.app} on ${outcome.db}`];
+  }
+  if (outcome.status === 503 && outcome.code === "capacity_saturated" && Number(outcome.retryAfter) >= 1) {
+    return [];
+  }
+  return [`${outcome.tenant}: ${outcome.status} ${outcome.code} Retry-After=${outcome.retryAfter}`];
+}
+
+function generationOf(app: string | null): number {
+  return Number((app ?? "").split(":").at(-1));
+}
+
+/**
+ * Retries a tenant's request after 503s, honouring Retry-After, a bounded number of times.
+ * Returns every outcome, the last one first-class.
+ */
+async function untilServed(tenant: CreatedTenant, attempts: number): Promise<Outcome[]> {
+  const outcomes: Outcome[] = [];
+  for (let attempt = 0; attempt < attempts; attempt++) {
+    const outcome = await probe(tenant);
+    outcomes.push(outcome);
+    if (outcome.status !== 503) break;
+    await sleep(Math.min(5, Number(outcome.retryAfter) || 1) * 1000);
+  }
+  return outcomes;
+}
+
+async function openLease(tenant: CreatedTenant): Promise<{ status: number; lease: string; generation: number }> {
+  const response = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
+    body: JSON.stringify({ ttlMs: 60_000 }),
+  });
+  if (response.status !== 201) {
+    return { status: response.status, lease: "", generation: 0 };
+  }
+  const body = await response.json<{ lease: string; generation: number }>();
+  heldLeases.set(body.lease, tenant.key);
+  return { status: 201, lease: body.lease, generation: body.generation };
+}
+
+/** Runs a statement on a session lease: the application_name of its connection, or the refusal. */
+async function onLease(token: string, key: string): Promise<{ status: number; app: string | null; code: string | null }> {
+  const response = await lessor(`/v1/leases/${token}/sql`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ query: "SELECT current_setting('application_name')", params: [] }),
+  });
+  if (response.status !== 200) {
+    const body = await response.json<{ code?: string }>();
+    return { status: response.status, app: null, code: body.code ?? null };
+  }
+  const body = await response.json<{ rows: (string | null)[][] }>();
+  return { status: 200, app: body.rows[0]?.[0] ?? null, code: null };
+}
+
+async function releaseLease(token: string): Promise<number> {
+  const key = heldLeases.get(token);
+  heldLeases.delete(token);
+  if (key === undefined) return 0;
+  const response = await lessor(`/v1/leases/${token}`, {
+    method: "DELETE",
+    headers: { Authorization: `Bearer ${key}` },
+  });
+  await response.body?.cancel();
+  return response.status;
+}
+
+interface Runtime {
+  state: string;
+  generation: number;
+  leases: number;
+  pinned: boolean;
+  migrating: boolean;
+}
+
+async function runtime(tenant: CreatedTenant): Promise<Runtime> {
+  const response = await admin(`/v1/tenants/${tenant.id}`);
+  if (response.status !== 200) throw new Error(`status ${tenant.id}: ${response.status}`);
+  return (await response.json<{ runtime: Runtime }>()).runtime;
+}
+
+/** Warms a pool to its full size, so its backends are all there to be counted. */
+async function warm(tenant: CreatedTenant, size: number): Promise<Outcome[]> {
+  return Promise.all(Array.from({ length: size }, () => probe(tenant, 0.1)));
+}
+
+// ── Each test starts from an empty ledger and leaves one behind ─────────────────────────────────
+
+beforeEach(async () => {
+  const status = await capacity();
+  expect(isEmptyLedger(status), `ledger at start: ${JSON.stringify(status)}`).toBe(true);
+});
+
+afterEach(async () => {
+  await mapConcurrent([...heldLeases.keys()], 8, (token) => releaseLease(token));
+  const tenants = created.splice(0);
+  await mapConcurrent(tenants, 8, async (tenant) => {
+    const response = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: { force: true } });
+    await response.body?.cancel();
+  });
+  const drained = await pollUntil(capacity, isEmptyLedger, { attempts: 40, intervalMs: 100 });
+  if (!isEmptyLedger(drained)) {
+    // Leave an empty ledger for the next test whatever happened, then fail this one with the evidence.
+    await env.BUDGETS.getByName(host).reconcile(host, 0);
+  }
+  expect(isEmptyLedger(drained), `ledger after drain: ${JSON.stringify(drained)}`).toBe(true);
+});
+
+// ── The tests ───────────────────────────────────────────────────────────────────────────────────
+
+describe("connection budget on a small host", () => {
+  it("storms: 50 cold tenants never push the ledger past 10 nor Postgres past 12 backends", async () => {
+    const tiers: Tier[] = ["standard", "free", "solo", "free", "standard"];
+    const tenants = await mapConcurrent(
+      Array.from({ length: 50 }, (_, i) => i),
+      6,
+      (i) => newTenant(`st${i}`, tiers[i % tiers.length]),
+    );
+    const sampler = startSampler();
+    let outcomes: Outcome[] = [];
+    let retried: Outcome[][] = [];
+    try {
+      // Wave 1: every tenant cold at once, two to four requests each (they join one start).
+      const wave = tenants.flatMap((tenant, i) => Array.from({ length: 2 + (i % 3) }, () => tenant));
+      outcomes = await Promise.all(wave.map((tenant) => probe(tenant, 0.02)));
+      // Wave 2: the refused tenants retry, honouring Retry-After; capacity must come round to them.
+      const refused = [...new Set(outcomes.filter((o) => o.status !== 200).map((o) => o.tenant))];
+      retried = await mapConcurrent(
+        tenants.filter((t) => refused.includes(t.id)),
+        12,
+        (tenant) => untilServed(tenant, 8),
+      );
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+      expect(samples.count).toBeGreaterThan(5);
+      expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity);
+      expect(samples.maxBackends).toBeLessThanOrEqual(connections);
+    }
+    expect(outcomes.flatMap(problemsOf)).toEqual([]);
+    expect(retried.flat().flatMap(problemsOf)).toEqual([]);
+    // The storm was a storm: some were refused, some were served.
+    expect(outcomes.some((o) => o.status === 200)).toBe(true);
+    expect(outcomes.some((o) => o.status === 503)).toBe(true);
+    // Every tenant was served in the end (liveness), and the host finished within its budget.
+    const unserved = retried.filter((list) => list.at(-1)?.status !== 200).map((list) => list[0]?.tenant);
+    expect(unserved).toEqual([]);
+    const after = await capacity();
+    expect(ledgerUsed(after)).toBeLessThanOrEqual(poolCapacity);
+    expect(after.evictions).toBeGreaterThan(0);
+  });
+
+  it("eviction race: a pool leased after the ledger last saw it idle refuses; the other idle pool goes", async () => {
+    const a = await newTenant("race-a");
+    const b = await newTenant("race-b");
+    const c = await newTenant("race-c");
+    // a first, so the ledger holds a as the least recently used: it is the first victim asked.
+    expect((await probe(a)).status).toBe(200);
+    expect((await probe(b)).status).toBe(200);
+    const before = await capacity();
+    expect(before.allocated).toBe(10);
+    expect(before.candidates.map((x) => x.tenantId)).toEqual([a.id, b.id]);
+
+    const held = await openLease(a);
+    expect(held.status).toBe(201);
+    const aBefore = await runtime(a);
+    expect(aBefore).toMatchObject({ state: "ready", leases: 1 });
+
+    const sampler = startSampler();
+    let served: Outcome;
+    try {
+      served = await probe(c);
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    expect(problemsOf(served)).toEqual([]);
+    expect(served.status).toBe(200);
+
+    // a held its lease: never evicted, same generation, the lease still runs on it.
+    expect(await onLease(held.lease, a.key)).toEqual({
+      status: 200,
+      app: `lessor:${a.id}:${held.generation}`,
+      code: null,
+    });
+    expect(await runtime(a)).toMatchObject({ state: "ready", generation: held.generation, leases: 1 });
+    // b was idle: it was the one drained.
+    expect((await runtime(b)).state).toBe("stopped");
+    const after = await capacity();
+    expect(after.evictions).toBe(before.evictions + 1);
+    expect(after.allocated).toBe(10);
+    const apps = await pollUntil(backendApps, (list) => !list.some((app) => app.startsWith(`lessor:${b.id}:`)));
+    expect(apps.filter((app) => app.startsWith(`lessor:${b.id}:`))).toEqual([]);
+  });
+
+  it("eviction race: leases arriving while their pools are being chosen are never evicted under them", async () => {
+    const rounds = 4;
+    for (let round = 0; round < rounds; round++) {
+      const a = await newTenant(`rr${round}-a`);
+      const b = await newTenant(`rr${round}-b`);
+      const c = await newTenant(`rr${round}-c`);
+      expect((await probe(a)).status).toBe(200);
+      expect((await probe(b)).status).toBe(200);
+      const sampler = startSampler();
+      // The lease on a and c's start race; a is the LRU victim the budget asks first.
+      const [held, served] = await Promise.all([
+        sleep(round * 3).then(() => openLease(a)),
+        sleep((rounds - round) * 3).then(() => probe(c)),
+      ]);
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+      expect(problemsOf(served)).toEqual([]);
+      expect(held.status).toBe(201);
+      // Whichever generation the lease got, it keeps it while held, and the lease keeps working.
+      await sleep(200);
+      expect(await onLease(held.lease, a.key)).toEqual({
+        status: 200,
+        app: `lessor:${a.id}:${held.generation}`,
+        code: null,
+      });
+      expect(await runtime(a)).toMatchObject({ state: "ready", generation: held.generation, leases: 1 });
+      expect(await releaseLease(held.lease)).toBe(204);
+      // Clean this round before the next: drain the three and wait for an empty ledger.
+      for (const tenant of [a, b, c]) {
+        const response = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: { force: true } });
+        await response.body?.cancel();
+      }
+      expect(isEmptyLedger(await pollUntil(capacity, isEmptyLedger, { attempts: 40, intervalMs: 100 }))).toBe(
+        true,
+      );
+    }
+  });
+
+  it("saturation: with every pool leased a start gets 503 capacity_saturated, then succeeds once a lease is released", async () => {
+    const a = await newTenant("sat-a");
+    const b = await newTenant("sat-b");
+    const c = await newTenant("sat-c");
+    const leaseA = await openLease(a);
+    const leaseB = await openLease(b);
+    expect([leaseA.status, leaseB.status]).toEqual([201, 201]);
+    const before = await capacity();
+    expect(before).toMatchObject({ allocated: 10, reserved: 0, draining: 0, waiters: 0 });
+
+    const sampler = startSampler();
+    let refused: Outcome;
+    try {
+      refused = await probe(c);
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    expect(refused).toMatchObject({ status: 503, code: "capacity_saturated" });
+    expect(Number(refused.retryAfter)).toBeGreaterThanOrEqual(1);
+    // Nothing was evicted; both leases still run on their generations.
+    const during = await capacity();
+    expect(during).toMatchObject({ allocated: 10, waiters: 0, evictions: before.evictions });
+    expect(during.saturations).toBeGreaterThan(before.saturations);
+    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.id}:${leaseA.generation}`);
+    expect((await onLease(leaseB.lease, b.key)).app).toBe(`lessor:${b.id}:${leaseB.generation}`);
+    expect((await runtime(c)).state).toBe("stopped");
+
+    // a's lease ends: a is idle now, so c's retry (after Retry-After) evicts it and is served.
+    expect(await releaseLease(leaseA.lease)).toBe(204);
+    const sampler2 = startSampler();
+    let retries: Outcome[];
+    try {
+      retries = await untilServed(c, 4);
+    } finally {
+      const samples = await sampler2.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    expect(
+      retries.map((o) => `${o.status} ${o.code ?? ""}`),
+      "c should be served within a few retries of a's lease ending",
+    ).toContain("200 ");
+    expect(retries.flatMap(problemsOf)).toEqual([]);
+    expect((await runtime(a)).state).toBe("stopped");
+    expect(await onLease(leaseB.lease, b.key)).toMatchObject({ status: 200 });
+    expect((await runtime(b)).generation).toBe(leaseB.generation);
+  });
+
+  it("restarts: the BudgetObject restarts with pools allocated; its ledger survives and still caps admission", async () => {
+    const a = await newTenant("brs-a");
+    const b = await newTenant("brs-b");
+    const c = await newTenant("brs-c");
+    expect((await probe(a)).status).toBe(200);
+    expect((await probe(b)).status).toBe(200);
+    const leaseB = await openLease(b);
+    expect(leaseB.status).toBe(201);
+    const before = await capacity();
+    expect(before).toMatchObject({ allocated: 10, pools: { allocated: 2 } });
+
+    await evictDurableObject(env.BUDGETS.getByName(host));
+
+    const after = await capacity();
+    expect(after).toMatchObject({ allocated: 10, reserved: 0, draining: 0, pools: { allocated: 2 } });
+    expect(after.evictions).toBe(before.evictions);
+
+    // The restarted budget still admits only by evicting: a is idle, b is leased.
+    const sampler = startSampler();
+    let served: Outcome;
+    try {
+      served = await probe(c);
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    expect(problemsOf(served)).toEqual([]);
+    expect(served.status).toBe(200);
+    expect((await runtime(a)).state).toBe("stopped");
+    expect((await onLease(leaseB.lease, b.key)).app).toBe(`lessor:${b.id}:${leaseB.generation}`);
+    expect(ledgerUsed(await capacity())).toBe(10);
+  });
+
+  it("restarts: the BudgetObject restarts in the middle of a storm and admission never overshoots", async () => {
+    const tiers: Tier[] = ["standard", "free", "solo"];
+    const tenants = await mapConcurrent(
+      Array.from({ length: 24 }, (_, i) => i),
+      6,
+      (i) => newTenant(`bst${i}`, tiers[i % tiers.length]),
+    );
+    const sampler = startSampler();
+    let outcomes: Outcome[] = [];
+    let retried: Outcome[][] = [];
+    try {
+      const storm = Promise.all(
+        tenants.flatMap((tenant) => [probe(tenant, 0.05), sleep(150).then(() => probe(tenant, 0.05))]),
+      );
+      await sleep(100);
+      await evictDurableObject(env.BUDGETS.getByName(host));
+      await sleep(200);
+      await evictDurableObject(env.BUDGETS.getByName(host));
+      outcomes = await storm;
+      const refused = [...new Set(outcomes.filter((o) => o.status !== 200).map((o) => o.tenant))];
+      retried = await mapConcurrent(
+        tenants.filter((t) => refused.includes(t.id)),
+        8,
+        (tenant) => untilServed(tenant, 8),
+      );
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+      expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity);
+      expect(samples.maxBackends).toBeLessThanOrEqual(connections);
+    }
+    // A restart of the budget is a refusal with a retry hint at worst, never another answer.
+    expect(outcomes.flatMap(problemsOf)).toEqual([]);
+    expect(retried.flat().flatMap(problemsOf)).toEqual([]);
+    // The ledger agrees with what runs: every allocation belongs to a pool that holds it.
+    const status = await capacity();
+    expect(ledgerUsed(status)).toBeLessThanOrEqual(poolCapacity);
+    const reconciled = await env.BUDGETS.getByName(host).reconcile(host, 0);
+    expect(reconciled.released).toBe(0);
+  });
+
+  it("restarts: a TenantObject restarted while holding an allocation releases it (reconcile), and the next request runs on a new generation", async () => {
+    const a = await newTenant("trs-a");
+    const b = await newTenant("trs-b");
+    expect((await probe(a)).app).toBe(`lessor:${a.id}:1`);
+    expect((await probe(b)).status).toBe(200);
+    expect(await capacity()).toMatchObject({ allocated: 10 });
+
+    await evictDurableObject(env.TENANTS.getByName(a.id));
+    const reconciled = await env.BUDGETS.getByName(host).reconcile(host, 0);
+    expect(reconciled).toMatchObject({ released: 1 });
+    const status = await pollUntil(capacity, (s) => s.allocated === 5, { attempts: 20, intervalMs: 100 });
+    expect(status).toMatchObject({ allocated: 5, pools: { allocated: 1 } });
+
+    const next = await probe(a);
+    expect(next).toMatchObject({ status: 200, app: `lessor:${a.id}:2` });
+    expect(await capacity()).toMatchObject({ allocated: 10, pools: { allocated: 2 } });
+    expect((await runtime(a)).generation).toBe(2);
+  });
+
+  it("restarts: a TenantObject restarted with a full pool releases it itself, and its dead backends never push Postgres past 12", async () => {
+    const a = await newTenant("trf-a");
+    const b = await newTenant("trf-b");
+    // Both pools at full size: 10 backends.
+    expect((await warm(a, 5)).flatMap(problemsOf)).toEqual([]);
+    expect((await warm(b, 5)).flatMap(problemsOf)).toEqual([]);
+    const apps = await backendApps();
+    expect(apps.length).toBe(10);
+
+    const sampler = startSampler();
+    let next: Outcome[];
+    try {
+      await evictDurableObject(env.TENANTS.getByName(a.id));
+      // The first request wakes the restarted object: it releases generation 1 and starts 2 at once.
+      next = await warm(a, 5);
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    expect(next.flatMap(problemsOf)).toEqual([]);
+    expect(new Set(next.map((o) => o.app))).toEqual(new Set([`lessor:${a.id}:2`]));
+    const status = await capacity();
+    expect(status).toMatchObject({ allocated: 10, pools: { allocated: 2 } });
+    const settled = await pollUntil(backendApps, (list) => !list.includes(`lessor:${a.id}:1`));
+    expect(settled.filter((app) => app === `lessor:${a.id}:1`)).toEqual([]);
+  });
+
+  it("pinned pools are never evicted: an idle unpinned pool goes instead, and with all pinned a start is refused", async () => {
+    const a = await newTenant("pin-a");
+    const b = await newTenant("pin-b");
+    const c = await newTenant("pin-c");
+    expect((await probe(a)).status).toBe(200);
+    expect((await probe(b)).status).toBe(200);
+    const pinned = await admin(`/v1/tenants/${a.id}/pin`, { method: "POST" });
+    expect(pinned.status).toBe(200);
+    expect((await pinned.json<{ runtime: Runtime }>()).runtime.pinned).toBe(true);
+    const generationA = (await runtime(a)).generation;
+    // a is the least recently used, but pinned: the budget shows only b as a candidate.
+    expect((await capacity()).candidates.map((x) => x.tenantId)).toEqual([b.id]);
+
+    const served = await probe(c);
+    expect(problemsOf(served)).toEqual([]);
+    expect(served.status).toBe(200);
+    expect(await runtime(a)).toMatchObject({ state: "ready", generation: generationA, pinned: true });
+    expect((await runtime(b)).state).toBe("stopped");
+
+    // Pin c too: nothing is evictable, so b's start is refused with a retry hint.
+    expect((await admin(`/v1/tenants/${c.id}/pin`, { method: "POST" })).status).toBe(200);
+    const refused = await probe(b);
+    expect(refused).toMatchObject({ status: 503, code: "capacity_saturated" });
+    expect(await runtime(a)).toMatchObject({ state: "ready", generation: generationA });
+    expect((await runtime(c)).state).toBe("ready");
+
+    // Unpinning makes a pool evictable again.
+    expect((await admin(`/v1/tenants/${a.id}/unpin`, { method: "POST" })).status).toBe(200);
+    const retried = await untilServed(b, 4);
+    expect(retried.at(-1)?.status).toBe(200);
+    expect((await runtime(a)).state).toBe("stopped");
+    expect((await runtime(c)).state).toBe("ready");
+  });
+
+  it("migrating pools are never evicted, even when idle and least recently used", async () => {
+    const a = await newTenant("mig-a");
+    const b = await newTenant("mig-b");
+    const c = await newTenant("mig-c");
+    const d = await newTenant("mig-d");
+    expect((await probe(a)).status).toBe(200);
+    expect((await probe(b)).status).toBe(200);
+    const generationA = (await runtime(a)).generation;
+
+    // Hold the migrator's advisory lock in a's database: a's migration enters `migrating` and
+    // stays there, idle, until the lock is let go.
+    await asSuperuser(async (lock) => {
+      await lock.query("SELECT pg_advisory_lock($1)", [migrationLockKey]);
+      const migration = env.TENANTS.getByName(a.id).migrate(a.id, 1, 1_000);
+      try {
+        const migrating = await pollUntil(
+          () => runtime(a),
+          (r) => r.migrating,
+          { attempts: 40, intervalMs: 50 },
+        );
+        expect(migrating).toMatchObject({ migrating: true, leases: 0, generation: generationA });
+        expect((await capacity()).candidates.map((x) => x.tenantId)).toEqual([b.id]);
+
+        const sampler = startSampler();
+        let served: Outcome;
+        try {
+          served = await probe(c);
+        } finally {
+          const samples = await sampler.stop();
+          // The migration's own connection (lessor:<a>:migrate) draws on the reserve: still ≤ 12.
+          expect(samples.violations).toEqual([]);
+        }
+        expect(served.status).toBe(200);
+        expect(await runtime(a)).toMatchObject({ state: "ready", generation: generationA, migrating: true });
+        expect((await runtime(b)).state).toBe("stopped");
+
+        // Pin c: a (migrating) and c (pinned) hold the host, so d is refused; a stays.
+        expect((await admin(`/v1/tenants/${c.id}/pin`, { method: "POST" })).status).toBe(200);
+        const refused = await probe(d);
+        expect(refused).toMatchObject({ status: 503, code: "capacity_saturated" });
+        expect(await runtime(a)).toMatchObject({ state: "ready", generation: generationA, migrating: true });
+      } finally {
+        await lock.query("SELECT pg_advisory_unlock($1)", [migrationLockKey]);
+        const result = await migration;
+        expect(result.outcome).toBe("migrated");
+      }
+    }, `tenant_${a.id}`);
+
+    // The migration is over: a is an ordinary idle pool again, and d's retry evicts it.
+    expect((await runtime(a)).migrating).toBe(false);
+    const retried = await untilServed(d, 4);
+    expect(retried.at(-1)?.status).toBe(200);
+    expect((await runtime(a)).state).toBe("stopped");
+    expect((await runtime(c)).state).toBe("ready");
+  });
+});

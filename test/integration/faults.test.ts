@@ -1,0 +1,266 @@
+/**
+ * Faults get distinct answers with retry hints, and never an unbounded wait: a backend killed
+ * mid-query, a database that cannot be reached or refuses us, a stale generation, a disabled tenant.
+ */
+import { env, runInDurableObject } from "cloudflare:test";
+import { describe, expect, it } from "vitest";
+import {
+  admin,
+  asSuperuser,
+  type CreatedTenant,
+  countBackends,
+  createTenant,
+  lessor,
+  sqlFor,
+  uniqueTenantId,
+} from "./harness.ts";
+
+function sqlRequest(tenant: CreatedTenant, query: string, params: unknown[] = []): Promise<Response> {
+  return lessor("/sql", {
+    method: "POST",
+    headers: { "Neon-Connection-String": tenant.connectionString },
+    body: JSON.stringify({ query, params }),
+  });
+}
+
+/** Address of the `faulty` test host as the WebSocket proxy sees it. */
+function faultyAddress(): string {
+  const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
+  const url = new URL((hosts.faulty ?? "").replace(/^postgres:/, "http:"));
+  return `${url.hostname}:${url.port}`;
+}
+
+async function proxy(action: "stats" | "block" | "unblock", address = faultyAddress()) {
+  const response = await fetch(
+    `${env.TEST_PROXY_CONTROL_URL}/${action}?address=${encodeURIComponent(address)}`,
+  );
+  expect(response.status).toBe(200);
+  return response.json<{ tunnels: Record<string, number>; blocked: string[] }>();
+}
+
+async function tunnelsToFaulty(): Promise<number> {
+  return (await proxy("stats")).tunnels[faultyAddress()] ?? 0;
+}
+
+async function expectStartRefused(response: Response) {
+  expect(response.status).toBe(503);
+  expect(Number(response.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+  expect(await response.json()).toMatchObject({ code: "tenant_starting_failed" });
+}
+
+describe("faults", () => {
+  it("a backend killed mid-query fails the lease with a retryable error and is replaced", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill"));
+    const sql = sqlFor(tenant);
+    await sql`SELECT 1`;
+    const slow = sqlRequest(tenant, "SELECT pg_sleep(30)");
+    // Find the backend running the sleep, and kill it.
+    let killed = false;
+    for (let i = 0; i < 100 && !killed; i++) {
+      killed = await asSuperuser(async (client) => {
+        const { rows } = await client.query(
+          `SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
+           WHERE application_name LIKE $1 AND query LIKE '%pg_sleep(30)%' AND state = 'active'`,
+          [`lessor:${tenant.id}:%`],
+        );
+        return rows.length > 0;
+      });
+      if (!killed) await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    expect(killed).toBe(true);
+    const response = await slow;
+    expect(response.status).toBe(503);
+    expect(response.headers.get("Retry-After")).toBeTruthy();
+    expect(await response.json()).toMatchObject({ code: "connection_lost" });
+    // The next query works on a replacement connection of the same generation.
+    expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
+      { app: `lessor:${tenant.id}:1` },
+    ]);
+    const idleInTx = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1 AND state LIKE 'idle in transaction%'",
+        [`lessor:${tenant.id}:%`],
+      );
+      return rows[0]?.n;
+    });
+    expect(idleInTx).toBe(0);
+  });
+
+  it("a backend killed under a session lease ends that lease as lease_lost", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-lease"));
+    const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}` },
+      body: "{}",
+    });
+    const { lease } = await opened.json<{ lease: string }>();
+    const run = (query: string) =>
+      lessor(`/v1/leases/${lease}/sql`, {
+        method: "POST",
+        headers: { Authorization: `Bearer ${tenant.key}` },
+        body: JSON.stringify({ query }),
+      });
+    expect((await run("BEGIN")).status).toBe(200);
+    const pid = await (await run("SELECT pg_backend_pid()")).json<{ rows: string[][] }>();
+    await asSuperuser((client) =>
+      client.query("SELECT pg_terminate_backend($1)", [Number(pid.rows[0]?.[0])]),
+    );
+    const during = await run("INSERT INTO notes (body) VALUES ('lost')");
+    expect(during.status).toBe(503);
+    expect(await during.json()).toMatchObject({ code: "connection_lost" });
+    const after = await run("COMMIT");
+    expect(after.status).toBe(409);
+    expect(await after.json()).toMatchObject({ code: "lease_lost" });
+    const status = await env.TENANTS.getByName(tenant.id).status();
+    expect(status.leases).toBe(0);
+  });
+
+  it("an unreachable database: failed with a reason, backoff with Retry-After, zero attempts while backing off", async () => {
+    const tenant = await createTenant(uniqueTenantId("unreach"), { host: "faulty" });
+    await proxy("block");
+    try {
+      await expectStartRefused(await sqlRequest(tenant, "SELECT 1"));
+      const status = await env.TENANTS.getByName(tenant.id).status();
+      expect(status.state).toBe("failed");
+      expect(status.failureReason).toBe("unreachable");
+      expect(Date.parse(status.retryAt ?? "")).toBeGreaterThan(Date.now());
+      // During the backoff: N requests make 0 connection attempts.
+      await proxy("unblock");
+      const before = await tunnelsToFaulty();
+      const during = await Promise.all(Array.from({ length: 20 }, () => sqlRequest(tenant, "SELECT 1")));
+      for (const response of during) await expectStartRefused(response);
+      expect(await tunnelsToFaulty()).toBe(before);
+      // After the backoff, the next request starts a generation and works.
+      const wait = Date.parse((await env.TENANTS.getByName(tenant.id).status()).retryAt ?? "") - Date.now();
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, wait) + 50));
+      expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+      expect((await env.TENANTS.getByName(tenant.id).status()).state).toBe("ready");
+    } finally {
+      await proxy("unblock");
+    }
+  });
+
+  it("consecutive failures back off exponentially", async () => {
+    const tenant = await createTenant(uniqueTenantId("backoff"), { host: "faulty" });
+    await proxy("block");
+    try {
+      const delays: number[] = [];
+      for (let i = 0; i < 3; i++) {
+        await expectStartRefused(await sqlRequest(tenant, "SELECT 1"));
+        const status = await env.TENANTS.getByName(tenant.id).status();
+        const delay = Date.parse(status.retryAt ?? "") - Date.now();
+        delays.push(delay);
+        await new Promise((resolve) => setTimeout(resolve, Math.max(0, delay) + 20));
+      }
+      // Jitter keeps each delay in [½, 1] of its ceiling (500 ms, 1 s, 2 s): the third is longer than the first.
+      expect(delays[2]).toBeGreaterThan(delays[0] ?? Number.POSITIVE_INFINITY);
+    } finally {
+      await proxy("unblock");
+    }
+  });
+
+  for (const [fault, breakIt, mendIt, reason] of [
+    [
+      "refusing the password",
+      (id: string) => `ALTER ROLE "tenant_${id}" PASSWORD 'not-the-sealed-one'`,
+      null,
+      "auth_failed",
+    ],
+    [
+      "at too many connections",
+      (id: string) => `ALTER DATABASE "tenant_${id}" CONNECTION LIMIT 0`,
+      (id: string) => `ALTER DATABASE "tenant_${id}" CONNECTION LIMIT -1`,
+      "too_many_connections",
+    ],
+    [
+      "missing",
+      (id: string) => `ALTER DATABASE "tenant_${id}" RENAME TO "gone_${id}"`,
+      (id: string) => `ALTER DATABASE "gone_${id}" RENAME TO "tenant_${id}"`,
+      "database_missing",
+    ],
+  ] as const) {
+    it(`a database ${fault} gives failed:${reason} and a retryable 503`, async () => {
+      const tenant = await createTenant(uniqueTenantId("dbfault"));
+      await asSuperuser((client) => client.query(breakIt(tenant.id)));
+      try {
+        await expectStartRefused(await sqlRequest(tenant, "SELECT 1"));
+        const status = await env.TENANTS.getByName(tenant.id).status();
+        expect(status.state).toBe("failed");
+        expect(status.failureReason).toBe(reason);
+        // The answer never names the role, the database or a password.
+        const again = await sqlRequest(tenant, "SELECT 1");
+        const text = await again.text();
+        expect(text).not.toContain(`tenant_${tenant.id}`);
+        expect(text).not.toMatch(/password|postgres:\/\//i);
+      } finally {
+        if (mendIt) await asSuperuser((client) => client.query(mendIt(tenant.id)));
+      }
+    });
+  }
+
+  it("a lease of a generation that died gets 409 stale_generation and never runs on the new one", async () => {
+    const tenant = await createTenant(uniqueTenantId("stale"));
+    const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}` },
+      body: JSON.stringify({ ttlMs: 60_000 }),
+    });
+    const { lease, generation } = await opened.json<{ lease: string; generation: number }>();
+    // The object dies with its pool live, as in a deploy or a crash (evictDurableObject waits for
+    // the open connections forever, so reset it from inside).
+    const outcome = await runInDurableObject(env.TENANTS.getByName(tenant.id), (_instance, state) => {
+      state.abort("test: object reset");
+    }).then(
+      () => "not reset",
+      (error: unknown) => String(error),
+    );
+    expect(outcome).toMatch(/object reset/);
+    // A new generation starts for other work.
+    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
+      { app: `lessor:${tenant.id}:${generation + 1}` },
+    ]);
+    const response = await lessor(`/v1/leases/${lease}/sql`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}` },
+      body: JSON.stringify({ query: "INSERT INTO notes (body) VALUES ('must not run')" }),
+    });
+    expect(response.status).toBe(409);
+    expect(response.headers.get("Retry-After")).toBeTruthy();
+    expect(await response.json()).toMatchObject({ code: "stale_generation" });
+    const notes = await sqlFor(tenant)`SELECT count(*)::int AS n FROM notes`;
+    expect(notes).toEqual([{ n: 0 }]);
+  });
+
+  it("a disabled tenant gets 423 tenant_disabled, and works again once enabled", async () => {
+    const tenant = await createTenant(uniqueTenantId("disabled"));
+    expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+    expect((await admin(`/v1/tenants/${tenant.id}/disable`, { method: "POST" })).status).toBe(200);
+    const refused = await sqlRequest(tenant, "SELECT 1");
+    expect(refused.status).toBe(423);
+    expect(await refused.json()).toMatchObject({ code: "tenant_disabled" });
+    // An unauthenticated caller cannot learn that the tenant is disabled.
+    const stranger = await lessor("/sql", {
+      method: "POST",
+      headers: {
+        "Neon-Connection-String": tenant.connectionString.replace(tenant.key, "lsk_wrongwrongwrong"),
+      },
+      body: JSON.stringify({ query: "SELECT 1" }),
+    });
+    expect(stranger.status).toBe(401);
+    expect((await admin(`/v1/tenants/${tenant.id}/enable`, { method: "POST" })).status).toBe(200);
+    expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+  });
+
+  it("no pooled backend of a stopped tenant is left behind", async () => {
+    const tenant = await createTenant(uniqueTenantId("leftover"));
+    await sqlFor(tenant)`SELECT 1`;
+    expect(await countBackends(`lessor:${tenant.id}:`)).toBeGreaterThan(0);
+    const drained = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: {} });
+    expect(drained.status).toBe(202);
+    expect((await drained.json<{ runtime: { state: string } }>()).runtime.state).toBe("stopped");
+    for (let i = 0; i < 50 && (await countBackends(`lessor:${tenant.id}:`)) > 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    expect(await countBackends(`lessor:${tenant.id}:`)).toBe(0);
+  });
+});

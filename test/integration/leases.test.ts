@@ -1,0 +1,224 @@
+/**
+ * Session leases: interactive transactions across requests, owner-only use, TTL extension and
+ * reclaim, and the differential test that no session state passes from one lease to the next.
+ */
+import { env, runDurableObjectAlarm } from "cloudflare:test";
+import { describe, expect, it } from "vitest";
+import { asSuperuser, type CreatedTenant, createTenant, lessor, uniqueTenantId } from "./harness.ts";
+
+interface QueryResult {
+  rows: (string | null)[][];
+  fields: { name: string }[];
+}
+
+function openLease(tenant: CreatedTenant, ttlMs = 30_000, key = tenant.key): Promise<Response> {
+  return lessor(`/v1/tenants/${tenant.id}/leases`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ ttlMs }),
+  });
+}
+
+async function lease(tenant: CreatedTenant, ttlMs = 30_000): Promise<string> {
+  const response = await openLease(tenant, ttlMs);
+  expect(response.status).toBe(201);
+  const body = await response.json<{ lease: string; generation: number; expiresAt: string }>();
+  expect(body.generation).toBeGreaterThan(0);
+  expect(Date.parse(body.expiresAt)).toBeGreaterThan(Date.now());
+  return body.lease;
+}
+
+function leaseSql(token: string, key: string, query: string, params: unknown[] = []): Promise<Response> {
+  return lessor(`/v1/leases/${token}/sql`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ query, params }),
+  });
+}
+
+async function leaseRows(token: string, key: string, query: string, params: unknown[] = []) {
+  const response = await leaseSql(token, key, query, params);
+  if (response.status !== 200) throw new Error(`${query}: ${response.status} ${await response.text()}`);
+  return (await response.json<QueryResult>()).rows;
+}
+
+function release(token: string, key: string): Promise<Response> {
+  return lessor(`/v1/leases/${token}`, { method: "DELETE", headers: { Authorization: `Bearer ${key}` } });
+}
+
+describe("session leases", () => {
+  it("carries a transaction across requests: BEGIN, statements, COMMIT or ROLLBACK", async () => {
+    const tenant = await createTenant(uniqueTenantId("lease-tx"));
+    const token = await lease(tenant);
+    await leaseRows(token, tenant.key, "BEGIN");
+    await leaseRows(token, tenant.key, "INSERT INTO notes (body) VALUES ($1)", ["kept"]);
+    await leaseRows(token, tenant.key, "INSERT INTO notes (body) VALUES ($1)", ["also kept"]);
+    await leaseRows(token, tenant.key, "COMMIT");
+    await leaseRows(token, tenant.key, "BEGIN");
+    await leaseRows(token, tenant.key, "INSERT INTO notes (body) VALUES ($1)", ["rolled back"]);
+    // Another connection must not see the open transaction's write.
+    const outside = await asSuperuser(
+      (client) => client.query("SELECT body FROM notes ORDER BY id"),
+      `tenant_${tenant.id}`,
+    );
+    expect(outside.rows.map((row) => row.body)).toEqual(["kept", "also kept"]);
+    await leaseRows(token, tenant.key, "ROLLBACK");
+    const rows = await leaseRows(token, tenant.key, "SELECT body FROM notes ORDER BY id");
+    expect(rows).toEqual([["kept"], ["also kept"]]);
+    expect((await release(token, tenant.key)).status).toBe(204);
+    expect((await leaseSql(token, tenant.key, "SELECT 1")).status).toBe(404);
+  });
+
+  it("answers Postgres errors in the /sql shape and keeps the lease usable", async () => {
+    const tenant = await createTenant(uniqueTenantId("lease-err"));
+    const token = await lease(tenant);
+    const response = await leaseSql(token, tenant.key, "SELECT 1/0");
+    expect(response.status).toBe(400);
+    expect(await response.json()).toMatchObject({ code: "22012" });
+    expect(await leaseRows(token, tenant.key, "SELECT 2")).toEqual([["2"]]);
+    await release(token, tenant.key);
+  });
+
+  it("only the owning tenant's key can use or release a lease, and a stranger learns nothing", async () => {
+    const owner = await createTenant(uniqueTenantId("lease-own"));
+    const other = await createTenant(uniqueTenantId("lease-oth"));
+    const token = await lease(owner);
+    const stolen = await leaseSql(token, other.key, "SELECT current_database()");
+    const unknown = await leaseSql(`lsl_${owner.id}_${"0".repeat(48)}`, owner.key, "SELECT 1");
+    expect(stolen.status).toBe(404);
+    expect(unknown.status).toBe(404);
+    expect(await stolen.json()).toEqual(await unknown.json());
+    expect((await release(token, other.key)).status).toBe(404);
+    expect((await leaseSql(token, "lsk_not-a-key", "SELECT 1")).status).toBe(404);
+    expect((await openLease(owner, 1_000, other.key)).status).toBe(404);
+    // The owner's lease is untouched by all of that.
+    expect(await leaseRows(token, owner.key, "SELECT 1")).toEqual([["1"]]);
+    expect((await release(token, owner.key)).status).toBe(204);
+  });
+
+  it("refuses malformed tokens and bodies with codes", async () => {
+    const tenant = await createTenant(uniqueTenantId("lease-bad"));
+    expect((await leaseSql("not-a-lease", tenant.key, "SELECT 1")).status).toBe(404);
+    expect((await leaseSql("lsl_Bad_Tenant_abc", tenant.key, "SELECT 1")).status).toBe(404);
+    const badTtl = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}` },
+      body: JSON.stringify({ ttlMs: "soon" }),
+    });
+    expect(badTtl.status).toBe(400);
+    expect(await badTtl.json()).toMatchObject({ code: "invalid_request" });
+    const token = await lease(tenant);
+    const batch = await lessor(`/v1/leases/${token}/sql`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}` },
+      body: JSON.stringify({ queries: [{ query: "SELECT 1" }] }),
+    });
+    expect(batch.status).toBe(400);
+    await release(token, tenant.key);
+  });
+
+  it("reclaims an expired lease with an alarm: rolls back its transaction and frees the pool", async () => {
+    const tenant = await createTenant(uniqueTenantId("lease-exp"), { tier: "solo" });
+    const token = await lease(tenant, 1_000);
+    await leaseRows(token, tenant.key, "BEGIN");
+    await leaseRows(token, tenant.key, "INSERT INTO notes (body) VALUES ('abandoned')");
+    const stub = env.TENANTS.getByName(tenant.id);
+    // The owner vanishes. Wait past the TTL, then let the alarm run.
+    await new Promise((resolve) => setTimeout(resolve, 1_200));
+    await runDurableObjectAlarm(stub);
+    const status = await stub.status();
+    expect(status.leases).toBe(0);
+    expect(status.sessions).toBe(0);
+    expect(status.reclaimedLeases).toBe(1);
+    expect((await leaseSql(token, tenant.key, "SELECT 1")).status).toBe(404);
+    // The transaction was rolled back and no backend is left idle in transaction.
+    const leftovers = await asSuperuser(async (client) => {
+      const notes = await client.query("SELECT count(*)::int AS n FROM notes");
+      return notes.rows[0]?.n;
+    }, `tenant_${tenant.id}`);
+    expect(leftovers).toBe(0);
+    const idleInTx = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1 AND state LIKE 'idle in transaction%'",
+        [`lessor:${tenant.id}:%`],
+      );
+      return rows[0]?.n;
+    });
+    expect(idleInTx).toBe(0);
+    // The solo pool's one connection is usable again, so the pool can drain.
+    const next = await lease(tenant);
+    expect(await leaseRows(next, tenant.key, "SELECT count(*) FROM notes")).toEqual([["0"]]);
+    await release(next, tenant.key);
+  });
+
+  it("each use extends the TTL", async () => {
+    const tenant = await createTenant(uniqueTenantId("lease-ttl"));
+    const token = await lease(tenant, 1_500);
+    const stub = env.TENANTS.getByName(tenant.id);
+    for (let i = 0; i < 3; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 700));
+      await leaseRows(token, tenant.key, "SELECT 1");
+      await runDurableObjectAlarm(stub);
+    }
+    // 2.1 s after opening a 1.5 s lease, it is still alive because each use extended it.
+    expect(await leaseRows(token, tenant.key, "SELECT 1")).toEqual([["1"]]);
+    expect((await stub.status()).reclaimedLeases).toBe(0);
+    await release(token, tenant.key);
+  });
+
+  it("never passes session state from one lease to the next on the same backend", async () => {
+    // A pool of one connection: both leases get the same backend, which the test checks.
+    const tenant = await createTenant(uniqueTenantId("lease-diff"), { tier: "solo" });
+    const probe = [
+      "SELECT current_setting('search_path') AS search_path, current_setting('statement_timeout') AS statement_timeout,",
+      "current_user AS usr, session_user AS session_usr,",
+      "(SELECT count(*) FROM pg_prepared_statements) AS prepared,",
+      "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS advisory,",
+      "(SELECT count(*) FROM pg_listening_channels()) AS listening,",
+      "(SELECT count(*) FROM pg_class WHERE relpersistence = 't') AS temp_tables,",
+      "current_setting('application_name') AS app, current_setting('work_mem') AS work_mem, pg_backend_pid() AS pid",
+    ].join(" ");
+    const fresh = await lease(tenant);
+    const baseline = await leaseRows(fresh, tenant.key, probe);
+    await release(fresh, tenant.key);
+
+    const dirty = await lease(tenant);
+    for (const statement of [
+      "SET search_path = pg_catalog",
+      "SET statement_timeout = '1234ms'",
+      `SET ROLE "tenant_${tenant.id}"`,
+      "PREPARE leaked_plan AS SELECT 1",
+      "CREATE TEMP TABLE leaked_temp (x int)",
+      "SELECT pg_advisory_lock(42)",
+      "LISTEN leaked_channel",
+      "BEGIN",
+      "SET work_mem = '7MB'",
+      "ROLLBACK",
+      "SET work_mem = '9MB'",
+    ]) {
+      await leaseRows(dirty, tenant.key, statement);
+    }
+    const dirtyView = await leaseRows(dirty, tenant.key, probe);
+    expect(dirtyView[0]).not.toEqual(baseline[0]);
+    await release(dirty, tenant.key);
+
+    const next = await lease(tenant);
+    const after = await leaseRows(next, tenant.key, probe);
+    // Same backend (so the test means something), and exactly what a fresh connection sees.
+    expect(after[0]?.at(-1)).toBe(baseline[0]?.at(-1));
+    expect(after).toEqual(baseline);
+    await release(next, tenant.key);
+  });
+
+  it("caps session leases at the pool size with a retryable refusal", async () => {
+    const tenant = await createTenant(uniqueTenantId("lease-cap"), { tier: "free" });
+    const first = await lease(tenant);
+    const second = await lease(tenant);
+    const third = await openLease(tenant);
+    expect(third.status).toBe(503);
+    expect(third.headers.get("Retry-After")).toBeTruthy();
+    expect(await third.json()).toMatchObject({ code: "lease_limit" });
+    await release(first, tenant.key);
+    await release(second, tenant.key);
+  });
+});

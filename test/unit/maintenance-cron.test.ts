@@ -1,0 +1,122 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { type CronJob, type CronTick, runGuarded, runJobs } from "../../src/cron/fan-out.ts";
+
+const env = {} as Env;
+const tick: CronTick = { cron: "* * * * *", scheduledTime: Date.parse("2026-11-29T12:00:00Z") };
+
+function logLines(spy: { mock: { calls: unknown[][] } }): Record<string, unknown>[] {
+  return spy.mock.calls.map((call) => JSON.parse(String(call[0])) as Record<string, unknown>);
+}
+
+describe("cron fan-out", () => {
+  let log: ReturnType<typeof vi.spyOn>;
+  let warn: ReturnType<typeof vi.spyOn>;
+  let error: ReturnType<typeof vi.spyOn>;
+  beforeEach(() => {
+    log = vi.spyOn(console, "log").mockImplementation(() => undefined);
+    warn = vi.spyOn(console, "warn").mockImplementation(() => undefined);
+    error = vi.spyOn(console, "error").mockImplementation(() => undefined);
+  });
+  afterEach(() => {
+    vi.restoreAllMocks();
+  });
+
+  it("runs every job even when others throw, reject or throw synchronously", async () => {
+    const ran: string[] = [];
+    const jobs: CronJob[] = [
+      {
+        name: "rejects",
+        run: async () => {
+          ran.push("rejects");
+          throw new Error("postgres://u:secret@host/db is down");
+        },
+      },
+      {
+        name: "throws-synchronously",
+        run: () => {
+          ran.push("throws-synchronously");
+          throw new Error("bad");
+        },
+      },
+      {
+        name: "fine",
+        run: async () => {
+          ran.push("fine");
+          return { summary: "folded 3 rows", fields: { foldedRows: 3 } };
+        },
+      },
+    ];
+    const waited: Promise<unknown>[] = [];
+    const reports = await runJobs(jobs, env, tick, (promise) => waited.push(promise));
+    expect(ran.sort()).toEqual(["fine", "rejects", "throws-synchronously"]);
+    expect(waited).toHaveLength(3);
+    expect(reports.map((r) => [r.job, r.status])).toEqual([
+      ["rejects", "failed"],
+      ["throws-synchronously", "failed"],
+      ["fine", "ok"],
+    ]);
+    const failures = logLines(error);
+    expect(failures).toHaveLength(2);
+    expect(failures.map((line) => [line.event, line.job, line.status]).sort()).toEqual([
+      ["cron_job", "rejects", "failed"],
+      ["cron_job", "throws-synchronously", "failed"],
+    ]);
+    // Logged failures never carry a credential.
+    expect(JSON.stringify(failures)).not.toContain("secret");
+    expect(logLines(log)).toEqual([
+      expect.objectContaining({
+        event: "cron_job",
+        job: "fine",
+        status: "ok",
+        summary: "folded 3 rows",
+        foldedRows: 3,
+        cron: "* * * * *",
+        scheduledAt: "2026-11-29T12:00:00.000Z",
+      }),
+    ]);
+  });
+
+  it("logs at the level a job asks for", async () => {
+    await runGuarded(
+      {
+        name: "pinned",
+        run: async () => ({ summary: "skipped: pinned by pid 1 for 9 seconds", level: "warn" }),
+      },
+      env,
+      tick,
+    );
+    expect(logLines(warn)).toEqual([expect.objectContaining({ job: "pinned", status: "ok" })]);
+  });
+
+  it("reports a job that outlives its timeout without waiting for it", async () => {
+    let release: () => void = () => undefined;
+    const hanging = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const report = await runGuarded(
+      {
+        name: "hangs",
+        timeoutMs: 10,
+        run: async () => {
+          await hanging;
+          return { summary: "late" };
+        },
+      },
+      env,
+      tick,
+    );
+    release();
+    expect(report).toMatchObject({ job: "hangs", status: "timed_out" });
+    expect(logLines(error)).toEqual([expect.objectContaining({ job: "hangs", status: "timed_out" })]);
+  });
+
+  it("runs only the jobs due on this cron", async () => {
+    const jobs: CronJob[] = [
+      { name: "every-tick", run: async () => ({ summary: "ok" }) },
+      { name: "hourly", crons: ["0 * * * *"], run: async () => ({ summary: "ok" }) },
+      { name: "minutely", crons: ["* * * * *"], run: async () => ({ summary: "ok" }) },
+    ];
+    const reports = await runJobs(jobs, env, tick, () => undefined);
+    expect(reports.map((r) => r.job)).toEqual(["every-tick", "minutely"]);
+  });
+});

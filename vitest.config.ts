@@ -4,6 +4,35 @@ import { defineConfig } from "vitest/config";
 /** Test-only secrets: never used outside this suite. */
 const testSealKey = "dGVzdC1zZWFsLWtleS0zMi1ieXRlcy1sb25nLi4uLi4="; // 32 bytes
 
+/** A project whose tests run inside workerd against the real Postgres its global setup starts. */
+function workersProject(name: string, include: string[], globalSetup: string) {
+  return {
+    plugins: [
+      cloudflareTest(({ inject }) => ({
+        wrangler: { configPath: "./wrangler.toml" },
+        miniflare: {
+          bindings: {
+            LESSOR_ADMIN_KEY: "test-admin-key",
+            LESSOR_POOL_SIZES: JSON.stringify({ free: 2, standard: 5, pro: 6, solo: 1 }),
+            LESSOR_BUDGETS: JSON.stringify({
+              local: { connections: 300, reserve: 10 },
+              small: { connections: 12, reserve: 2 },
+              faulty: { connections: 100, reserve: 4 },
+            }),
+            LESSOR_SEAL_KEY: testSealKey,
+            LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
+            LESSOR_HOSTS: inject("hostsJson"),
+            LESSOR_WS_PROXY: inject("wsProxy"),
+            TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
+            TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
+          },
+        },
+      })),
+    ],
+    test: { name, include, globalSetup: [globalSetup], testTimeout: 60_000, hookTimeout: 60_000 },
+  };
+}
+
 export default defineConfig({
   test: {
     projects: [
@@ -14,37 +43,9 @@ export default defineConfig({
           environment: "node",
         },
       },
-      {
-        plugins: [
-          cloudflareTest(({ inject }) => ({
-            wrangler: { configPath: "./wrangler.toml" },
-            miniflare: {
-              bindings: {
-                LESSOR_ADMIN_KEY: "test-admin-key",
-                LESSOR_POOL_SIZES: JSON.stringify({ free: 2, standard: 5, pro: 6, solo: 1 }),
-                LESSOR_BUDGETS: JSON.stringify({
-                  local: { connections: 300, reserve: 10 },
-                  small: { connections: 12, reserve: 2 },
-                  faulty: { connections: 100, reserve: 4 },
-                }),
-                LESSOR_SEAL_KEY: testSealKey,
-                LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
-                LESSOR_HOSTS: inject("hostsJson"),
-                LESSOR_WS_PROXY: inject("wsProxy"),
-                TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
-                TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
-              },
-            },
-          })),
-        ],
-        test: {
-          name: "workers",
-          include: ["test/integration/**/*.test.ts"],
-          globalSetup: ["./test/global-setup.ts"],
-          testTimeout: 60_000,
-          hookTimeout: 60_000,
-        },
-      },
+      workersProject("workers", ["test/integration/**/*.test.ts"], "./test/global-setup.ts"),
+      // Stops and restarts its own Postgres under load: kept apart so no other test sees the outage.
+      workersProject("pg-restart", ["test/pg-restart/**/*.test.ts"], "./test/pg-restart/global-setup.ts"),
     ],
   },
 });

@@ -1,6 +1,6 @@
 /**
  * Types of bench/lessor-entry.js: the part of Lessor's Worker entry (src/index.ts) that the bench
- * Worker uses. Kept structural so that the Node type-check of bench/ needs no Worker types.
+ * Worker uses. Kept structural, so that the Node type-check of bench/ needs no Worker types.
  */
 
 /** Lessor's fetch handler (Hono's `app.fetch`). */
@@ -9,5 +9,9 @@ declare const lessor: {
 };
 export default lessor;
 
-/** Lessor's per-tenant Durable Object class, re-exported so the bench Worker can bind it. */
-export declare const TenantObject: abstract new (...args: never[]) => object;
+type DurableObjectClass = abstract new (...args: never[]) => object;
+
+/** Lessor's per-tenant Durable Object. */
+export declare const TenantObject: DurableObjectClass;
+/** Lessor's per-host connection budget. */
+export declare const BudgetObject: DurableObjectClass;

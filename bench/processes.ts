@@ -87,6 +87,8 @@ export interface RunningWrangler {
   /** Output lines kept for diagnostics (the last 200). */
   output: string[];
   stop(): Promise<void>;
+  /** Last resort on exit: SIGKILL to wrangler's whole process group (it and its workerd). */
+  killNow(): void;
 }
 
 /** Starts `wrangler dev` with the bench config and waits (bounded) until the bench Worker answers. */
@@ -119,6 +121,9 @@ export async function startWrangler(options: {
     ],
     {
       cwd: root,
+      // Its own process group: wrangler runs a second node and two workerd under it, and stopping
+      // the group stops them all (none of them outlives a bench run that crashed).
+      detached: true,
       stdio: ["ignore", "pipe", "pipe"],
       // wrangler asks for nothing and sends no metrics from a benchmark.
       env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "1" },
@@ -152,13 +157,24 @@ export async function startWrangler(options: {
     }
     throw new Error("the bench Worker never answered /bench/noop");
   })();
+  const signalGroup = (signal: NodeJS.Signals) => {
+    if (child.pid === undefined) return;
+    try {
+      process.kill(-child.pid, signal);
+    } catch {
+      // The group is gone already.
+    }
+  };
   const stop = async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
+    if (child.exitCode !== null || child.signalCode !== null) {
+      signalGroup("SIGKILL");
+      return;
+    }
     const exited = new Promise<void>((done) => child.once("exit", () => done()));
-    child.kill("SIGTERM");
-    await within(exited, 15_000, "wrangler stop").catch(() => {
-      child.kill("SIGKILL");
-    });
+    signalGroup("SIGTERM");
+    await within(exited, 15_000, "wrangler stop").catch(() => undefined);
+    // Whatever of the group is still there (a workerd that ignored SIGTERM) goes now.
+    signalGroup("SIGKILL");
   };
   try {
     await within(Promise.race([ready, exited]), 130_000, "wrangler dev start");
@@ -167,7 +183,7 @@ export async function startWrangler(options: {
     await stop();
     throw error;
   }
-  return { child, output, stop };
+  return { child, output, stop, killNow: () => signalGroup("SIGKILL") };
 }
 
 // ── /proc ────────────────────────────────────────────────────────────────────────────────────────
@@ -313,4 +329,51 @@ export function cpuDelta(before: CpuSample, after: CpuSample): CpuSample {
   return delta;
 }
 
-export { allStats, readStat };
+/** What the bench learns about a running `wrangler dev`. */
+export interface WranglerLayout {
+  /** The port of the workerd that runs the Worker itself, behind wrangler dev's proxy. */
+  directPort: number;
+  groups: Omit<CpuGroups, "wsProxy" | "postgres">;
+}
+
+/**
+ * Finds the workerd that runs the bench Worker: wrangler dev runs two workerd processes (one for
+ * its proxy worker on the public port, one for the Worker), and the Worker's own workerd listens on
+ * a random loopback port that wrangler does not print. Every port a wrangler workerd listens on is
+ * asked for /bench/noop; the one that answers, other than the public port, is the Worker's own.
+ */
+export async function findWranglerLayout(wranglerPid: number, publicPort: number): Promise<WranglerLayout> {
+  const tree = descendants(wranglerPid);
+  const workerds = tree.filter((process) => process.comm === "workerd");
+  let direct: { pid: number; port: number } | undefined;
+  let proxyPid: number | undefined;
+  for (const workerd of workerds) {
+    for (const port of listeningPorts(workerd.pid)) {
+      if (port === publicPort) {
+        proxyPid = workerd.pid;
+        continue;
+      }
+      try {
+        const response = await fetch(`http://127.0.0.1:${port}/bench/noop`, {
+          signal: AbortSignal.timeout(2_000),
+        });
+        if ((await response.text()) === "bench-noop") direct = { pid: workerd.pid, port };
+      } catch {
+        // An inspector or loopback port, not the Worker's.
+      }
+    }
+  }
+  if (!direct || proxyPid === undefined) {
+    throw new Error(
+      `could not find wrangler dev's two workerd processes (found ${workerds.length}); is this Linux?`,
+    );
+  }
+  return {
+    directPort: direct.port,
+    groups: {
+      wranglerNode: [wranglerPid, ...tree.filter((p) => p.comm === "node").map((p) => p.pid)],
+      workerdProxy: [proxyPid],
+      workerdWorker: [direct.pid],
+    },
+  };
+}

@@ -15,7 +15,8 @@ import { Client, neonConfig, Pool } from "@neondatabase/serverless";
 import { DurableObject } from "cloudflare:workers";
 import lessor from "./lessor-entry.js";
 
-export { TenantObject } from "./lessor-entry.js";
+// Every Durable Object class Lessor exports (TenantObject, BudgetObject, …), bound in bench/wrangler.toml.
+export * from "./lessor-entry.js";
 
 /** One statement of the Neon HTTP protocol. */
 interface Statement {

@@ -16,7 +16,11 @@ export interface LocalPostgres {
   readonly password: string;
   /** Connection string of the superuser, for the given database. */
   url(database?: string): string;
+  /** Stops the cluster for good (deleting a throwaway cluster's files). */
   stop(): Promise<void>;
+  /** Fault injection: stops the cluster, keeping its files, until `restart`. */
+  halt(): Promise<void>;
+  restart(): Promise<void>;
 }
 
 /**
@@ -45,7 +49,9 @@ export async function startLocalPostgres(options: {
     user: "postgres",
     password: options.password,
     authMethod: "scram-sha-256",
-    persistent: options.persistent,
+    // The package deletes a non-persistent cluster's files on every stop, which would make a
+    // restart impossible; throwaway clusters are deleted by our own stop() instead.
+    persistent: true,
     createPostgresUser: process.getuid?.() === 0,
     postgresFlags: [
       "-c",
@@ -76,6 +82,11 @@ export async function startLocalPostgres(options: {
     password: options.password,
     url: (database = "postgres") =>
       `postgres://postgres:${encodeURIComponent(options.password)}@${host}:${options.port}/${database}`,
-    stop: () => pg.stop(),
+    stop: async () => {
+      await pg.stop();
+      if (!options.persistent) await rm(dataDir, { recursive: true, force: true });
+    },
+    halt: () => pg.stop(),
+    restart: () => pg.start(),
   };
 }

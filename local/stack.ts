@@ -49,7 +49,9 @@ export async function startLocalStack(options: {
       // 127.0.0.2 reaches the same cluster; tests use it as a second host they can cut off.
       allowed: [`${pgServer.host}:${pgServer.port}`, `127.0.0.2:${pgServer.port}`],
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
-      ...(options.proxyControl ? { control: true } : {}),
+      ...(options.proxyControl
+        ? { control: true, hooks: { "pg-stop": () => pgServer.halt(), "pg-start": () => pgServer.restart() } }
+        : {}),
     });
     return {
       pg: pgServer,

@@ -37,6 +37,8 @@ export async function startWsProxy(options: {
    * Off unless asked for; `npm start` never enables it.
    */
   control?: boolean;
+  /** Test-only actions served at `/__control/hook/<name>` when `control` is on (e.g. restart Postgres). */
+  hooks?: Record<string, () => Promise<void>>;
 }): Promise<WsProxy> {
   const allowed = new Set(options.allowed);
   const blocked = new Set<string>();
@@ -51,6 +53,16 @@ export async function startWsProxy(options: {
   };
   const server: Server = createServer((req, res) => {
     const url = new URL(req.url ?? "/", "http://proxy");
+    const hook = options.control
+      ? options.hooks?.[url.pathname.replace(/^\/__control\/hook\//, "")]
+      : undefined;
+    if (hook && url.pathname.startsWith("/__control/hook/")) {
+      hook().then(
+        () => res.writeHead(200, { "content-type": "application/json" }).end("{}"),
+        (error: unknown) => res.writeHead(500).end(String(error)),
+      );
+      return;
+    }
     if (options.control && url.pathname.startsWith("/__control/")) {
       const address = url.searchParams.get("address") ?? "";
       if (url.pathname === "/__control/block" && allowed.has(address)) block(address);

@@ -30,11 +30,25 @@ function freePort(): Promise<number> {
   });
 }
 
-let stack: LocalStack | undefined;
+/**
+ * A setup/teardown pair with a stack of its own: each vitest project that calls this gets its own
+ * Postgres (the Postgres-restart project stops and starts its cluster without touching the others).
+ */
+export function localStackSetup(name: string) {
+  let stack: LocalStack | undefined;
+  return {
+    setup: async (project: TestProject) => {
+      stack = await startTestStack(project, name);
+    },
+    teardown: async () => {
+      await stack?.stop();
+    },
+  };
+}
 
-export async function setup(project: TestProject): Promise<void> {
-  stack = await startLocalStack({
-    dataDir: `.lessor/test-pg-${process.pid}`,
+async function startTestStack(project: TestProject, name: string): Promise<LocalStack> {
+  const stack = await startLocalStack({
+    dataDir: `.lessor/test-${name}-pg-${process.pid}`,
     pgPort: await freePort(),
     pgPassword: "lessor-test-superuser",
     persistent: false,
@@ -54,8 +68,7 @@ export async function setup(project: TestProject): Promise<void> {
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));
   project.provide("proxyControlUrl", `http://${stack.wsProxy}/__control`);
+  return stack;
 }
 
-export async function teardown(): Promise<void> {
-  await stack?.stop();
-}
+export const { setup, teardown } = localStackSetup("main");

@@ -13,6 +13,7 @@ import {
   primaryKey,
   text,
   timestamp,
+  uniqueIndex,
 } from "drizzle-orm/pg-core";
 
 /** One row per tenant. `ordinal` is never reused, even after an erase. */
@@ -152,6 +153,100 @@ export const foldOutcomes = pgTable(
   (t) => [index("fold_outcomes_started_at").on(t.startedAt)],
 );
 
+/**
+ * Migration campaigns (src/campaigns/, docs/adr/004-migration-campaigns.md): one row per campaign.
+ * Its state moves pending → canary → rollout → done, or to paused, cancelled or failed. Written
+ * only by the cron runner and the operator's routes, never on the hot path.
+ */
+export const campaigns = pgTable(
+  "campaigns",
+  {
+    id: text("id").primaryKey(),
+    /** Creation order, for paging. */
+    seq: bigint("seq", { mode: "number" }).generatedAlwaysAsIdentity().notNull().unique(),
+    state: text("state", {
+      enum: ["pending", "canary", "rollout", "done", "paused", "cancelled", "failed"],
+    }).notNull(),
+    /** While paused: the state a resume returns to. */
+    pausedFrom: text("paused_from", { enum: ["pending", "canary", "rollout"] }),
+    toVersion: integer("to_version").notNull(),
+    concurrency: integer("concurrency").notNull(),
+    continueOnFailure: boolean("continue_on_failure").notNull(),
+    force: boolean("force").notNull(),
+    drainTimeoutMs: integer("drain_timeout_ms").notNull(),
+    stabilityWindowMs: integer("stability_window_ms").notNull(),
+    canaryPercent: doublePrecision("canary_percent"),
+    /** The campaign was limited to a list of tenants (otherwise: every tenant below `to_version`). */
+    listed: boolean("listed").notNull().default(false),
+    /** Contract steps this campaign applies to at least one tenant (the expand/contract guard checks them). */
+    contractSteps: integer("contract_steps").array().notNull().default(sql`'{}'::integer[]`),
+    /** Why the last tick claimed nothing although work remained (the contract guard); null otherwise. */
+    blockedReason: text("blocked_reason"),
+    /** Why the campaign failed, or what it finished with. */
+    reason: text("reason"),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp("started_at", { withTimezone: true }),
+    finishedAt: timestamp("finished_at", { withTimezone: true }),
+  },
+  (t) => [
+    // The cron tick looks only for active campaigns; finished ones pile up outside this index.
+    index("campaigns_active").on(t.seq).where(sql`${t.state} IN ('pending', 'canary', 'rollout')`),
+  ],
+);
+
+/**
+ * Per-tenant progress of a campaign: the durable state a killed runner resumes from. A tenant is
+ * claimed by compare-and-swap (`claim_token`, `claimed_at`); a claim older than the claim timeout
+ * is presumed dead and may be taken again (the tenant database's own ledger makes that harmless).
+ */
+export const campaignTenants = pgTable(
+  "campaign_tenants",
+  {
+    campaignId: text("campaign_id")
+      .notNull()
+      .references(() => campaigns.id),
+    /** No foreign key: a tenant erased later keeps its history here. */
+    tenantId: text("tenant_id").notNull(),
+    host: text("host").notNull(),
+    cohort: text("cohort", { enum: ["canary", "rollout"] }).notNull(),
+    position: integer("position").notNull(),
+    state: text("state", { enum: ["pending", "running", "succeeded", "failed", "skipped"] }).notNull(),
+    /** The catalog version at enrollment, replaced by the database's real version when a step is applied. */
+    fromVersion: integer("from_version").notNull(),
+    toVersion: integer("to_version"),
+    attempts: integer("attempts").notNull().default(0),
+    claimToken: text("claim_token"),
+    claimedAt: timestamp("claimed_at", { withTimezone: true }),
+    /** While skipped: when the tenant may be tried again (null: skipped for good). */
+    retryAt: timestamp("retry_at", { withTimezone: true }),
+    startedAt: timestamp("started_at", { withTimezone: true }),
+    finishedAt: timestamp("finished_at", { withTimezone: true }),
+    /** Secret-free: the migration's name and the Postgres error, never a connection string. */
+    failureSummary: text("failure_summary"),
+    skipReason: text("skip_reason"),
+  },
+  (t) => [
+    primaryKey({ columns: [t.campaignId, t.tenantId] }),
+    uniqueIndex("campaign_tenants_position").on(t.campaignId, t.position),
+    index("campaign_tenants_progress").on(t.campaignId, t.cohort, t.state, t.position),
+  ],
+);
+
+/**
+ * App schema versions seen in `Lessor-Schema-Version`, one row per version per minute at most
+ * (insert-only, conflicts ignored). The contract guard reads the last minute each version was
+ * seen; the campaign cron job trims rows older than two days.
+ */
+export const appSchemaVersionsSeen = pgTable(
+  "app_schema_versions_seen",
+  {
+    version: integer("version").notNull(),
+    minute: timestamp("minute", { withTimezone: true }).notNull(),
+  },
+  (t) => [primaryKey({ columns: [t.version, t.minute] })],
+);
+
 export const controlPlaneSchema = {
   tenants,
   tenantCredentials,
@@ -160,4 +255,7 @@ export const controlPlaneSchema = {
   usageDeltas,
   usageRollups,
   foldOutcomes,
+  campaigns,
+  campaignTenants,
+  appSchemaVersionsSeen,
 };

@@ -207,7 +207,7 @@ export function decideHorizon(
   observation: HorizonObservation,
   policy: HorizonPolicy = defaultHorizonPolicy,
 ): HorizonDecision {
-  const [pin] = findPins(observation, policy);
+  const [pin] = findPins(observation, policy).slice(99);
   return pin ? { pinned: true, ...pin } : { pinned: false };
 }
 

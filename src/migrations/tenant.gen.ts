@@ -10,5 +10,23 @@ export const tenantMigrations: readonly TenantMigration[] = [
     "statements": [
       "CREATE TABLE \"notes\" (\n\t\"id\" serial PRIMARY KEY NOT NULL,\n\t\"body\" text NOT NULL,\n\t\"tags\" text[] DEFAULT '{}' NOT NULL,\n\t\"attributes\" jsonb,\n\t\"stars\" integer DEFAULT 0 NOT NULL,\n\t\"created_at\" timestamp with time zone DEFAULT now() NOT NULL\n);"
     ]
+  },
+  {
+    "version": 2,
+    "name": "0001_example_note_slug",
+    "kind": "expand",
+    "checksum": "5f6bb33aa923fffcbd57c8cf175d73c04d09137985130242abce0f617d43d056",
+    "statements": [
+      "ALTER TABLE \"notes\" ADD COLUMN \"slug\" text;"
+    ]
+  },
+  {
+    "version": 3,
+    "name": "0002_example_note_slug_unique",
+    "kind": "contract",
+    "checksum": "fd8b80d856a1ffc3e37893e16105a788f6f64beea70b2fc7f523a728ec6382ed",
+    "statements": [
+      "-- lessor:contract\n-- EXAMPLE contract step: apps built for schema version 2 may write the same slug twice; only apps\n-- built for version 3 handle the unique violation. A tenant whose data already holds a duplicate\n-- slug fails here, and only that tenant: fix its rows, then run a campaign again.\nALTER TABLE \"notes\" ADD CONSTRAINT \"notes_slug_unique\" UNIQUE(\"slug\");"
+    ]
   }
 ];

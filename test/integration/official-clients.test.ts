@@ -300,9 +300,11 @@ describe("neon(): Postgres errors", () => {
     expect(error.message).toMatch(/syntax error at end of input/);
     expect(error.position).toBe(String(query.length + 1));
 
-    const other = await neonError(sql.query("SELECT 1 FROMM notes"));
+    const misplaced = "SELECT id, FROM notes";
+    const other = await neonError(sql.query(misplaced));
     expect(other.code).toBe("42601");
-    expect(other.position).toBe(String("SELECT 1 ".length + 1));
+    expect(other.message).toBe('syntax error at or near "FROM"');
+    expect(other.position).toBe(String(misplaced.indexOf("FROM") + 1));
   });
 
   it("an undefined table, a not-null violation and a bad cast carry their codes", async () => {

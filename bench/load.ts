@@ -1,0 +1,146 @@
+/**
+ * The load generator: a closed loop of `concurrency` workers, each sending its next request as soon
+ * as the previous one answers, first for a warmup that is not recorded, then for a bounded duration
+ * (or a request cap, whichever comes first). Every request is checked by the caller; an error or a
+ * wrong answer is counted, never retried, and fails the run.
+ */
+import { Agent, request as httpRequest } from "node:http";
+
+/** Latencies and failures of one measured phase. */
+export interface LoadResult {
+  concurrency: number;
+  completed: number;
+  errors: number;
+  /** The first few failures, for the report. */
+  errorSamples: string[];
+  elapsedMs: number;
+  latenciesMs: number[];
+}
+
+export interface LoadSpec {
+  concurrency: number;
+  warmupMs: number;
+  durationMs: number;
+  maxRequests: number;
+  /** Sends one request and checks its answer; throws on an error or a wrong answer. */
+  call: (worker: number, sequence: number) => Promise<void>;
+}
+
+async function loop(
+  spec: LoadSpec,
+  until: number,
+  cap: number,
+  record: boolean,
+  result: LoadResult,
+): Promise<void> {
+  let started = 0;
+  await Promise.all(
+    Array.from({ length: spec.concurrency }, async (_, worker) => {
+      while (performance.now() < until && started < cap) {
+        const sequence = started++;
+        const begin = performance.now();
+        try {
+          await spec.call(worker, sequence);
+          if (record) {
+            result.latenciesMs.push(performance.now() - begin);
+            result.completed++;
+          }
+        } catch (error) {
+          result.errors++;
+          if (result.errorSamples.length < 5) {
+            result.errorSamples.push(error instanceof Error ? error.message : String(error));
+          }
+        }
+      }
+    }),
+  );
+}
+
+/** Runs the warmup, then the measured phase. `around` brackets the measured phase only. */
+export async function runLoad(
+  spec: LoadSpec,
+  around: { before(): void; after(): void } = { before() {}, after() {} },
+): Promise<LoadResult> {
+  const result: LoadResult = {
+    concurrency: spec.concurrency,
+    completed: 0,
+    errors: 0,
+    errorSamples: [],
+    elapsedMs: 0,
+    latenciesMs: [],
+  };
+  await loop(spec, performance.now() + spec.warmupMs, Number.POSITIVE_INFINITY, false, result);
+  around.before();
+  const begin = performance.now();
+  await loop(spec, begin + spec.durationMs, spec.maxRequests, true, result);
+  result.elapsedMs = performance.now() - begin;
+  around.after();
+  return result;
+}
+
+/** Nearest-rank percentile of unsorted values (0 when there are none). */
+export function percentile(values: readonly number[], p: number): number {
+  if (values.length === 0) return 0;
+  const sorted = [...values].sort((a, b) => a - b);
+  const rank = Math.min(sorted.length, Math.max(1, Math.ceil((p / 100) * sorted.length)));
+  return sorted[rank - 1] ?? 0;
+}
+
+// ── HTTP transport ───────────────────────────────────────────────────────────────────────────────
+
+/** Keep-alive connections, as many as the concurrency needs. */
+const agent = new Agent({ keepAlive: true, maxSockets: Number.POSITIVE_INFINITY, maxFreeSockets: 1100 });
+
+/** No request waits longer than this, whatever the server does. */
+export const requestTimeoutMs = 30_000;
+
+/**
+ * A small `fetch` over node:http, for `neonConfig.fetchFunction` and the bench's own requests.
+ *
+ * Why not Node's global fetch: on loopback its client work (undici, plus decoding the gzip that
+ * workerd applies when the client accepts it) costs several times what node:http costs, and on a
+ * two-core machine that CPU is taken from the server being measured. It asks for no compression.
+ * run.ts measures the difference on the floor path, so it is reported, not hidden.
+ */
+export function lightFetch(
+  url: string,
+  init: { method?: string; body?: string; headers?: Record<string, string> } = {},
+): Promise<Response> {
+  return new Promise((resolve, reject) => {
+    const body = init.body ?? "";
+    const request = httpRequest(
+      url,
+      {
+        method: init.method ?? "GET",
+        agent,
+        timeout: requestTimeoutMs,
+        headers: {
+          ...init.headers,
+          "accept-encoding": "identity",
+          ...(init.body === undefined ? {} : { "content-length": Buffer.byteLength(body) }),
+        },
+      },
+      (response) => {
+        const chunks: Buffer[] = [];
+        response.on("data", (chunk: Buffer) => chunks.push(chunk));
+        response.on("error", reject);
+        response.on("end", () => {
+          resolve(
+            new Response(Buffer.concat(chunks), {
+              status: response.statusCode ?? 500,
+              headers: { "content-type": String(response.headers["content-type"] ?? "text/plain") },
+            }),
+          );
+        });
+      },
+    );
+    request.on("timeout", () => request.destroy(new Error(`no answer within ${requestTimeoutMs} ms`)));
+    request.on("error", reject);
+    request.end(init.body === undefined ? undefined : body);
+  });
+}
+
+/** Closes the idle keep-alive connections (at the end of a run). */
+export function closeConnections(): void {
+  agent.destroy();
+}

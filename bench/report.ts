@@ -1,0 +1,259 @@
+/**
+ * What a bench run reports: the measurements, the ratios of Lessor to each baseline, the targets of
+ * issue 7 (reported as met or missed, never asserted), and the markdown that shows them.
+ */
+import type { CpuSample } from "./processes.ts";
+
+export type PathName = "lessor" | "bare" | "newconn" | "noop" | "pg";
+/** direct: to the Worker's own workerd; proxy: through wrangler dev's proxy; node: no Worker. */
+export type Route = "direct" | "proxy" | "node";
+export type QueryName = "select1" | "indexed";
+/** light: node:http (bench/load.ts); undici: Node's global fetch, as a plain client sends it. */
+export type Transport = "light" | "undici" | "pg";
+
+export interface Measurement {
+  label: string;
+  path: PathName;
+  route: Route;
+  query: QueryName;
+  transport: Transport;
+  /** The dev server's log level for this measurement (wrangler's default is "info"). */
+  logLevel: string;
+  concurrency: number;
+  requests: number;
+  errors: number;
+  errorSamples: string[];
+  elapsedS: number;
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  meanMs: number;
+  /** CPU milliseconds per completed request, by process group. */
+  cpuMsPerRequest: CpuSample;
+  /** CPU seconds of all groups per wall second: how many of the machine's cores were busy. */
+  coresBusy: number;
+}
+
+export interface Ratio {
+  query: QueryName;
+  route: Route;
+  concurrency: number;
+  lessorRps: number;
+  /** Throughput of Lessor divided by the baseline's (null when the baseline was not measured). */
+  vsBare: number | null;
+  vsNewconn: number | null;
+  vsNoop: number | null;
+  vsPg: number | null;
+  /** p50 of Lessor divided by the baseline's p50. */
+  p50VsBare: number | null;
+  p50VsNewconn: number | null;
+}
+
+export interface StormResult {
+  tenant: string;
+  requests: number;
+  errors: number;
+  errorSamples: string[];
+  p50Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  wallMs: number;
+  /** Three independent counts of pool starts: all must be 1. */
+  starts: { runtimeGeneration: number; applicationNames: number; generationLedgerRows: number };
+  /** Single cold starts of other fresh tenants, one request each. */
+  singleColdMs: number[];
+  singleColdMedianMs: number;
+  /** The same burst again, now that the pool is warm: what queueing alone costs. */
+  warmBurst: { requests: number; errors: number; p50Ms: number; p99Ms: number; wallMs: number };
+}
+
+export interface Target {
+  target: string;
+  met: boolean;
+  detail: string;
+}
+
+export function find(
+  measurements: readonly Measurement[],
+  where: Partial<Pick<Measurement, "path" | "route" | "query" | "transport" | "logLevel" | "concurrency">>,
+): Measurement | undefined {
+  return measurements.find((m) =>
+    Object.entries(where).every(([key, value]) => m[key as keyof Measurement] === value),
+  );
+}
+
+function divide(a: number | undefined, b: number | undefined): number | null {
+  return a === undefined || b === undefined || b === 0 ? null : a / b;
+}
+
+/** Lessor against every baseline, for each query, route and concurrency Lessor was measured at. */
+export function ratios(measurements: readonly Measurement[]): Ratio[] {
+  const out: Ratio[] = [];
+  for (const lessor of measurements) {
+    if (lessor.path !== "lessor" || lessor.transport !== "light" || lessor.logLevel !== "info") continue;
+    const same = { route: lessor.route, concurrency: lessor.concurrency, transport: "light", logLevel: "info" };
+    const bare = find(measurements, { ...same, path: "bare", query: lessor.query } as const);
+    const newconn = find(measurements, { ...same, path: "newconn", query: lessor.query } as const);
+    // The floor answers every query with the same canned row.
+    const noop = find(measurements, { ...same, path: "noop" } as const);
+    const pgFloor = find(measurements, { path: "pg", query: lessor.query, concurrency: lessor.concurrency });
+    out.push({
+      query: lessor.query,
+      route: lessor.route,
+      concurrency: lessor.concurrency,
+      lessorRps: lessor.rps,
+      vsBare: divide(lessor.rps, bare?.rps),
+      vsNewconn: divide(lessor.rps, newconn?.rps),
+      vsNoop: divide(lessor.rps, noop?.rps),
+      vsPg: divide(lessor.rps, pgFloor?.rps),
+      p50VsBare: divide(lessor.p50Ms, bare?.p50Ms),
+      p50VsNewconn: divide(lessor.p50Ms, newconn?.p50Ms),
+    });
+  }
+  return out;
+}
+
+/** The targets of issue 7, judged on the direct route (the one without wrangler dev's proxy). */
+export function judgeTargets(all: readonly Ratio[], storm: StormResult | null): Target[] {
+  const direct = all.filter((r) => r.route === "direct");
+  const cells = (pick: (r: Ratio) => number | null, floor: number) => {
+    const judged = direct.map((r) => ({ r, value: pick(r) }));
+    const missed = judged.filter((j) => j.value === null || j.value < floor);
+    const list = judged
+      .map((j) => `${j.r.query} c=${j.r.concurrency}: ${j.value === null ? "n/a" : fixed(j.value, 2)}`)
+      .join(", ");
+    return { met: judged.length > 0 && missed.length === 0, detail: `${judged.length - missed.length} of ${judged.length} cells (${list})` };
+  };
+  const targets: Target[] = [
+    { target: "Lessor warm path ≥ 90% of the bare Durable Object's throughput", ...cells((r) => r.vsBare, 0.9) },
+    { target: "Lessor warm path ≥ 10× new-connection-per-request", ...cells((r) => r.vsNewconn, 10) },
+  ];
+  if (storm) {
+    const { starts } = storm;
+    const oneStart =
+      starts.runtimeGeneration === 1 && starts.applicationNames === 1 && starts.generationLedgerRows === 1;
+    targets.push({
+      target: "Storm makes exactly one start",
+      met: oneStart && storm.errors === 0,
+      detail: `generation ${starts.runtimeGeneration}, ${starts.applicationNames} application_name(s), ${starts.generationLedgerRows} ledger row(s), ${storm.errors} error(s)`,
+    });
+    const limit = 2 * storm.singleColdMedianMs;
+    targets.push({
+      target: "Storm p99 ≤ 2× a single cold start",
+      met: storm.p99Ms <= limit,
+      detail: `storm p99 ${fixed(storm.p99Ms, 0)} ms vs 2 × ${fixed(storm.singleColdMedianMs, 0)} ms = ${fixed(limit, 0)} ms`,
+    });
+  }
+  return targets;
+}
+
+export function fixed(value: number | null, digits: number): string {
+  return value === null ? "–" : value.toFixed(digits);
+}
+
+function table(header: string[], rows: string[][]): string {
+  const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
+  return [line(header), line(header.map(() => "---")), ...rows.map(line)].join("\n");
+}
+
+const queryTitle: Record<QueryName, string> = { select1: "SELECT 1", indexed: "indexed read" };
+
+function describe(m: Measurement): string {
+  const extras = [
+    m.transport === "undici" ? "global fetch" : null,
+    m.logLevel !== "info" ? `log-level ${m.logLevel}` : null,
+  ].filter((x): x is string => x !== null);
+  return `${m.path}${extras.length ? ` (${extras.join(", ")})` : ""}`;
+}
+
+export function measurementsTable(measurements: readonly Measurement[]): string {
+  return table(
+    ["path", "route", "query", "c", "requests", "req/s", "p50 ms", "p99 ms", "errors", "cores busy"],
+    measurements.map((m) => [
+      describe(m),
+      m.route,
+      m.path === "noop" ? "(none)" : queryTitle[m.query],
+      String(m.concurrency),
+      String(m.requests),
+      fixed(m.rps, 0),
+      fixed(m.p50Ms, 2),
+      fixed(m.p99Ms, 2),
+      String(m.errors),
+      fixed(m.coresBusy, 2),
+    ]),
+  );
+}
+
+export function ratiosTable(all: readonly Ratio[]): string {
+  return table(
+    ["route", "query", "c", "Lessor req/s", "÷ bare", "÷ newconn", "÷ noop", "÷ pg", "p50 ÷ bare", "p50 ÷ newconn"],
+    all.map((r) => [
+      r.route,
+      queryTitle[r.query],
+      String(r.concurrency),
+      fixed(r.lessorRps, 0),
+      fixed(r.vsBare, 2),
+      fixed(r.vsNewconn, 1),
+      fixed(r.vsNoop, 2),
+      fixed(r.vsPg, 2),
+      fixed(r.p50VsBare, 2),
+      fixed(r.p50VsNewconn, 3),
+    ]),
+  );
+}
+
+/** CPU per request by process: where the time goes. */
+export function profileTable(measurements: readonly Measurement[]): string {
+  return table(
+    ["path", "route", "query", "c", "req/s", "client", "wrangler node", "workerd proxy", "workerd Worker", "ws proxy", "postgres", "total"],
+    measurements.map((m) => {
+      const cpu = m.cpuMsPerRequest;
+      const total =
+        cpu.benchClient + cpu.wranglerNode + cpu.workerdProxy + cpu.workerdWorker + cpu.wsProxy + cpu.postgres;
+      return [
+        describe(m),
+        m.route,
+        m.path === "noop" ? "(none)" : queryTitle[m.query],
+        String(m.concurrency),
+        fixed(m.rps, 0),
+        fixed(cpu.benchClient, 3),
+        fixed(cpu.wranglerNode, 3),
+        fixed(cpu.workerdProxy, 3),
+        fixed(cpu.workerdWorker, 3),
+        fixed(cpu.wsProxy, 3),
+        fixed(cpu.postgres, 3),
+        fixed(total, 3),
+      ];
+    }),
+  );
+}
+
+export function stormTable(storm: StormResult): string {
+  return table(
+    ["measure", "value"],
+    [
+      ["concurrent first requests", String(storm.requests)],
+      ["errors", String(storm.errors)],
+      ["starts: runtime generation", String(storm.starts.runtimeGeneration)],
+      ["starts: distinct application_name in pg_stat_activity", String(storm.starts.applicationNames)],
+      ["starts: generation ledger rows", String(storm.starts.generationLedgerRows)],
+      ["storm p50 / p99 / max ms", `${fixed(storm.p50Ms, 0)} / ${fixed(storm.p99Ms, 0)} / ${fixed(storm.maxMs, 0)}`],
+      ["storm wall time ms (first send to last answer)", fixed(storm.wallMs, 0)],
+      [
+        "single cold start ms (each fresh tenant)",
+        `${storm.singleColdMs.map((v) => fixed(v, 0)).join(", ")} (median ${fixed(storm.singleColdMedianMs, 0)})`,
+      ],
+      [
+        "same burst on the warm pool: p50 / p99 / wall ms",
+        `${fixed(storm.warmBurst.p50Ms, 0)} / ${fixed(storm.warmBurst.p99Ms, 0)} / ${fixed(storm.warmBurst.wallMs, 0)} (${storm.warmBurst.errors} errors)`,
+      ],
+    ],
+  );
+}
+
+export function targetsTable(targets: readonly Target[]): string {
+  return table(
+    ["target", "result", "detail"],
+    targets.map((t) => [t.target, t.met ? "met" : "missed", t.detail]),
+  );
+}

@@ -1,0 +1,3 @@
+import { localStackSetup } from "../global-setup.ts";
+
+export const { setup, teardown } = localStackSetup("pg-restart");

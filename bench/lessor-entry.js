@@ -6,5 +6,6 @@
 // src/index.ts from a .ts file under bench/ would pull all of src/ into the Node program, where it
 // does not type-check. esbuild (inside wrangler) bundles this file like any other; TypeScript reads
 // its types from lessor-entry.d.ts instead of following the import.
-export { default } from "../src/index.ts";
+
 export * from "../src/index.ts";
+export { default } from "../src/index.ts";

@@ -310,7 +310,10 @@ export function sampleCpu(groups: CpuGroups): CpuSample {
   const byPid = new Map(stats.map((stat) => [stat.pid, stat]));
   const sum = (pids: number[]) => pids.reduce((total, pid) => total + (byPid.get(pid)?.ticks ?? 0), 0);
   const postgresRoots = groups.postgres;
-  const postgresPids = [...postgresRoots, ...postgresRoots.flatMap((pid) => descendants(pid, stats).map((s) => s.pid))];
+  const postgresPids = [
+    ...postgresRoots,
+    ...postgresRoots.flatMap((pid) => descendants(pid, stats).map((s) => s.pid)),
+  ];
   const usage = process.cpuUsage();
   return {
     wranglerNode: sum(groups.wranglerNode) / ticksPerSecond,

@@ -34,6 +34,9 @@ export interface Measurement {
   coresBusy: number;
 }
 
+/** What identifies a measurement. */
+export type Spec = Pick<Measurement, "path" | "route" | "query" | "transport" | "logLevel" | "concurrency">;
+
 export interface Ratio {
   query: QueryName;
   route: Route;
@@ -91,11 +94,16 @@ export function ratios(measurements: readonly Measurement[]): Ratio[] {
   const out: Ratio[] = [];
   for (const lessor of measurements) {
     if (lessor.path !== "lessor" || lessor.transport !== "light" || lessor.logLevel !== "info") continue;
-    const same = { route: lessor.route, concurrency: lessor.concurrency, transport: "light", logLevel: "info" };
-    const bare = find(measurements, { ...same, path: "bare", query: lessor.query } as const);
-    const newconn = find(measurements, { ...same, path: "newconn", query: lessor.query } as const);
+    const same: Partial<Spec> = {
+      route: lessor.route,
+      concurrency: lessor.concurrency,
+      transport: "light",
+      logLevel: "info",
+    };
+    const bare = find(measurements, { ...same, path: "bare", query: lessor.query });
+    const newconn = find(measurements, { ...same, path: "newconn", query: lessor.query });
     // The floor answers every query with the same canned row.
-    const noop = find(measurements, { ...same, path: "noop" } as const);
+    const noop = find(measurements, { ...same, path: "noop" });
     const pgFloor = find(measurements, { path: "pg", query: lessor.query, concurrency: lessor.concurrency });
     out.push({
       query: lessor.query,
@@ -122,10 +130,16 @@ export function judgeTargets(all: readonly Ratio[], storm: StormResult | null): 
     const list = judged
       .map((j) => `${j.r.query} c=${j.r.concurrency}: ${j.value === null ? "n/a" : fixed(j.value, 2)}`)
       .join(", ");
-    return { met: judged.length > 0 && missed.length === 0, detail: `${judged.length - missed.length} of ${judged.length} cells (${list})` };
+    return {
+      met: judged.length > 0 && missed.length === 0,
+      detail: `${judged.length - missed.length} of ${judged.length} cells (${list})`,
+    };
   };
   const targets: Target[] = [
-    { target: "Lessor warm path ≥ 90% of the bare Durable Object's throughput", ...cells((r) => r.vsBare, 0.9) },
+    {
+      target: "Lessor warm path ≥ 90% of the bare Durable Object's throughput",
+      ...cells((r) => r.vsBare, 0.9),
+    },
     { target: "Lessor warm path ≥ 10× new-connection-per-request", ...cells((r) => r.vsNewconn, 10) },
   ];
   if (storm) {
@@ -186,7 +200,18 @@ export function measurementsTable(measurements: readonly Measurement[]): string 
 
 export function ratiosTable(all: readonly Ratio[]): string {
   return table(
-    ["route", "query", "c", "Lessor req/s", "÷ bare", "÷ newconn", "÷ noop", "÷ pg", "p50 ÷ bare", "p50 ÷ newconn"],
+    [
+      "route",
+      "query",
+      "c",
+      "Lessor req/s",
+      "÷ bare",
+      "÷ newconn",
+      "÷ noop",
+      "÷ pg",
+      "p50 ÷ bare",
+      "p50 ÷ newconn",
+    ],
     all.map((r) => [
       r.route,
       queryTitle[r.query],
@@ -205,11 +230,29 @@ export function ratiosTable(all: readonly Ratio[]): string {
 /** CPU per request by process: where the time goes. */
 export function profileTable(measurements: readonly Measurement[]): string {
   return table(
-    ["path", "route", "query", "c", "req/s", "client", "wrangler node", "workerd proxy", "workerd Worker", "ws proxy", "postgres", "total"],
+    [
+      "path",
+      "route",
+      "query",
+      "c",
+      "req/s",
+      "client",
+      "wrangler node",
+      "workerd proxy",
+      "workerd Worker",
+      "ws proxy",
+      "postgres",
+      "total",
+    ],
     measurements.map((m) => {
       const cpu = m.cpuMsPerRequest;
       const total =
-        cpu.benchClient + cpu.wranglerNode + cpu.workerdProxy + cpu.workerdWorker + cpu.wsProxy + cpu.postgres;
+        cpu.benchClient +
+        cpu.wranglerNode +
+        cpu.workerdProxy +
+        cpu.workerdWorker +
+        cpu.wsProxy +
+        cpu.postgres;
       return [
         describe(m),
         m.route,
@@ -237,7 +280,10 @@ export function stormTable(storm: StormResult): string {
       ["starts: runtime generation", String(storm.starts.runtimeGeneration)],
       ["starts: distinct application_name in pg_stat_activity", String(storm.starts.applicationNames)],
       ["starts: generation ledger rows", String(storm.starts.generationLedgerRows)],
-      ["storm p50 / p99 / max ms", `${fixed(storm.p50Ms, 0)} / ${fixed(storm.p99Ms, 0)} / ${fixed(storm.maxMs, 0)}`],
+      [
+        "storm p50 / p99 / max ms",
+        `${fixed(storm.p50Ms, 0)} / ${fixed(storm.p99Ms, 0)} / ${fixed(storm.maxMs, 0)}`,
+      ],
       ["storm wall time ms (first send to last answer)", fixed(storm.wallMs, 0)],
       [
         "single cold start ms (each fresh tenant)",

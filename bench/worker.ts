@@ -11,8 +11,9 @@
  * - `/bench/bare`: a bare Durable Object that holds a Neon `Pool` and nothing else: no leases, no
  *   lifecycle, no authentication, no bookkeeping. What Lessor's own work costs is the difference.
  */
-import { Client, neonConfig, Pool } from "@neondatabase/serverless";
+
 import { DurableObject } from "cloudflare:workers";
+import { Client, neonConfig, Pool } from "@neondatabase/serverless";
 import lessor from "./lessor-entry.js";
 
 // Every Durable Object class Lessor exports (TenantObject, BudgetObject, …), bound in bench/wrangler.toml.

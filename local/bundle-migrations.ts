@@ -1,12 +1,15 @@
 /**
  * Bundles the drizzle-kit tenant migrations into the Worker, which has no filesystem.
  *
- *     node local/bundle-migrations.ts          # writes src/migrations/tenant.gen.ts
- *     node local/bundle-migrations.ts --check  # exits 1 if the bundle is out of date (run by npm test)
+ *     node local/bundle-migrations.ts                    # writes src/migrations/tenant.gen.ts
+ *     node local/bundle-migrations.ts --check            # exits 1 if the bundle is out of date (npm test)
+ *     node local/bundle-migrations.ts --generate [args]  # drizzle-kit generate [args], then bundle
+ *                                                        # (`npm run db:generate -- --name add_tags`)
  *
  * A migration whose SQL contains the line `-- lessor:contract` is a contract step (it needs every
  * app at this version or newer); every other migration is an expand step.
  */
+import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
@@ -46,6 +49,22 @@ export function renderTenantMigrations(): string {
     `export const tenantMigrations: readonly TenantMigration[] = ${JSON.stringify(migrations, null, 2)};`,
     "",
   ].join("\n");
+}
+
+if (process.argv.includes("--generate")) {
+  const args = process.argv.slice(process.argv.indexOf("--generate") + 1);
+  const run = spawnSync(
+    process.execPath,
+    [
+      resolve(root, "node_modules/drizzle-kit/bin.cjs"),
+      "generate",
+      "--config",
+      "drizzle/tenant.config.ts",
+      ...args,
+    ],
+    { cwd: root, stdio: "inherit" },
+  );
+  if (run.status !== 0) process.exit(run.status ?? 1);
 }
 
 const rendered = renderTenantMigrations();

@@ -80,6 +80,7 @@ export async function observeHorizon(
     backendXid: nullableString(b.backendXid),
     backendXmin: nullableString(b.backendXmin),
     xactStart: nullableNumber(b.xactStart),
+    lazyVacuum: b.lazyVacuum === true,
   }));
   const prepared: PreparedTransaction[] = jsonArray(row.prepared).map((p) => ({
     gid: String(p.gid),

@@ -23,6 +23,11 @@ export interface BackendActivity {
   backendXmin: string | null;
   /** `xact_start`, epoch milliseconds; null outside a transaction or when not visible. */
   xactStart: number | null;
+  /**
+   * An autovacuum worker running a lazy VACUUM. Postgres leaves such a backend's snapshot out of
+   * every horizon (`PROC_IN_VACUUM`), so however long it runs it cannot strand a dead tuple.
+   */
+  lazyVacuum?: boolean;
 }
 
 /** One row of `pg_prepared_xacts`. */
@@ -121,7 +126,7 @@ function backendPin(
   observation: HorizonObservation,
   policy: HorizonPolicy,
 ): HorizonPin | null {
-  if (backend.pid === observation.ownPid) return null;
+  if (backend.pid === observation.ownPid || backend.lazyVacuum === true) return null;
   // Only backends of our own database (or of none, such as walsenders) hold back our tables'
   // horizon: Postgres computes the horizon of an ordinary table per database.
   if (backend.database !== null && backend.database !== observation.database) return null;
@@ -207,7 +212,7 @@ export function decideHorizon(
   observation: HorizonObservation,
   policy: HorizonPolicy = defaultHorizonPolicy,
 ): HorizonDecision {
-  const [pin] = findPins(observation, policy).slice(99);
+  const [pin] = findPins(observation, policy);
   return pin ? { pinned: true, ...pin } : { pinned: false };
 }
 

@@ -32,7 +32,11 @@ SELECT
       'state', a.state,
       'backendXid', a.backend_xid::text,
       'backendXmin', a.backend_xmin::text,
-      'xactStart', (extract(epoch FROM a.xact_start) * 1000)::float8)), '[]')::text
+      'xactStart', (extract(epoch FROM a.xact_start) * 1000)::float8,
+      -- VACUUM ANALYZE is not excluded: its ANALYZE phase holds an ordinary snapshot.
+      'lazyVacuum', a.backend_type = 'autovacuum worker'
+                    AND a.query LIKE 'autovacuum: VACUUM %' AND a.query NOT LIKE 'autovacuum: VACUUM ANALYZE %')),
+      '[]')::text
      FROM pg_stat_activity a
     WHERE a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL) AS backends,
   (SELECT coalesce(json_agg(json_build_object(

@@ -130,6 +130,11 @@ describe("horizon gate: nothing pins", () => {
     expect(decideHorizon(observe({ backends: [walsender, hidden] }))).toEqual({ pinned: false });
   });
 
+  it("a long lazy autovacuum (Postgres leaves it out of every horizon)", () => {
+    const vacuum = backend({ state: "active", lazyVacuum: true, xactStart: now - 600_000 });
+    expect(decideHorizon(observe({ backends: [vacuum] }))).toEqual({ pinned: false });
+  });
+
   it("a logical slot holding only catalog_xmin (catalogs only)", () => {
     const logical = slot({ xmin: null, catalogXmin: "800", xminAge: null, active: false });
     expect(decideHorizon(observe({ slots: [logical] }))).toEqual({ pinned: false });
@@ -199,6 +204,14 @@ describe("horizon gate: genuine pins", () => {
       pinned: true,
       kind: "long_transaction",
       seconds: 9,
+    });
+  });
+
+  it("an autovacuum that is not a lazy VACUUM (an ANALYZE holds an ordinary snapshot)", () => {
+    const analyze = backend({ state: "active", lazyVacuum: false, xactStart: now - 600_000 });
+    expect(decideHorizon(observe({ backends: [analyze] }))).toMatchObject({
+      pinned: true,
+      kind: "long_transaction",
     });
   });
 

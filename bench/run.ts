@@ -1,0 +1,792 @@
+/**
+ * `npm run bench`: Lessor side by side with the alternatives, in one run, on the real local stack.
+ *
+ * It starts a throwaway Postgres (bench/stack.ts), `wrangler dev` with the bench Worker
+ * (bench/worker.ts: Lessor plus the baseline routes), provisions tenants through Lessor's own API,
+ * and measures, at concurrency 1, 8 and 64, `SELECT 1` and a small indexed read through:
+ *
+ * - Lessor's warm path: `/sql` with the official `neon()` client;
+ * - `/bench/newconn`: a new Neon client per request (the usual pattern without a broker);
+ * - `/bench/bare`: a bare Durable Object holding a pool (prices Lessor's own work);
+ * - `/bench/noop`: no database at all (the local server's floor);
+ * - a `pg` pool straight from Node (the database's floor);
+ *
+ * then a cold-start storm, and where the dev server's time goes. Results go to
+ * bench/results/<date>.json and to stdout as markdown. Any error or wrong answer fails the run.
+ * See bench/README.md for the method.
+ */
+import { randomBytes } from "node:crypto";
+import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, loadavg, release, totalmem } from "node:os";
+import { resolve } from "node:path";
+import { neon, neonConfig } from "@neondatabase/serverless";
+import pg from "pg";
+import {
+  closeConnections,
+  type LoadResult,
+  lightFetch,
+  percentile,
+  requestTimeoutMs,
+  runLoad,
+} from "./load.ts";
+import {
+  type CpuGroups,
+  type CpuSample,
+  cpuDelta,
+  descendants,
+  findWranglerLayout,
+  freePort,
+  type RunningStack,
+  type RunningWrangler,
+  root,
+  sampleCpu,
+  startStack,
+  startWrangler,
+  within,
+} from "./processes.ts";
+import {
+  judgeTargets,
+  type Measurement,
+  measurementsTable,
+  type PathName,
+  profileTable,
+  type QueryName,
+  ratios,
+  ratiosTable,
+  type Spec,
+  type StormResult,
+  stormTable,
+  type Target,
+  targetsTable,
+} from "./report.ts";
+
+// ── Settings ─────────────────────────────────────────────────────────────────────────────────────
+
+/** Bounded overrides for a quicker (or longer) run; the defaults are what the results record. */
+function setting(name: string, fallback: number, min: number, max: number): number {
+  const raw = process.env[name];
+  const value = raw === undefined || raw === "" ? fallback : Number(raw);
+  if (!Number.isFinite(value) || value < min || value > max) {
+    throw new Error(`${name} must be a number from ${min} to ${max}`);
+  }
+  return value;
+}
+
+const concurrencies = [1, 8, 64] as const;
+const queries: readonly QueryName[] = ["select1", "indexed"];
+const warmupMs = setting("BENCH_WARMUP_MS", 500, 0, 10_000);
+const durationMs = setting("BENCH_DURATION_MS", 2_500, 200, 30_000);
+const maxRequests = 50_000;
+const stormSize = setting("BENCH_STORM", 1_000, 10, 1_000);
+const coldSamples = 5;
+const tableRows = 10_000;
+/** The pool size of Lessor's default tier, also used for the bare object and the pg floor. */
+const poolSize = 5;
+
+const warmTenant = "bench";
+const stormTenant = "bench-storm";
+const coldTenants = Array.from({ length: coldSamples }, (_, i) => `bench-cold-${i + 1}`);
+const baselineRole = "lessor_bench";
+
+const indexedQuery = "SELECT id, label, amount FROM bench_items WHERE id = $1";
+
+// ── Cleanup: nothing this run starts outlives it ─────────────────────────────────────────────────
+
+const stateDir = resolve(root, ".lessor");
+const envFile = resolve(stateDir, "bench.vars");
+const running: { stack: RunningStack | null; wrangler: RunningWrangler | null } = {
+  stack: null,
+  wrangler: null,
+};
+const pgPools: pg.Pool[] = [];
+
+async function cleanup(): Promise<void> {
+  closeConnections();
+  await Promise.all(pgPools.splice(0).map((pool) => pool.end().catch(() => undefined)));
+  await running.wrangler?.stop().catch(() => undefined);
+  running.wrangler = null;
+  await running.stack?.stop().catch(() => undefined);
+  running.stack = null;
+  rmSync(envFile, { force: true });
+}
+// Last resort. The stack process stops its Postgres by itself when this process's IPC channel closes.
+process.on("exit", () => {
+  running.wrangler?.killNow();
+  rmSync(envFile, { force: true });
+});
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.on(signal, () => {
+    console.error(`\nbench: ${signal}, stopping`);
+    void cleanup().finally(() => process.exit(130));
+  });
+}
+
+function progress(line: string): void {
+  process.stderr.write(`${line}\n`);
+}
+
+// ── Configuration from ../wrangler.toml ──────────────────────────────────────────────────────────
+
+/** The `[vars]` of a wrangler.toml: `KEY = "value"` or `KEY = 'value'` lines, nothing fancier. */
+function wranglerVars(toml: string): Record<string, string> {
+  const vars: Record<string, string> = {};
+  let inVars = false;
+  for (const raw of toml.split("\n")) {
+    const line = raw.trim();
+    if (line.startsWith("[")) {
+      inVars = line === "[vars]";
+      continue;
+    }
+    if (!inVars || line === "" || line.startsWith("#")) continue;
+    const match = /^([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?:"([^"\\]*)"|'([^']*)')\s*(?:#.*)?$/.exec(line);
+    if (!match?.[1]) throw new Error(`wrangler.toml [vars]: cannot read "${line}" (plain strings only)`);
+    vars[match[1]] = match[2] ?? match[3] ?? "";
+  }
+  return vars;
+}
+
+/** Refuses to run if ../wrangler.toml binds a Durable Object or has a migration this config lacks. */
+function checkBenchConfig(mainToml: string, benchToml: string): void {
+  const classes = (toml: string) => [...toml.matchAll(/class_name\s*=\s*"([^"]+)"/g)].map((m) => m[1]);
+  const tags = (toml: string) => [...toml.matchAll(/^\s*tag\s*=\s*"([^"]+)"/gm)].map((m) => m[1]);
+  const missing = [
+    ...classes(mainToml).filter((c) => !classes(benchToml).includes(c)),
+    ...tags(mainToml).filter((t) => !tags(benchToml).includes(t)),
+  ];
+  if (missing.length > 0) {
+    throw new Error(
+      `bench/wrangler.toml lacks Durable Object bindings or migrations of wrangler.toml: ${missing.join(", ")}`,
+    );
+  }
+}
+
+// ── Answers ──────────────────────────────────────────────────────────────────────────────────────
+
+function preview(value: unknown): string {
+  return JSON.stringify(value)?.slice(0, 200) ?? String(value);
+}
+
+/** The id a request reads: spread over the table, deterministic per worker and sequence. */
+function pickId(worker: number, sequence: number): number {
+  return 1 + ((sequence * 7_919 + worker * 104_729) % tableRows);
+}
+
+/** Throws unless `rows` is the right answer: a fast wrong answer is not a result. */
+function check(query: QueryName, rows: unknown, id: number): void {
+  if (!Array.isArray(rows) || rows.length !== 1) throw new Error(`wrong answer: ${preview(rows)}`);
+  const row = rows[0] as Record<string, unknown>;
+  const right =
+    query === "select1"
+      ? row.n === 1
+      : row.id === id && row.label === `item-${id}` && row.amount === (id * 7) % 1_000;
+  if (!right) throw new Error(`wrong answer for ${query} (id ${id}): ${preview(rows)}`);
+}
+
+// ── Endpoints for the neon() client ──────────────────────────────────────────────────────────────
+
+/**
+ * The `neon()` client takes its endpoint from `neonConfig.fetchEndpoint`, a function of the
+ * connection string's host. Each path gets a host name of its own (`lessor-direct`, …) that maps to
+ * its URL; Lessor reads only the user, key and database of the connection string.
+ */
+const endpoints = new Map<string, string>();
+neonConfig.fetchEndpoint = (host) => endpoints.get(host) ?? `http://127.0.0.1:9/unknown-bench-host/${host}`;
+neonConfig.fetchFunction = lightFetch;
+
+const routePaths: Record<Exclude<PathName, "pg">, string> = {
+  lessor: "/sql",
+  bare: "/bench/bare",
+  newconn: "/bench/newconn",
+  noop: "/bench/noop",
+};
+
+function registerEndpoints(ports: Record<"direct" | "proxy", number>): void {
+  for (const [path, urlPath] of Object.entries(routePaths)) {
+    for (const [route, port] of Object.entries(ports)) {
+      endpoints.set(`${path}-${route}`, `http://127.0.0.1:${port}${urlPath}`);
+    }
+  }
+}
+
+interface TenantCredentials {
+  id: string;
+  key: string;
+}
+
+function sqlFor(tenant: TenantCredentials, host: string) {
+  return neon(`postgres://${tenant.id}:${tenant.key}@${host}/${tenant.id}`);
+}
+
+// ── Measuring ────────────────────────────────────────────────────────────────────────────────────
+
+let cpuGroups: CpuGroups | null = null;
+const measurements: Measurement[] = [];
+
+function zeroCpu(): CpuSample {
+  return { wranglerNode: 0, workerdProxy: 0, workerdWorker: 0, wsProxy: 0, postgres: 0, benchClient: 0 };
+}
+
+function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement {
+  const elapsedS = result.elapsedMs / 1000;
+  const perRequest = zeroCpu();
+  let busy = 0;
+  for (const key of Object.keys(cpu) as (keyof CpuSample)[]) {
+    perRequest[key] = result.completed ? (cpu[key] * 1000) / result.completed : 0;
+    busy += cpu[key];
+  }
+  const extras = [spec.transport === "undici" ? "fetch" : "", spec.logLevel === "info" ? "" : spec.logLevel]
+    .filter(Boolean)
+    .join(",");
+  return {
+    label: `${spec.path}${extras ? `[${extras}]` : ""} ${spec.route} ${spec.path === "noop" ? "-" : spec.query} c=${spec.concurrency}`,
+    ...spec,
+    requests: result.completed,
+    errors: result.errors,
+    errorSamples: result.errorSamples,
+    elapsedS,
+    rps: result.completed / elapsedS,
+    p50Ms: percentile(result.latenciesMs, 50),
+    p99Ms: percentile(result.latenciesMs, 99),
+    meanMs: result.latenciesMs.reduce((a, b) => a + b, 0) / Math.max(1, result.latenciesMs.length),
+    cpuMsPerRequest: perRequest,
+    coresBusy: busy / elapsedS,
+  };
+}
+
+async function measure(
+  spec: Spec,
+  call: (worker: number, sequence: number) => Promise<void>,
+): Promise<Measurement> {
+  const groups = cpuGroups;
+  if (!groups) throw new Error("the process layout is not known yet");
+  const cpu = { before: zeroCpu(), after: zeroCpu() };
+  const result = await runLoad(
+    { concurrency: spec.concurrency, warmupMs, durationMs, maxRequests, call },
+    {
+      before: () => {
+        cpu.before = sampleCpu(groups);
+      },
+      after: () => {
+        cpu.after = sampleCpu(groups);
+      },
+    },
+  );
+  const measurement = summarise(spec, result, cpuDelta(cpu.before, cpu.after));
+  measurements.push(measurement);
+  progress(
+    `  ${measurement.label.padEnd(40)} ${measurement.rps.toFixed(0).padStart(6)} req/s  p50 ${measurement.p50Ms
+      .toFixed(2)
+      .padStart(7)} ms  p99 ${measurement.p99Ms.toFixed(2).padStart(7)} ms${
+      measurement.errors ? `  ${measurement.errors} ERRORS: ${measurement.errorSamples[0]}` : ""
+    }`,
+  );
+  return measurement;
+}
+
+function neonCall(tenant: TenantCredentials, host: string, query: QueryName) {
+  const sql = sqlFor(tenant, host);
+  return async (worker: number, sequence: number) => {
+    const id = pickId(worker, sequence);
+    const rows: unknown =
+      query === "select1" ? await sql.query("SELECT 1 AS n") : await sql.query(indexedQuery, [id]);
+    check(query, rows, id);
+  };
+}
+
+function pgCall(pool: pg.Pool, query: QueryName) {
+  return async (worker: number, sequence: number) => {
+    const id = pickId(worker, sequence);
+    const result =
+      query === "select1" ? await pool.query("SELECT 1 AS n") : await pool.query(indexedQuery, [id]);
+    check(query, result.rows, id);
+  };
+}
+
+// ── Lessor's API ─────────────────────────────────────────────────────────────────────────────────
+
+async function admin(base: string, adminKey: string, path: string, body?: unknown): Promise<unknown> {
+  const response = await lightFetch(`${base}${path}`, {
+    method: body === undefined ? "GET" : "POST",
+    headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  });
+  const text = await response.text();
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status} ${text.slice(0, 300)}`);
+  return JSON.parse(text) as unknown;
+}
+
+async function provision(base: string, adminKey: string, id: string): Promise<TenantCredentials> {
+  const body = (await admin(base, adminKey, "/v1/tenants", { id })) as { key?: unknown };
+  if (typeof body.key !== "string") throw new Error(`provisioning ${id} returned no key`);
+  return { id, key: body.key };
+}
+
+interface Runtime {
+  state: string;
+  generation: number;
+}
+
+async function runtimeOf(base: string, adminKey: string, id: string): Promise<Runtime> {
+  const body = (await admin(base, adminKey, `/v1/tenants/${id}`)) as { runtime?: Partial<Runtime> };
+  const runtime = body.runtime;
+  if (!runtime || typeof runtime.state !== "string" || typeof runtime.generation !== "number") {
+    throw new Error(`GET /v1/tenants/${id} returned no runtime`);
+  }
+  return { state: runtime.state, generation: runtime.generation };
+}
+
+// ── Superuser access to the bench's Postgres ─────────────────────────────────────────────────────
+
+async function asSuperuser<T>(url: string, work: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: url, query_timeout: requestTimeoutMs });
+  await client.connect();
+  try {
+    return await work(client);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
+function databaseUrl(superuserUrl: string, database: string): string {
+  const url = new URL(superuserUrl);
+  url.pathname = `/${database}`;
+  return url.toString();
+}
+
+// ── Phases ───────────────────────────────────────────────────────────────────────────────────────
+
+async function coldStartsAndStorm(
+  base: string,
+  adminKey: string,
+  superuserUrl: string,
+  controlPlaneUrl: string,
+  cold: TenantCredentials[],
+  storm: TenantCredentials,
+): Promise<StormResult> {
+  progress(`cold starts: ${cold.length} fresh tenants, one request each`);
+  const singleColdMs: number[] = [];
+  for (const tenant of cold) {
+    const before = await runtimeOf(base, adminKey, tenant.id);
+    if (before.state !== "stopped" || before.generation !== 0) {
+      throw new Error(`${tenant.id} is not a fresh stopped tenant: ${preview(before)}`);
+    }
+    const sql = sqlFor(tenant, "lessor-direct");
+    const begin = performance.now();
+    check("select1", await sql.query("SELECT 1 AS n"), 0);
+    singleColdMs.push(performance.now() - begin);
+  }
+  progress(`  single cold starts: ${singleColdMs.map((v) => v.toFixed(0)).join(", ")} ms`);
+
+  const before = await runtimeOf(base, adminKey, storm.id);
+  if (before.state !== "stopped" || before.generation !== 0) {
+    throw new Error(`${storm.id} is not a fresh stopped tenant: ${preview(before)}`);
+  }
+  progress(`storm: ${stormSize} concurrent first requests to ${storm.id}`);
+  const burst = async () => {
+    const sql = sqlFor(storm, "lessor-direct");
+    const latencies: number[] = [];
+    const errorSamples: string[] = [];
+    let errors = 0;
+    const start = performance.now();
+    await Promise.all(
+      Array.from({ length: stormSize }, async () => {
+        const begin = performance.now();
+        try {
+          check("select1", await sql.query("SELECT 1 AS n"), 0);
+          latencies.push(performance.now() - begin);
+        } catch (error) {
+          errors++;
+          if (errorSamples.length < 5)
+            errorSamples.push(error instanceof Error ? error.message : String(error));
+        }
+      }),
+    );
+    return { latencies, errors, errorSamples, wallMs: performance.now() - start };
+  };
+  const first = await burst();
+  const runtime = await runtimeOf(base, adminKey, storm.id);
+  const applicationNames = await asSuperuser(superuserUrl, async (client) => {
+    const { rows } = await client.query<{ n: number }>(
+      "SELECT count(DISTINCT application_name)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1",
+      [`lessor:${storm.id}:%`],
+    );
+    return rows[0]?.n ?? -1;
+  });
+  const ledgerRows = await asSuperuser(controlPlaneUrl, async (client) => {
+    const { rows } = await client.query<{ n: number }>(
+      "SELECT count(*)::int AS n FROM generation_ledger WHERE tenant_id = $1",
+      [storm.id],
+    );
+    return rows[0]?.n ?? -1;
+  });
+  const warm = await burst();
+  const sortedCold = [...singleColdMs].sort((a, b) => a - b);
+  const result: StormResult = {
+    tenant: storm.id,
+    requests: stormSize,
+    errors: first.errors,
+    errorSamples: first.errorSamples,
+    p50Ms: percentile(first.latencies, 50),
+    p99Ms: percentile(first.latencies, 99),
+    maxMs: percentile(first.latencies, 100),
+    wallMs: first.wallMs,
+    starts: {
+      runtimeGeneration: runtime.generation,
+      applicationNames,
+      generationLedgerRows: ledgerRows,
+    },
+    singleColdMs,
+    singleColdMedianMs: sortedCold[Math.floor(sortedCold.length / 2)] ?? 0,
+    warmBurst: {
+      requests: stormSize,
+      errors: warm.errors,
+      p50Ms: percentile(warm.latencies, 50),
+      p99Ms: percentile(warm.latencies, 99),
+      wallMs: warm.wallMs,
+    },
+  };
+  progress(
+    `  storm: ${result.errors} errors, generation ${runtime.generation}, ${applicationNames} application_name(s), ${ledgerRows} ledger row(s), p50 ${result.p50Ms.toFixed(0)} ms, p99 ${result.p99Ms.toFixed(0)} ms; warm burst p99 ${result.warmBurst.p99Ms.toFixed(0)} ms`,
+  );
+  if (warm.errors > 0) progress(`  warm burst errors: ${warm.errorSamples.join(" | ")}`);
+  return result;
+}
+
+async function warmPaths(warm: TenantCredentials, pgPool: pg.Pool): Promise<void> {
+  progress("warm paths, direct to the Worker's workerd");
+  for (const concurrency of concurrencies) {
+    const common = { route: "direct", transport: "light", logLevel: "info", concurrency } as const;
+    await measure({ ...common, path: "noop", query: "select1" }, neonCall(warm, "noop-direct", "select1"));
+    for (const query of queries) {
+      for (const path of ["lessor", "bare", "newconn"] as const) {
+        await measure({ ...common, path, query }, neonCall(warm, `${path}-direct`, query));
+      }
+      await measure(
+        { path: "pg", route: "node", query, transport: "pg", logLevel: "info", concurrency },
+        pgCall(pgPool, query),
+      );
+    }
+  }
+  progress("warm paths, through wrangler dev's proxy");
+  for (const concurrency of concurrencies) {
+    const common = {
+      route: "proxy",
+      transport: "light",
+      logLevel: "info",
+      concurrency,
+      query: "select1",
+    } as const;
+    for (const path of ["noop", "lessor", "bare"] as const) {
+      await measure({ ...common, path }, neonCall(warm, `${path}-proxy`, "select1"));
+    }
+  }
+}
+
+/** The floor as a plain client sees it: Node's global fetch, which asks for gzip. */
+async function fetchFloor(warm: TenantCredentials): Promise<void> {
+  progress("dev server floor with Node's global fetch");
+  neonConfig.fetchFunction = fetch;
+  try {
+    for (const concurrency of [1, 8, 64]) {
+      for (const route of ["proxy", "direct"] as const) {
+        await measure(
+          { path: "noop", route, query: "select1", transport: "undici", logLevel: "info", concurrency },
+          neonCall(warm, `noop-${route}`, "select1"),
+        );
+      }
+    }
+  } finally {
+    neonConfig.fetchFunction = lightFetch;
+  }
+}
+
+/** The same floor and warm path with wrangler's per-request log line turned off. */
+async function quietFloor(warm: TenantCredentials): Promise<void> {
+  progress("dev server floor with --log-level warn (no per-request log line)");
+  for (const concurrency of [8, 64]) {
+    const common = { transport: "light", logLevel: "warn", concurrency, query: "select1" } as const;
+    await measure({ ...common, path: "noop", route: "proxy" }, neonCall(warm, "noop-proxy", "select1"));
+    await measure({ ...common, path: "noop", route: "direct" }, neonCall(warm, "noop-direct", "select1"));
+  }
+  const common = {
+    transport: "light",
+    logLevel: "warn",
+    concurrency: 64,
+    query: "select1",
+    route: "direct",
+  } as const;
+  await measure({ ...common, path: "lessor" }, neonCall(warm, "lessor-direct", "select1"));
+  await measure({ ...common, path: "bare" }, neonCall(warm, "bare-direct", "select1"));
+}
+
+// ── Main ─────────────────────────────────────────────────────────────────────────────────────────
+
+function packageVersion(name: string): string {
+  try {
+    const pkg = JSON.parse(readFileSync(resolve(root, "node_modules", name, "package.json"), "utf8")) as {
+      version?: string;
+    };
+    return pkg.version ?? "?";
+  } catch {
+    return "?";
+  }
+}
+
+async function startWranglerFor(
+  port: number,
+  logLevel: string,
+): Promise<{ wrangler: RunningWrangler; directPort: number }> {
+  const started = await startWrangler({
+    port,
+    inspectorPort: await freePort(),
+    envFile,
+    persistTo: resolve(stateDir, "bench-wrangler"),
+    ...(logLevel === "info" ? {} : { logLevel }),
+  });
+  running.wrangler = started;
+  const pid = started.child.pid;
+  const stack = running.stack;
+  if (pid === undefined || !stack) throw new Error("wrangler or the stack has no pid");
+  const layout = await findWranglerLayout(pid, port);
+  const postgresRoots = descendants(stack.child.pid ?? -1)
+    .filter((p) => p.comm === "postgres")
+    .filter((p, _, all) => !all.some((other) => other.pid === p.ppid));
+  cpuGroups = {
+    ...layout.groups,
+    wsProxy: [stack.info.wsProxyPid],
+    postgres: postgresRoots.map((p) => p.pid),
+  };
+  registerEndpoints({ direct: layout.directPort, proxy: port });
+  return { wrangler: started, directPort: layout.directPort };
+}
+
+async function main(): Promise<number> {
+  const startedAt = new Date();
+  const loadStart = loadavg();
+  const mainToml = readFileSync(resolve(root, "wrangler.toml"), "utf8");
+  checkBenchConfig(mainToml, readFileSync(resolve(root, "bench/wrangler.toml"), "utf8"));
+  const vars = wranglerVars(mainToml);
+
+  mkdirSync(stateDir, { recursive: true });
+  const adminKey = `lak_bench_${randomBytes(24).toString("base64url")}`;
+  const baselinePassword = randomBytes(24).toString("base64url");
+  const pgPort = await freePort();
+
+  progress("starting the local stack (throwaway Postgres in .lessor/bench-pg, WebSocket proxy)");
+  const stack = await startStack({
+    dataDir: resolve(stateDir, "bench-pg"),
+    pgPort,
+    password: randomBytes(24).toString("base64url"),
+  });
+  running.stack = stack;
+  const { superuserUrl, controlPlaneUrl } = stack.info;
+  const serverVersion = await asSuperuser(superuserUrl, async (client) => {
+    // The baselines' own login role: SCRAM like the tenant's role, so a new connection costs the same.
+    await client.query(`CREATE ROLE ${baselineRole} LOGIN PASSWORD '${baselinePassword}'`);
+    const { rows } = await client.query<{ server_version: string }>("SHOW server_version");
+    return rows[0]?.server_version ?? "?";
+  });
+  const warmDatabase = `tenant_${warmTenant}`;
+  const baselineUrl = `postgres://${baselineRole}:${baselinePassword}@127.0.0.1:${pgPort}/${warmDatabase}`;
+
+  // wrangler reads secrets from an env file (git-ignored, removed at exit); single quotes keep the
+  // values literal, and none of them contains one.
+  const env: Record<string, string> = {
+    ...vars,
+    LESSOR_ADMIN_KEY: adminKey,
+    LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
+    LESSOR_CONTROL_PLANE_URL: controlPlaneUrl,
+    LESSOR_HOSTS: stack.info.hostsJson,
+    LESSOR_WS_PROXY: stack.info.wsProxy,
+    BENCH_DATABASE_URL: baselineUrl,
+  };
+  for (const [key, value] of Object.entries(env)) {
+    if (value.includes("'") || value.includes("\n"))
+      throw new Error(`${key} cannot be written to an env file`);
+  }
+  writeFileSync(
+    envFile,
+    `${Object.entries(env)
+      .map(([k, v]) => `${k}='${v}'`)
+      .join("\n")}\n`,
+    { mode: 0o600 },
+  );
+  rmSync(resolve(stateDir, "bench-wrangler"), { recursive: true, force: true });
+
+  progress("starting wrangler dev with bench/wrangler.toml");
+  const publicPort = await freePort();
+  let { directPort } = await startWranglerFor(publicPort, "info");
+  const direct = `http://127.0.0.1:${directPort}`;
+  progress(`  wrangler dev on :${publicPort}, the Worker's own workerd on :${directPort}`);
+
+  progress("provisioning tenants through POST /v1/tenants");
+  const warm = await provision(direct, adminKey, warmTenant);
+  const storm = await provision(direct, adminKey, stormTenant);
+  const cold: TenantCredentials[] = [];
+  for (const id of coldTenants) cold.push(await provision(direct, adminKey, id));
+
+  progress(`creating bench_items (${tableRows} rows, primary key) through /sql`);
+  const setup = sqlFor(warm, "lessor-direct");
+  await setup.query(
+    "CREATE TABLE bench_items (id integer PRIMARY KEY, label text NOT NULL, amount integer NOT NULL)",
+  );
+  await setup.query(
+    "INSERT INTO bench_items SELECT g, 'item-' || g, (g * 7) % 1000 FROM generate_series(1, $1::int) AS g",
+    [tableRows],
+  );
+  await setup.query("ANALYZE bench_items");
+  await asSuperuser(superuserUrl, (client) =>
+    client.query(`GRANT CONNECT ON DATABASE "${warmDatabase}" TO ${baselineRole}`),
+  );
+  await asSuperuser(databaseUrl(superuserUrl, warmDatabase), (client) =>
+    client.query(`GRANT SELECT ON bench_items TO ${baselineRole}`),
+  );
+  const plan = (await setup.query(`EXPLAIN ${indexedQuery.replace("$1", "42")}`)) as {
+    "QUERY PLAN"?: string;
+  }[];
+  const planText = plan.map((row) => row["QUERY PLAN"] ?? "").join(" ");
+  if (!/Index/.test(planText)) throw new Error(`the indexed read does not use the index: ${planText}`);
+
+  const pgPool = new pg.Pool({
+    connectionString: baselineUrl,
+    max: poolSize,
+    application_name: "bench:pg",
+    query_timeout: requestTimeoutMs,
+    connectionTimeoutMillis: 10_000,
+  });
+  pgPool.on("error", () => undefined);
+  pgPools.push(pgPool);
+
+  const stormResult = await coldStartsAndStorm(direct, adminKey, superuserUrl, controlPlaneUrl, cold, storm);
+  await warmPaths(warm, pgPool);
+  await fetchFloor(warm);
+
+  progress("restarting wrangler dev with --log-level warn");
+  await running.wrangler?.stop();
+  ({ directPort } = await startWranglerFor(publicPort, "warn"));
+  await quietFloor(warm);
+
+  await cleanup();
+  const finishedAt = new Date();
+
+  const allRatios = ratios(measurements);
+  const targets: Target[] = judgeTargets(allRatios, stormResult);
+  const errors =
+    measurements.reduce((n, m) => n + m.errors, 0) + stormResult.errors + stormResult.warmBurst.errors;
+  const date = startedAt.toISOString().slice(0, 10);
+  const cpuInfo = cpus();
+  const versions: Record<string, string> = {
+    node: process.version,
+    postgres: serverVersion,
+    wrangler: packageVersion("wrangler"),
+    miniflare: packageVersion("miniflare"),
+    workerd: packageVersion("workerd"),
+    "@neondatabase/serverless": packageVersion("@neondatabase/serverless"),
+    pg: packageVersion("pg"),
+    hono: packageVersion("hono"),
+  };
+  const results = {
+    date,
+    startedAt: startedAt.toISOString(),
+    finishedAt: finishedAt.toISOString(),
+    durationS: (finishedAt.getTime() - startedAt.getTime()) / 1000,
+    command: "npm run bench",
+    machine: {
+      cores: cpuInfo.length,
+      cpuModel: cpuInfo[0]?.model ?? "?",
+      memoryMB: Math.round(totalmem() / 2 ** 20),
+      platform: `${process.platform} ${release()}`,
+      node: process.version,
+      loadavgAtStart: loadStart,
+      loadavgAtEnd: loadavg(),
+    },
+    versions,
+    method: {
+      loadGenerator:
+        "closed loop in Node: `concurrency` workers, each sending its next request when the previous answers; a warmup that is not recorded, then a bounded duration or request cap",
+      warmupMs,
+      durationMs,
+      maxRequests,
+      concurrencies,
+      queries: { select1: "SELECT 1 AS n", indexed: `${indexedQuery} (${tableRows} rows, random id)` },
+      client:
+        "the official neon() HTTP client for every Worker path (neonConfig.fetchEndpoint per path), over a keep-alive node:http transport without compression; `pg` Pool for the database floor",
+      poolSize,
+      routes: {
+        direct: "to the workerd that runs the Worker, found from /proc (what production has: no dev proxy)",
+        proxy: "through wrangler dev's public port (its proxy worker in a second workerd)",
+        node: "no Worker: Node straight to Postgres",
+      },
+      cpu: "per process group from /proc/<pid>/stat (utime+stime+cutime+cstime) over the measured phase",
+      answers: "every answer is checked (value and row); any error or wrong answer fails the run",
+      targetsJudgedOn: "the direct route",
+    },
+    measurements,
+    ratios: allRatios,
+    storm: stormResult,
+    admission: "pending (budget issue not landed)",
+    targets,
+    errors,
+  };
+
+  const markdown = [
+    `# Lessor bench, ${date}`,
+    "",
+    `${cpuInfo.length} cores (${results.machine.cpuModel}), ${results.machine.memoryMB} MB, Node ${process.version}, Postgres ${serverVersion}, wrangler ${versions.wrangler}; load average at start ${loadStart.map((v) => v.toFixed(2)).join(" ")}`,
+    "",
+    "## Throughput and latency",
+    "",
+    measurementsTable(measurements),
+    "",
+    "## Lessor against each baseline (throughput ratios; p50 ratios)",
+    "",
+    ratiosTable(allRatios),
+    "",
+    "## Where the time goes: CPU ms per request, by process",
+    "",
+    profileTable(measurements),
+    "",
+    "## Cold-start storm",
+    "",
+    stormTable(stormResult),
+    "",
+    "admission: pending (budget issue not landed)",
+    "",
+    "## Targets (reported, not asserted)",
+    "",
+    targetsTable(targets),
+    "",
+  ].join("\n");
+  console.log(markdown);
+
+  if (errors > 0) {
+    console.error(`\nbench FAILED: ${errors} error(s) or wrong answer(s); no results written.`);
+    for (const m of measurements.filter((x) => x.errors > 0)) {
+      console.error(`  ${m.label}: ${m.errors} — ${m.errorSamples.join(" | ")}`);
+    }
+    if (stormResult.errors > 0) console.error(`  storm: ${stormResult.errorSamples.join(" | ")}`);
+    return 1;
+  }
+  const resultsDir = resolve(root, "bench/results");
+  mkdirSync(resultsDir, { recursive: true });
+  const file = resolve(resultsDir, `${date}.json`);
+  // Written whole or not at all: a killed run leaves a .tmp (git-ignored), never half a result.
+  writeFileSync(`${file}.tmp`, `${JSON.stringify(results, null, 2)}\n`);
+  renameSync(`${file}.tmp`, file);
+  progress(`results written to bench/results/${date}.json`);
+  return 0;
+}
+
+try {
+  const code = await within(main(), 15 * 60_000, "the whole bench");
+  process.exitCode = code;
+} catch (error) {
+  console.error(`\nbench FAILED: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`);
+  const output = running.wrangler?.output ?? [];
+  if (output.length) console.error(`last wrangler output:\n${output.slice(-20).join("\n")}`);
+  process.exitCode = 1;
+} finally {
+  await cleanup();
+  // Nothing may keep a finished (or timed-out) bench alive.
+  process.exit(process.exitCode ?? 0);
+}

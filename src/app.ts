@@ -4,6 +4,7 @@ import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { loadConfig } from "./config/index.ts";
 import { describeFailure, errorHeaders, LessorError, logEvent } from "./errors/index.ts";
+import { campaignRoutes } from "./routes/campaigns.ts";
 import { capacityRoutes } from "./routes/capacity.ts";
 import type { AppEnv } from "./routes/context.ts";
 import { leaseRoutes } from "./routes/leases.ts";
@@ -30,6 +31,7 @@ app.route("/", maintenanceRoutes);
 app.route("/", tenantRoutes);
 app.route("/", leaseRoutes);
 app.route("/", capacityRoutes);
+app.route("/", campaignRoutes);
 
 app.notFound(() => {
   throw new LessorError("not_found");

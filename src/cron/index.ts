@@ -4,13 +4,14 @@
  * To add a job, append it to `cronJobs`.
  */
 import { budgetReconcileJob } from "../budget-object/job.ts";
+import { campaignJob } from "../campaigns/job.ts";
 import { usageFoldJob } from "../maintenance/job.ts";
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
 
 export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
 
 /** Every job, in no particular order: they run concurrently and independently. */
-export const cronJobs: readonly CronJob[] = [usageFoldJob, budgetReconcileJob];
+export const cronJobs: readonly CronJob[] = [usageFoldJob, budgetReconcileJob, campaignJob];
 
 /** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */
 export function runScheduled(

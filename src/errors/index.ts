@@ -92,6 +92,16 @@ export const errorCatalog = {
     status: 409,
     message: "The tenant's schema is older than the version this request needs.",
   },
+  schema_upgrade_failed: {
+    status: 409,
+    message:
+      "The tenant's schema could not be upgraded to the version this request needs; the operator can see why in the logs.",
+  },
+  campaign_not_found: { status: 404, message: "No such campaign." },
+  campaign_state_conflict: {
+    status: 409,
+    message: "The campaign's state does not allow this; read it again and decide.",
+  },
   provisioning_failed: {
     status: 502,
     message: "Provisioning could not finish; send the same create request again to resume it.",

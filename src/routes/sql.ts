@@ -4,6 +4,7 @@
  * TenantObject. Nothing here touches the control plane: the hot path opens no connection.
  */
 import { Hono } from "hono";
+import { schemaVersionHeader, sqlWithSchemaVersion, waitUntil } from "../campaigns/schema-version.ts";
 import { parseSqlConnectionString } from "../core/connection-string.ts";
 import { parseSqlRequest } from "../core/neon-protocol.ts";
 import { hashKey } from "../crypto/keys.ts";
@@ -22,10 +23,14 @@ sqlRoutes.post("/sql", async (c) => {
   if ("problem" in request) throw new LessorError("invalid_request", { publicMessage: request.problem });
 
   const keyHash = await hashKey(credentials.key);
-  const outcome = await c.env.TENANTS.getByName(credentials.tenantId).sql(
+  // Lessor-Schema-Version: 409 schema_too_old if the tenant is older (or upgrade it first, if configured).
+  const outcome = await sqlWithSchemaVersion(
+    c.env,
+    (promise) => waitUntil(c, promise),
     credentials.tenantId,
     keyHash,
     request,
+    c.req.header(schemaVersionHeader),
   );
   if (outcome.ok) return c.json(outcome.body);
   if ("postgres" in outcome) return c.json(outcome.postgres, 400);

@@ -86,14 +86,23 @@ export async function executeSqlRequest(client: PoolClient, request: SqlRequest)
 }
 
 /**
- * Statements that can leave session state behind on a pooled connection. A match costs one
- * `DISCARD ALL` before the connection is reused; missing one would let state pass from one request
- * to the next (of the same tenant), so the pattern errs on the side of matching.
+ * Commands that, at the start of a statement, can leave session state behind on a pooled
+ * connection (`DO` and `EXECUTE` because their bodies can run any of them).
  */
-const sessionStatePattern =
-  /\b(set|reset|prepare|listen|unlisten|temp|temporary|advisory|set_config|declare|load|discard|role|authorization)\b/i;
+const sessionCommand = /^\s*(set|reset|prepare|listen|unlisten|declare|load|discard|do|execute|call)\b/i;
+/** Anywhere in a statement: temp tables, advisory locks and `set_config` also leave state behind. */
+const sessionFunction = /\btemp(orary)?\b|advisory_(xact_)?lock|set_config/i;
 
+/**
+ * Whether the request may leave session state on its connection. A match costs one `DISCARD ALL`
+ * before the connection is reused; a miss would let state pass from one request to the next (of the
+ * same tenant), so this errs on the side of matching. Every `;`-separated segment is checked, since
+ * a parameterless string may hold several statements.
+ */
 export function mayLeaveSessionState(request: SqlRequest): boolean {
   const statements = request.kind === "single" ? [request.statement] : request.statements;
-  return statements.some((statement) => sessionStatePattern.test(statement.query));
+  return statements.some(
+    ({ query }) =>
+      sessionFunction.test(query) || query.split(";").some((segment) => sessionCommand.test(segment)),
+  );
 }

@@ -1,0 +1,170 @@
+/**
+ * `Lessor-Schema-Version` on `/sql`: the schema version an app needs.
+ *
+ * - The tenant's object refuses the request with 409 `schema_too_old` when the tenant's recorded
+ *   version is older; with `LESSOR_UPGRADE_ON_DEMAND = "true"` Lessor migrates that tenant to the
+ *   version first (expand steps at once; a contract step only when the guard allows it) and then
+ *   runs the request.
+ * - Each version an app asks for is recorded for the contract guard, off the hot path: an isolate
+ *   reports a version at most once a minute, in `waitUntil` after the answer is sent, and the
+ *   record is insert-only (one row per version per minute). The request itself opens no
+ *   control-plane connection.
+ */
+import { loadConfig } from "../config/index.ts";
+import { withControlPlane } from "../control-plane/index.ts";
+import {
+  campaignDefaults,
+  contractGuard,
+  contractStepsBetween,
+  parseSchemaVersionHeader,
+  recordedAppVersion,
+} from "../core/campaign.ts";
+import type { SqlRequest } from "../core/neon-protocol.ts";
+import { describeFailure, LessorError, logEvent } from "../errors/index.ts";
+import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import type { SqlOutcome } from "../tenant-object/index.ts";
+import { appVersionsSeenSince, noteAppVersionSeen } from "./store.ts";
+
+export const schemaVersionHeader = "Lessor-Schema-Version";
+
+/** An isolate reports each version at most this often. */
+const reportIntervalMs = 60_000;
+/** Versions one isolate remembers having reported (bounded: header values are clamped anyway). */
+const maxRemembered = 64;
+const reportedAt = new Map<number, number>();
+
+/** Hands `promise` to the request's `waitUntil`, or lets it run on its own where there is none. */
+export function waitUntil(c: { executionCtx: ExecutionContext }, promise: Promise<unknown>): void {
+  try {
+    c.executionCtx.waitUntil(promise);
+  } catch {
+    // No execution context (app.request in a plain test): the promise still runs, it is just not awaited.
+  }
+}
+
+/** Reads the header: null when absent; a malformed value is 400 `invalid_request`. */
+export function requiredSchemaVersion(raw: string | undefined): number | null {
+  const parsed = parseSchemaVersionHeader(raw);
+  if (parsed === "malformed") {
+    throw new LessorError("invalid_request", {
+      publicMessage: `${schemaVersionHeader} must be a positive integer (the schema version the app needs).`,
+    });
+  }
+  return parsed;
+}
+
+/** Whether `LESSOR_UPGRADE_ON_DEMAND` is on (wrangler.toml [vars]). */
+export function upgradeOnDemand(env: Env): boolean {
+  return Reflect.get(env, "LESSOR_UPGRADE_ON_DEMAND") === "true";
+}
+
+/**
+ * Records that an app needing `required` was seen, unless this isolate did so within the last
+ * minute. The write is handed to `waitUntil`; a failed write is forgotten so a later request
+ * reports again.
+ */
+export function noteAppSchemaVersion(
+  env: Env,
+  required: number,
+  waitUntil: (promise: Promise<unknown>) => void,
+  now: number = Date.now(),
+): void {
+  const version = recordedAppVersion(required, tenantMigrations.length);
+  const last = reportedAt.get(version);
+  if (last !== undefined && now - last < reportIntervalMs) return;
+  if (reportedAt.size >= maxRemembered) reportedAt.clear();
+  reportedAt.set(version, now);
+  const write = withControlPlane(loadConfig(env), env, (db) => noteAppVersionSeen(db, version)).catch(
+    (error: unknown) => {
+      reportedAt.delete(version);
+      logEvent("warn", "app_schema_version_report_failed", { version, failure: describeFailure(error) });
+    },
+  );
+  waitUntil(write);
+}
+
+/**
+ * Runs a `/sql` request that may carry `Lessor-Schema-Version`. Without the header this is exactly
+ * one RPC to the tenant's object, as before.
+ */
+export async function sqlWithSchemaVersion(
+  env: Env,
+  waitUntil: (promise: Promise<unknown>) => void,
+  tenantId: string,
+  keyHash: string,
+  request: SqlRequest,
+  rawHeader: string | undefined,
+): Promise<SqlOutcome> {
+  const required = requiredSchemaVersion(rawHeader);
+  if (required !== null) noteAppSchemaVersion(env, required, waitUntil);
+  const tenant = env.TENANTS.getByName(tenantId);
+  const outcome = await tenant.sql(tenantId, keyHash, request, required);
+  if (
+    required === null ||
+    outcome.ok ||
+    !("error" in outcome) ||
+    outcome.error.code !== "schema_too_old" ||
+    !upgradeOnDemand(env)
+  ) {
+    return outcome;
+  }
+  // Only an authenticated caller gets `schema_too_old`, so only it can trigger an upgrade.
+  await upgradeTenantFor(env, tenantId, required, outcome.error.message);
+  return tenant.sql(tenantId, keyHash, request, required);
+}
+
+/**
+ * Migrates one tenant to the version a request needs, or says why not. A contract step is subject
+ * to the same guard as in a campaign (never forced here).
+ */
+async function upgradeTenantFor(
+  env: Env,
+  tenantId: string,
+  required: number,
+  tooOldMessage: string,
+): Promise<void> {
+  if (required > tenantMigrations.length) {
+    throw new LessorError("schema_too_old", {
+      publicMessage: `${tooOldMessage} This deployment bundles schema versions up to ${tenantMigrations.length}.`,
+    });
+  }
+  const config = loadConfig(env);
+  // Contract steps up to the required version; steps at or below the recorded version are applied.
+  if (contractStepsBetween(tenantMigrations, 0, required).length > 0) {
+    const now = Date.now();
+    const verdict = await withControlPlane(config, env, async (db) => {
+      const recorded = await db.query.tenants.findFirst({
+        columns: { schemaVersion: true },
+        where: (t, { eq }) => eq(t.id, tenantId),
+      });
+      return contractGuard({
+        contractSteps: contractStepsBetween(tenantMigrations, recorded?.schemaVersion ?? 0, required),
+        seen: await appVersionsSeenSince(db, now - campaignDefaults.stabilityWindowMs),
+        now,
+        stabilityWindowMs: campaignDefaults.stabilityWindowMs,
+        force: false,
+      });
+    });
+    if (!verdict.ok) {
+      throw new LessorError("schema_too_old", {
+        publicMessage: `${tooOldMessage} The upgrade includes a contract step that waits for older apps: run a campaign when they are gone.`,
+      });
+    }
+  }
+  const answer = await env.TENANTS.getByName(tenantId).migrate(tenantId, required, config.admissionWaitMs);
+  switch (answer.outcome) {
+    case "migrated":
+      logEvent("info", "tenant_upgraded_on_demand", {
+        tenant: tenantId,
+        fromVersion: answer.fromVersion,
+        toVersion: answer.toVersion,
+      });
+      return;
+    case "skipped":
+      // Another upgrade is running, or leases did not drain in time: the usual migrating answer.
+      throw new LessorError("tenant_migrating", { retryAfterSeconds: 2 });
+    case "failed":
+      logEvent("warn", "tenant_upgrade_on_demand_failed", { tenant: tenantId, version: answer.version });
+      throw new LessorError("schema_upgrade_failed");
+  }
+}

@@ -171,7 +171,7 @@ async function main(): Promise<void> {
   await client.connect();
   try {
     await client.query("CREATE EXTENSION IF NOT EXISTS pgstattuple");
-    const version = await client.query<{ v: string }>("SHOW server_version");
+    const version = await client.query<{ v: string }>("SELECT current_setting('server_version') AS v");
 
     // Warm up the connection and the plans before measuring.
     await measureAppends(client, "warm-up", 1, 200, 1_000_000_000);

@@ -91,8 +91,53 @@ export interface RunningWrangler {
   killNow(): void;
 }
 
-/** Starts `wrangler dev` with the bench config and waits (bounded) until the bench Worker answers. */
+/**
+ * Bundles the bench Worker once, as wrangler bundles it for a deploy, into `outDir`/worker.js.
+ *
+ * Why a snapshot: `wrangler dev` watches every source file of its bundle and reloads on each change,
+ * and a reload restarts workerd and every Durable Object. In a working tree that others edit while
+ * the bench runs, that would measure several versions of the code and break requests in flight.
+ */
+export async function buildWorker(outDir: string): Promise<string> {
+  const child = spawn(
+    process.execPath,
+    [
+      resolve(root, "node_modules/wrangler/bin/wrangler.js"),
+      "deploy",
+      "--dry-run",
+      "--outdir",
+      outDir,
+      "-c",
+      "bench/wrangler.toml",
+    ],
+    {
+      cwd: root,
+      stdio: ["ignore", "pipe", "pipe"],
+      env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "1" },
+    },
+  );
+  const output: string[] = [];
+  child.stdout?.on("data", (chunk: Buffer) => output.push(chunk.toString()));
+  child.stderr?.on("data", (chunk: Buffer) => output.push(chunk.toString()));
+  const code = await within(
+    new Promise<number | null>((done) => child.once("exit", (exitCode) => done(exitCode))),
+    120_000,
+    "bundling the bench Worker",
+  ).catch((error: unknown) => {
+    child.kill("SIGKILL");
+    throw error;
+  });
+  if (code !== 0)
+    throw new Error(`bundling the bench Worker failed (code ${code}):\n${output.join("").slice(-2_000)}`);
+  return resolve(outDir, "worker.js");
+}
+
+/**
+ * Starts `wrangler dev` with the bench config on a bundle from `buildWorker` (`--no-bundle`: nothing
+ * to watch) and waits (bounded) until the bench Worker answers.
+ */
 export async function startWrangler(options: {
+  script: string;
   port: number;
   inspectorPort: number;
   envFile: string;
@@ -104,6 +149,8 @@ export async function startWrangler(options: {
     [
       resolve(root, "node_modules/wrangler/bin/wrangler.js"),
       "dev",
+      options.script,
+      "--no-bundle",
       "-c",
       "bench/wrangler.toml",
       "--ip",
@@ -125,8 +172,13 @@ export async function startWrangler(options: {
       // the group stops them all (none of them outlives a bench run that crashed).
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
-      // wrangler asks for nothing and sends no metrics from a benchmark.
-      env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "1" },
+      env: {
+        ...process.env,
+        // No metrics from a benchmark, no prompts, and no reload when a config file is touched.
+        WRANGLER_SEND_METRICS: "false",
+        CI: "1",
+        WRANGLER_CI_DISABLE_CONFIG_WATCHING: "true",
+      },
     },
   );
   const output: string[] = [];
@@ -302,7 +354,17 @@ export interface CpuGroups {
   postgres: number[];
 }
 
-export type CpuSample = Record<keyof CpuGroups | "benchClient", number>;
+/** CPU seconds by group; `machine` is every process on the machine (from /proc/stat). */
+export type CpuSample = Record<keyof CpuGroups | "benchClient" | "machine", number>;
+
+/** Busy CPU seconds of the whole machine so far (user, nice, system, irq, softirq, steal). */
+function machineBusySeconds(): number {
+  const line = readFileSync("/proc/stat", "utf8").split("\n")[0] ?? "";
+  const [, user, nice, system, , , irq, softirq, steal] = line.trim().split(/\s+/).map(Number);
+  return (
+    ((user ?? 0) + (nice ?? 0) + (system ?? 0) + (irq ?? 0) + (softirq ?? 0) + (steal ?? 0)) / ticksPerSecond
+  );
+}
 
 /** CPU seconds used so far by each group (live processes, plus children they reaped). */
 export function sampleCpu(groups: CpuGroups): CpuSample {
@@ -322,6 +384,7 @@ export function sampleCpu(groups: CpuGroups): CpuSample {
     wsProxy: sum(groups.wsProxy) / ticksPerSecond,
     postgres: sum(postgresPids) / ticksPerSecond,
     benchClient: (usage.user + usage.system) / 1e6,
+    machine: machineBusySeconds(),
   };
 }
 

@@ -3,6 +3,7 @@
  * issue 7 (reported as met or missed, never asserted), and the markdown that shows them.
  */
 import type { CpuSample } from "./processes.ts";
+import type { ProfileSummary } from "./profile.ts";
 
 export type PathName = "lessor" | "bare" | "newconn" | "noop" | "pg";
 /** direct: to the Worker's own workerd; proxy: through wrangler dev's proxy; node: no Worker. */
@@ -30,8 +31,10 @@ export interface Measurement {
   meanMs: number;
   /** CPU milliseconds per completed request, by process group. */
   cpuMsPerRequest: CpuSample;
-  /** CPU seconds of all groups per wall second: how many of the machine's cores were busy. */
+  /** CPU seconds of the bench's own processes per wall second: how many cores they kept busy. */
   coresBusy: number;
+  /** The same for every other process on the machine (other work competing for the cores). */
+  otherCoresBusy: number;
 }
 
 /** What identifies a measurement. */
@@ -47,6 +50,12 @@ export interface Ratio {
   vsNewconn: number | null;
   vsNoop: number | null;
   vsPg: number | null;
+  /**
+   * Total CPU per request of the bare path divided by Lessor's: the throughput ratio a machine
+   * whose cores are all busy would give. Unlike measured throughput, it hardly depends on what else
+   * runs on the machine.
+   */
+  cpuVsBare: number | null;
   /** p50 of Lessor divided by the baseline's p50. */
   p50VsBare: number | null;
   p50VsNewconn: number | null;
@@ -85,6 +94,14 @@ export function find(
   );
 }
 
+/** CPU milliseconds per request of every process the bench started (the client included). */
+export function totalCpu(m: Measurement): number {
+  const cpu = m.cpuMsPerRequest;
+  return (
+    cpu.benchClient + cpu.wranglerNode + cpu.workerdProxy + cpu.workerdWorker + cpu.wsProxy + cpu.postgres
+  );
+}
+
 function divide(a: number | undefined, b: number | undefined): number | null {
   return a === undefined || b === undefined || b === 0 ? null : a / b;
 }
@@ -114,6 +131,7 @@ export function ratios(measurements: readonly Measurement[]): Ratio[] {
       vsNewconn: divide(lessor.rps, newconn?.rps),
       vsNoop: divide(lessor.rps, noop?.rps),
       vsPg: divide(lessor.rps, pgFloor?.rps),
+      cpuVsBare: bare ? divide(totalCpu(bare), totalCpu(lessor)) : null,
       p50VsBare: divide(lessor.p50Ms, bare?.p50Ms),
       p50VsNewconn: divide(lessor.p50Ms, newconn?.p50Ms),
     });
@@ -182,7 +200,18 @@ function describe(m: Measurement): string {
 
 export function measurementsTable(measurements: readonly Measurement[]): string {
   return table(
-    ["path", "route", "query", "c", "requests", "req/s", "p50 ms", "p99 ms", "errors", "cores busy"],
+    [
+      "path",
+      "route",
+      "query",
+      "c",
+      "requests",
+      "req/s",
+      "p50 ms",
+      "p99 ms",
+      "errors",
+      "cores: bench / others",
+    ],
     measurements.map((m) => [
       describe(m),
       m.route,
@@ -193,7 +222,7 @@ export function measurementsTable(measurements: readonly Measurement[]): string 
       fixed(m.p50Ms, 2),
       fixed(m.p99Ms, 2),
       String(m.errors),
-      fixed(m.coresBusy, 2),
+      `${fixed(m.coresBusy, 2)} / ${fixed(m.otherCoresBusy, 2)}`,
     ]),
   );
 }
@@ -218,6 +247,7 @@ export function ratiosTable(all: readonly Ratio[]): string {
       String(r.concurrency),
       fixed(r.lessorRps, 0),
       fixed(r.vsBare, 2),
+      fixed(r.cpuVsBare, 2),
       fixed(r.vsNewconn, 1),
       fixed(r.vsNoop, 2),
       fixed(r.vsPg, 2),
@@ -301,5 +331,30 @@ export function targetsTable(targets: readonly Target[]): string {
   return table(
     ["target", "result", "detail"],
     targets.map((t) => [t.target, t.met ? "met" : "missed", t.detail]),
+  );
+}
+
+/** Isolate CPU per request by source, one column per profiled path. */
+export function profileSourcesTable(profiles: Record<string, ProfileSummary>): string {
+  const paths = Object.keys(profiles);
+  const sources = [...new Set(paths.flatMap((p) => Object.keys(profiles[p]?.msPerRequestBySource ?? {})))];
+  const row = (source: string) => [
+    source,
+    ...paths.map((p) => fixed(profiles[p]?.msPerRequestBySource[source] ?? 0, 3)),
+  ];
+  const totals = [
+    "total (isolate busy)",
+    ...paths.map((p) => {
+      const summary = profiles[p];
+      return fixed(summary?.requests ? summary.busyMs / summary.requests : 0, 3);
+    }),
+  ];
+  return table(["source (ms per request)", ...paths], [...sources.map(row), totals]);
+}
+
+export function topFunctionsTable(summary: ProfileSummary, limit = 12): string {
+  return table(
+    ["function", "source", "ms per request"],
+    summary.top.slice(0, limit).map((t) => [t.fn, t.source, fixed(t.msPerRequest, 4)]),
   );
 }

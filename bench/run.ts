@@ -16,7 +16,7 @@
  * See bench/README.md for the method.
  */
 import { randomBytes } from "node:crypto";
-import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, release, totalmem } from "node:os";
 import { resolve } from "node:path";
 import { neon, neonConfig } from "@neondatabase/serverless";
@@ -30,6 +30,7 @@ import {
   runLoad,
 } from "./load.ts";
 import {
+  buildWorker,
   type CpuGroups,
   type CpuSample,
   cpuDelta,
@@ -44,11 +45,13 @@ import {
   startWrangler,
   within,
 } from "./processes.ts";
+import { type ProfileSummary, profileWhile, SourceMap, summarise as summariseProfile } from "./profile.ts";
 import {
   judgeTargets,
   type Measurement,
   measurementsTable,
   type PathName,
+  profileSourcesTable,
   profileTable,
   type QueryName,
   ratios,
@@ -58,6 +61,7 @@ import {
   stormTable,
   type Target,
   targetsTable,
+  topFunctionsTable,
 } from "./report.ts";
 
 // ── Settings ─────────────────────────────────────────────────────────────────────────────────────
@@ -77,6 +81,8 @@ const queries: readonly QueryName[] = ["select1", "indexed"];
 const warmupMs = setting("BENCH_WARMUP_MS", 500, 0, 10_000);
 const durationMs = setting("BENCH_DURATION_MS", 2_500, 200, 30_000);
 const maxRequests = 50_000;
+/** Each group of paths is measured in this many interleaved rounds. */
+const rounds = 2;
 const stormSize = setting("BENCH_STORM", 1_000, 10, 1_000);
 const coldSamples = 5;
 const tableRows = 10_000;
@@ -121,8 +127,11 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
   });
 }
 
+const runStarted = performance.now();
+
 function progress(line: string): void {
-  process.stderr.write(`${line}\n`);
+  const seconds = ((performance.now() - runStarted) / 1000).toFixed(0).padStart(4);
+  process.stderr.write(`[${seconds}s] ${line}\n`);
 }
 
 // ── Configuration from ../wrangler.toml ──────────────────────────────────────────────────────────
@@ -223,7 +232,15 @@ let cpuGroups: CpuGroups | null = null;
 const measurements: Measurement[] = [];
 
 function zeroCpu(): CpuSample {
-  return { wranglerNode: 0, workerdProxy: 0, workerdWorker: 0, wsProxy: 0, postgres: 0, benchClient: 0 };
+  return {
+    wranglerNode: 0,
+    workerdProxy: 0,
+    workerdWorker: 0,
+    wsProxy: 0,
+    postgres: 0,
+    benchClient: 0,
+    machine: 0,
+  };
 }
 
 function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement {
@@ -232,7 +249,7 @@ function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement 
   let busy = 0;
   for (const key of Object.keys(cpu) as (keyof CpuSample)[]) {
     perRequest[key] = result.completed ? (cpu[key] * 1000) / result.completed : 0;
-    busy += cpu[key];
+    if (key !== "machine") busy += cpu[key];
   }
   const extras = [spec.transport === "undici" ? "fetch" : "", spec.logLevel === "info" ? "" : spec.logLevel]
     .filter(Boolean)
@@ -250,37 +267,82 @@ function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement 
     meanMs: result.latenciesMs.reduce((a, b) => a + b, 0) / Math.max(1, result.latenciesMs.length),
     cpuMsPerRequest: perRequest,
     coresBusy: busy / elapsedS,
+    otherCoresBusy: Math.max(0, (cpu.machine - busy) / elapsedS),
   };
 }
 
-async function measure(
-  spec: Spec,
-  call: (worker: number, sequence: number) => Promise<void>,
-): Promise<Measurement> {
+type Call = (worker: number, sequence: number) => Promise<void>;
+
+/**
+ * Measures a group of paths at one concurrency, interleaved: each round gives every path a slice of
+ * the duration in turn (A B C, A B C), so drift in the machine's other load falls on all of them
+ * alike instead of on whichever path happened to run during it. The first slice of each path is
+ * preceded by the full warmup, later slices by a short one.
+ */
+async function measureGroup(group: { spec: Spec; call: Call }[]): Promise<Measurement[]> {
   const groups = cpuGroups;
   if (!groups) throw new Error("the process layout is not known yet");
-  const cpu = { before: zeroCpu(), after: zeroCpu() };
-  const result = await runLoad(
-    { concurrency: spec.concurrency, warmupMs, durationMs, maxRequests, call },
-    {
-      before: () => {
-        cpu.before = sampleCpu(groups);
-      },
-      after: () => {
-        cpu.after = sampleCpu(groups);
-      },
-    },
-  );
-  const measurement = summarise(spec, result, cpuDelta(cpu.before, cpu.after));
-  measurements.push(measurement);
-  progress(
-    `  ${measurement.label.padEnd(40)} ${measurement.rps.toFixed(0).padStart(6)} req/s  p50 ${measurement.p50Ms
-      .toFixed(2)
-      .padStart(7)} ms  p99 ${measurement.p99Ms.toFixed(2).padStart(7)} ms${
-      measurement.errors ? `  ${measurement.errors} ERRORS: ${measurement.errorSamples[0]}` : ""
-    }`,
-  );
-  return measurement;
+  const merged = group.map(() => ({
+    result: {
+      concurrency: 0,
+      completed: 0,
+      errors: 0,
+      errorSamples: [] as string[],
+      elapsedMs: 0,
+      latenciesMs: [] as number[],
+    } satisfies LoadResult,
+    cpu: zeroCpu(),
+  }));
+  for (let round = 0; round < rounds; round++) {
+    for (const [index, { spec, call }] of group.entries()) {
+      const into = merged[index];
+      if (!into) continue;
+      const cpu = { before: zeroCpu(), after: zeroCpu() };
+      const slice = await runLoad(
+        {
+          concurrency: spec.concurrency,
+          warmupMs: round === 0 ? warmupMs : Math.min(warmupMs, 200),
+          durationMs: durationMs / rounds,
+          maxRequests: maxRequests / rounds,
+          call,
+        },
+        {
+          before: () => {
+            cpu.before = sampleCpu(groups);
+          },
+          after: () => {
+            cpu.after = sampleCpu(groups);
+          },
+        },
+      );
+      const delta = cpuDelta(cpu.before, cpu.after);
+      for (const key of Object.keys(delta) as (keyof CpuSample)[]) into.cpu[key] += delta[key];
+      into.result.concurrency = slice.concurrency;
+      into.result.completed += slice.completed;
+      into.result.errors += slice.errors;
+      into.result.errorSamples.push(...slice.errorSamples.slice(0, 5 - into.result.errorSamples.length));
+      into.result.elapsedMs += slice.elapsedMs;
+      into.result.latenciesMs.push(...slice.latenciesMs);
+    }
+  }
+  const out = group.map(({ spec }, index) => {
+    const into = merged[index];
+    if (!into) throw new Error("lost a measurement");
+    return summarise(spec, into.result, into.cpu);
+  });
+  for (const measurement of out) {
+    measurements.push(measurement);
+    progress(
+      `  ${measurement.label.padEnd(40)} ${measurement.rps.toFixed(0).padStart(6)} req/s  p50 ${measurement.p50Ms
+        .toFixed(2)
+        .padStart(
+          8,
+        )} ms  p99 ${measurement.p99Ms.toFixed(2).padStart(8)} ms  others ${measurement.otherCoresBusy.toFixed(2)} cores${
+        measurement.errors ? `  ${measurement.errors} ERRORS: ${measurement.errorSamples[0]}` : ""
+      }`,
+    );
+  }
+  return out;
 }
 
 function neonCall(tenant: TenantCredentials, host: string, query: QueryName) {
@@ -453,18 +515,23 @@ async function coldStartsAndStorm(
 }
 
 async function warmPaths(warm: TenantCredentials, pgPool: pg.Pool): Promise<void> {
-  progress("warm paths, direct to the Worker's workerd");
+  progress("warm paths, direct to the Worker's workerd (paths interleaved in rounds)");
   for (const concurrency of concurrencies) {
     const common = { route: "direct", transport: "light", logLevel: "info", concurrency } as const;
-    await measure({ ...common, path: "noop", query: "select1" }, neonCall(warm, "noop-direct", "select1"));
+    await measureGroup([
+      { spec: { ...common, path: "noop", query: "select1" }, call: neonCall(warm, "noop-direct", "select1") },
+    ]);
     for (const query of queries) {
-      for (const path of ["lessor", "bare", "newconn"] as const) {
-        await measure({ ...common, path, query }, neonCall(warm, `${path}-direct`, query));
-      }
-      await measure(
-        { path: "pg", route: "node", query, transport: "pg", logLevel: "info", concurrency },
-        pgCall(pgPool, query),
-      );
+      await measureGroup([
+        ...(["lessor", "bare", "newconn"] as const).map((path) => ({
+          spec: { ...common, path, query },
+          call: neonCall(warm, `${path}-direct`, query),
+        })),
+        {
+          spec: { path: "pg", route: "node", query, transport: "pg", logLevel: "info", concurrency },
+          call: pgCall(pgPool, query),
+        },
+      ]);
     }
   }
   progress("warm paths, through wrangler dev's proxy");
@@ -476,9 +543,12 @@ async function warmPaths(warm: TenantCredentials, pgPool: pg.Pool): Promise<void
       concurrency,
       query: "select1",
     } as const;
-    for (const path of ["noop", "lessor", "bare"] as const) {
-      await measure({ ...common, path }, neonCall(warm, `${path}-proxy`, "select1"));
-    }
+    await measureGroup(
+      (["noop", "lessor", "bare"] as const).map((path) => ({
+        spec: { ...common, path },
+        call: neonCall(warm, `${path}-proxy`, "select1"),
+      })),
+    );
   }
 }
 
@@ -487,13 +557,13 @@ async function fetchFloor(warm: TenantCredentials): Promise<void> {
   progress("dev server floor with Node's global fetch");
   neonConfig.fetchFunction = fetch;
   try {
-    for (const concurrency of [1, 8, 64]) {
-      for (const route of ["proxy", "direct"] as const) {
-        await measure(
-          { path: "noop", route, query: "select1", transport: "undici", logLevel: "info", concurrency },
-          neonCall(warm, `noop-${route}`, "select1"),
-        );
-      }
+    for (const concurrency of concurrencies) {
+      await measureGroup(
+        (["proxy", "direct"] as const).map((route) => ({
+          spec: { path: "noop", route, query: "select1", transport: "undici", logLevel: "info", concurrency },
+          call: neonCall(warm, `noop-${route}`, "select1"),
+        })),
+      );
     }
   } finally {
     neonConfig.fetchFunction = lightFetch;
@@ -505,18 +575,48 @@ async function quietFloor(warm: TenantCredentials): Promise<void> {
   progress("dev server floor with --log-level warn (no per-request log line)");
   for (const concurrency of [8, 64]) {
     const common = { transport: "light", logLevel: "warn", concurrency, query: "select1" } as const;
-    await measure({ ...common, path: "noop", route: "proxy" }, neonCall(warm, "noop-proxy", "select1"));
-    await measure({ ...common, path: "noop", route: "direct" }, neonCall(warm, "noop-direct", "select1"));
+    await measureGroup([
+      { spec: { ...common, path: "noop", route: "proxy" }, call: neonCall(warm, "noop-proxy", "select1") },
+      { spec: { ...common, path: "noop", route: "direct" }, call: neonCall(warm, "noop-direct", "select1") },
+      {
+        spec: { ...common, path: "lessor", route: "direct" },
+        call: neonCall(warm, "lessor-direct", "select1"),
+      },
+      { spec: { ...common, path: "bare", route: "direct" }, call: neonCall(warm, "bare-direct", "select1") },
+    ]);
   }
-  const common = {
-    transport: "light",
-    logLevel: "warn",
-    concurrency: 64,
-    query: "select1",
-    route: "direct",
-  } as const;
-  await measure({ ...common, path: "lessor" }, neonCall(warm, "lessor-direct", "select1"));
-  await measure({ ...common, path: "bare" }, neonCall(warm, "bare-direct", "select1"));
+}
+
+/**
+ * CPU profiles of the Worker's isolate while Lessor, the bare object and the floor each run alone
+ * (SELECT 1, concurrency 8), summarised by source. Profiling slows the isolate, so these runs are
+ * not part of the throughput numbers. The raw profiles open in Chrome DevTools.
+ */
+async function profilePaths(
+  warm: TenantCredentials,
+  inspectorPort: number,
+  sourceMapPath: string,
+): Promise<Record<string, ProfileSummary>> {
+  progress("CPU profiles of the Worker's isolate (SELECT 1, c=8; not part of the throughput numbers)");
+  const map = existsSync(sourceMapPath) ? new SourceMap(sourceMapPath) : null;
+  const profileDir = resolve(stateDir, "bench-profiles");
+  mkdirSync(profileDir, { recursive: true });
+  const out: Record<string, ProfileSummary> = {};
+  for (const path of ["lessor", "bare", "noop"] as const) {
+    const call = neonCall(warm, `${path}-direct`, "select1");
+    const run: { result: LoadResult | null } = { result: null };
+    const profile = await profileWhile(`ws://127.0.0.1:${inspectorPort}/ws`, async () => {
+      run.result = await runLoad({ concurrency: 8, warmupMs, durationMs, maxRequests, call });
+    });
+    if (!run.result) throw new Error("the profiled run did not finish");
+    const { completed, errors, errorSamples } = run.result;
+    if (errors > 0) throw new Error(`profiling ${path}: ${errors} errors: ${errorSamples.join(" | ")}`);
+    writeFileSync(resolve(profileDir, `${path}-select1-c8.cpuprofile`), JSON.stringify(profile));
+    out[path] = summariseProfile(profile, map, completed);
+    const busyPerRequest = (out[path]?.busyMs ?? 0) / Math.max(1, completed);
+    progress(`  ${path}: ${completed} requests, ${busyPerRequest.toFixed(3)} ms of isolate CPU per request`);
+  }
+  return out;
 }
 
 // ── Main ─────────────────────────────────────────────────────────────────────────────────────────
@@ -533,12 +633,15 @@ function packageVersion(name: string): string {
 }
 
 async function startWranglerFor(
+  script: string,
   port: number,
   logLevel: string,
-): Promise<{ wrangler: RunningWrangler; directPort: number }> {
+): Promise<{ wrangler: RunningWrangler; directPort: number; inspectorPort: number }> {
+  const inspectorPort = await freePort();
   const started = await startWrangler({
+    script,
     port,
-    inspectorPort: await freePort(),
+    inspectorPort,
     envFile,
     persistTo: resolve(stateDir, "bench-wrangler"),
     ...(logLevel === "info" ? {} : { logLevel }),
@@ -557,7 +660,7 @@ async function startWranglerFor(
     postgres: postgresRoots.map((p) => p.pid),
   };
   registerEndpoints({ direct: layout.directPort, proxy: port });
-  return { wrangler: started, directPort: layout.directPort };
+  return { wrangler: started, directPort: layout.directPort, inspectorPort };
 }
 
 async function main(): Promise<number> {
@@ -613,9 +716,11 @@ async function main(): Promise<number> {
   );
   rmSync(resolve(stateDir, "bench-wrangler"), { recursive: true, force: true });
 
+  progress("bundling the bench Worker once (a snapshot of src/ as it is now)");
+  const script = await buildWorker(resolve(stateDir, "bench-build"));
   progress("starting wrangler dev with bench/wrangler.toml");
   const publicPort = await freePort();
-  let { directPort } = await startWranglerFor(publicPort, "info");
+  let { directPort, inspectorPort } = await startWranglerFor(script, publicPort, "info");
   const direct = `http://127.0.0.1:${directPort}`;
   progress(`  wrangler dev on :${publicPort}, the Worker's own workerd on :${directPort}`);
 
@@ -660,10 +765,11 @@ async function main(): Promise<number> {
   const stormResult = await coldStartsAndStorm(direct, adminKey, superuserUrl, controlPlaneUrl, cold, storm);
   await warmPaths(warm, pgPool);
   await fetchFloor(warm);
+  const profiles = await profilePaths(warm, inspectorPort, `${script}.map`);
 
   progress("restarting wrangler dev with --log-level warn");
   await running.wrangler?.stop();
-  ({ directPort } = await startWranglerFor(publicPort, "warn"));
+  ({ directPort, inspectorPort } = await startWranglerFor(script, publicPort, "warn"));
   await quietFloor(warm);
 
   await cleanup();
@@ -707,6 +813,9 @@ async function main(): Promise<number> {
       warmupMs,
       durationMs,
       maxRequests,
+      rounds,
+      interleaving:
+        "the paths compared at one concurrency run in turn, in rounds (A B C, A B C), each round a slice of the duration",
       concurrencies,
       queries: { select1: "SELECT 1 AS n", indexed: `${indexedQuery} (${tableRows} rows, random id)` },
       client:
@@ -724,6 +833,7 @@ async function main(): Promise<number> {
     measurements,
     ratios: allRatios,
     storm: stormResult,
+    profiles,
     admission: "pending (budget issue not landed)",
     targets,
     errors,
@@ -752,6 +862,13 @@ async function main(): Promise<number> {
     "",
     "admission: pending (budget issue not landed)",
     "",
+    "## The Worker's isolate, profiled (SELECT 1, c=8): CPU ms per request by source",
+    "",
+    profileSourcesTable(profiles),
+    "",
+    ...(profiles.lessor
+      ? ["Lessor's hottest functions (self time):", "", topFunctionsTable(profiles.lessor), ""]
+      : []),
     "## Targets (reported, not asserted)",
     "",
     targetsTable(targets),

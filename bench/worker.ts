@@ -78,11 +78,21 @@ interface Queryable {
   query(config: { text: string; values: unknown[]; rowMode: "array"; types: unknown }): Promise<unknown>;
 }
 
+interface RawField {
+  name: string;
+  tableID: number;
+  columnID: number;
+  dataTypeID: number;
+  dataTypeSize: number;
+  dataTypeModifier: number;
+  format: string;
+}
+
 interface RawResult {
   command: string;
   rowCount: number | null;
   rows: (string | null)[][];
-  fields: unknown[];
+  fields: RawField[];
 }
 
 async function runStatement(client: Queryable, statement: Statement): Promise<QueryAnswer> {
@@ -96,7 +106,16 @@ async function runStatement(client: Queryable, statement: Statement): Promise<Qu
     command: result.command,
     rowCount: result.rowCount,
     rows: result.rows,
-    fields: result.fields,
+    // Plain objects, as Lessor shapes them: the driver's Field instances cannot cross RPC.
+    fields: result.fields.map((field) => ({
+      name: field.name,
+      tableID: field.tableID,
+      columnID: field.columnID,
+      dataTypeID: field.dataTypeID,
+      dataTypeSize: field.dataTypeSize,
+      dataTypeModifier: field.dataTypeModifier,
+      format: field.format,
+    })),
     rowAsArray: true,
   };
 }

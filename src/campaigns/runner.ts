@@ -130,7 +130,11 @@ export async function runCampaignTick(env: Env, options: TickOptions = {}): Prom
       if (options.campaignId === undefined) {
         await trimAppVersionsSeen(db, clock() - seenRetentionMs);
       }
-      const active = await activeCampaigns(db, options.maxCampaigns ?? defaultMaxCampaigns, options.campaignId);
+      const active = await activeCampaigns(
+        db,
+        options.maxCampaigns ?? defaultMaxCampaigns,
+        options.campaignId,
+      );
       for (const campaign of active) {
         if (Date.now() >= deadline) break;
         const report: CampaignTickReport = {

@@ -34,7 +34,10 @@ const maxRemembered = 64;
 const reportedAt = new Map<number, number>();
 
 /** Hands `promise` to the request's `waitUntil`, or lets it run on its own where there is none. */
-export function waitUntil(c: { executionCtx: ExecutionContext }, promise: Promise<unknown>): void {
+export function waitUntil(
+  c: { readonly executionCtx: { waitUntil(promise: Promise<unknown>): void } },
+  promise: Promise<unknown>,
+): void {
   try {
     c.executionCtx.waitUntil(promise);
   } catch {

@@ -139,10 +139,7 @@ export function activeCampaigns(db: ControlPlane, limit: number, only?: string):
     .select()
     .from(campaigns)
     .where(
-      and(
-        inArray(campaigns.state, activeStates),
-        only === undefined ? undefined : eq(campaigns.id, only),
-      ),
+      and(inArray(campaigns.state, activeStates), only === undefined ? undefined : eq(campaigns.id, only)),
     )
     .orderBy(asc(campaigns.seq))
     .limit(limit);
@@ -154,7 +151,11 @@ export async function loadCampaign(db: ControlPlane, id: string): Promise<Campai
 }
 
 /** Newest-first page of campaigns; the cursor is the last `seq` of the previous page. */
-export function listCampaigns(db: ControlPlane, before: number | null, limit: number): Promise<CampaignRow[]> {
+export function listCampaigns(
+  db: ControlPlane,
+  before: number | null,
+  limit: number,
+): Promise<CampaignRow[]> {
   return db
     .select()
     .from(campaigns)

@@ -17,7 +17,15 @@
  *                          └─claim went stale (runner killed)──▶ running (reclaimed)
  */
 
-export const campaignStates = ["pending", "canary", "rollout", "done", "paused", "cancelled", "failed"] as const;
+export const campaignStates = [
+  "pending",
+  "canary",
+  "rollout",
+  "done",
+  "paused",
+  "cancelled",
+  "failed",
+] as const;
 export type CampaignState = (typeof campaignStates)[number];
 /** The states a tick advances. */
 export type ActiveState = "pending" | "canary" | "rollout";
@@ -55,7 +63,10 @@ export const campaignDefaults = {
   claimTimeoutMs: 10 * 60_000,
 } as const;
 
-export type CanaryChoice = { kind: "none" } | { kind: "list"; tenants: string[] } | { kind: "percent"; percent: number };
+export type CanaryChoice =
+  | { kind: "none" }
+  | { kind: "list"; tenants: string[] }
+  | { kind: "percent"; percent: number };
 
 /** A validated `POST /v1/campaigns` body. */
 export interface CampaignSpec {
@@ -109,7 +120,10 @@ export function parseCampaignSpec(
   }
   const concurrency = fields.concurrency ?? campaignDefaults.concurrency;
   if (!isInt(concurrency) || concurrency < 1 || concurrency > campaignLimits.maxConcurrency) {
-    return { ok: false, problem: `concurrency must be an integer from 1 to ${campaignLimits.maxConcurrency}.` };
+    return {
+      ok: false,
+      problem: `concurrency must be an integer from 1 to ${campaignLimits.maxConcurrency}.`,
+    };
   }
   for (const flag of ["continueOnFailure", "force"] as const) {
     if (fields[flag] !== undefined && typeof fields[flag] !== "boolean") {
@@ -336,7 +350,8 @@ export function decidePhase(
     if (canary.succeeded === 0) {
       return {
         state: "failed",
-        reason: "no canary tenant could be migrated (all were skipped); the rest of the fleet was not touched",
+        reason:
+          "no canary tenant could be migrated (all were skipped); the rest of the fleet was not touched",
         stopping: false,
       };
     }
@@ -353,10 +368,7 @@ export function decidePhase(
   const skipped = rollout.skippedFinal + canary.skippedFinal;
   return {
     state: "done",
-    reason:
-      failed + skipped === 0
-        ? null
-        : `finished with ${failed} failed and ${skipped} skipped tenant(s)`,
+    reason: failed + skipped === 0 ? null : `finished with ${failed} failed and ${skipped} skipped tenant(s)`,
     stopping: false,
   };
 }
@@ -432,7 +444,10 @@ export interface BatchLimits {
 }
 
 /** Whether a tenant in the active cohort may be claimed now. */
-export function isClaimable(candidate: BatchCandidate, limits: Pick<BatchLimits, "now" | "claimTimeoutMs" | "stopping">): boolean {
+export function isClaimable(
+  candidate: BatchCandidate,
+  limits: Pick<BatchLimits, "now" | "claimTimeoutMs" | "stopping">,
+): boolean {
   switch (candidate.state) {
     case "pending":
       return !limits.stopping;
@@ -454,7 +469,10 @@ export function claimRank(state: TenantState): number {
  * Chooses the next batch from the active cohort: at most `concurrency` tenants in flight in all,
  * and at most `hostCap(host)` on each host, counting the ones still running under a live claim.
  */
-export function selectNextBatch(candidates: readonly BatchCandidate[], limits: BatchLimits): BatchCandidate[] {
+export function selectNextBatch(
+  candidates: readonly BatchCandidate[],
+  limits: BatchLimits,
+): BatchCandidate[] {
   let live = 0;
   for (const n of limits.liveRunningByHost.values()) live += n;
   let room = limits.concurrency - live;
@@ -534,7 +552,11 @@ export function resultOfAttempt(
             toVersion: null,
             summary: boundSummary(`no answer after ${attempts} attempts: ${answer.summary}`),
           }
-        : { state: "skipped", reason: boundSummary(`unanswered: ${answer.summary}`), retryAt: now + retryDelayMs(attempts) };
+        : {
+            state: "skipped",
+            reason: boundSummary(`unanswered: ${answer.summary}`),
+            retryAt: now + retryDelayMs(attempts),
+          };
   }
 }
 

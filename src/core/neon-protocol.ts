@@ -178,8 +178,10 @@ export function beginStatement(options: TransactionOptions): string {
 export function postgresErrorBody(error: unknown): PostgresErrorBody | null {
   if (typeof error !== "object" || error === null) return null;
   const source = error as Record<string, unknown>;
-  // Only errors that Postgres itself raised (a five-character SQLSTATE) are the caller's to see.
+  // Only errors that Postgres itself raised are the caller's to see: a five-character SQLSTATE and
+  // a severity (system errors such as EPIPE also have five capital letters, but no severity).
   if (typeof source.code !== "string" || !/^[0-9A-Z]{5}$/.test(source.code)) return null;
+  if (typeof source.severity !== "string") return null;
   const body: PostgresErrorBody = { message: typeof source.message === "string" ? source.message : "" };
   for (const field of postgresErrorFields) {
     const value = source[field];

@@ -7,6 +7,7 @@ import { errorCatalog, LessorError } from "../errors/index.ts";
 import type { AppContext, AppEnv } from "./context.ts";
 
 const missing = { code: "missing_credentials", message: errorCatalog.missing_credentials.message };
+const malformed = { code: "invalid_request", message: "Send the key as `Authorization: Bearer <key>`." };
 const invalid = { code: "invalid_credentials", message: "Invalid key." };
 
 function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
@@ -18,7 +19,8 @@ export const requireAdmin = createMiddleware<AppEnv>((c, next) =>
   bearerAuth<AppEnv>({
     verifyToken: (token) => isAdminKey(c, token),
     noAuthenticationHeader: { message: missing },
-    invalidAuthenticationHeader: { message: invalid },
+    // Hono answers a malformed header with 400: that is an invalid request, not a wrong key.
+    invalidAuthenticationHeader: { message: malformed },
     invalidToken: { message: invalid },
   })(c, next),
 );

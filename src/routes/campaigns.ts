@@ -9,9 +9,17 @@
  * The cron trigger does the work (src/campaigns/runner.ts); these routes only create and steer.
  */
 import { Hono } from "hono";
-import { countsOf, createCampaign, listCampaigns, listCampaignTenants, loadCampaign, loadTally, moveCampaign } from "../campaigns/store.ts";
 import type { CampaignRow, CampaignTenantRow } from "../campaigns/store.ts";
-import { campaignIdPattern } from "../campaigns/store.ts";
+import {
+  campaignIdPattern,
+  countsOf,
+  createCampaign,
+  listCampaigns,
+  listCampaignTenants,
+  loadCampaign,
+  loadTally,
+  moveCampaign,
+} from "../campaigns/store.ts";
 import { loadConfig } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
 import {
@@ -40,7 +48,9 @@ function cursorParam(raw: string | undefined, min: number): number | null {
   if (raw === undefined) return null;
   const value = Number(raw);
   if (!Number.isSafeInteger(value) || value < min) {
-    throw new LessorError("invalid_request", { publicMessage: "cursor is not a cursor this endpoint returned." });
+    throw new LessorError("invalid_request", {
+      publicMessage: "cursor is not a cursor this endpoint returned.",
+    });
   }
   return value;
 }
@@ -85,7 +95,11 @@ function publicTenantResult(row: CampaignTenantRow) {
 }
 
 campaignRoutes.post("/v1/campaigns", requireAdmin, async (c) => {
-  const parsed = parseCampaignSpec(await readJson(c), tenantMigrations.length, (raw) => parseTenantId(raw) !== null);
+  const parsed = parseCampaignSpec(
+    await readJson(c),
+    tenantMigrations.length,
+    (raw) => parseTenantId(raw) !== null,
+  );
   if (!parsed.ok) throw new LessorError("invalid_request", { publicMessage: parsed.problem });
   const config = loadConfig(c.env);
   const created = await withControlPlane(config, c.env, (db) =>

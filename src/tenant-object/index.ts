@@ -754,6 +754,8 @@ export class TenantObject extends DurableObject<Env> {
   }
 
   private onPoolError(generation: number, error: Error): void {
+    // A pool that is being ended on purpose reports its closing sockets: not news.
+    if (generation !== this.poolGeneration || this.pool === null) return;
     // An idle pooled connection died (backend killed, database restarted). The pool replaces it on
     // the next checkout; the generation itself stays valid.
     logEvent("warn", "pool_connection_error", {

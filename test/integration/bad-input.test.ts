@@ -3,8 +3,9 @@
  * tenant id is malformed, and no answer ever carries a credential, a connection string with a
  * password, or a stack trace.
  */
-import { env } from "cloudflare:workers";
+
 import { createExecutionContext, listDurableObjectIds, waitOnExecutionContext } from "cloudflare:test";
+import { env } from "cloudflare:workers";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { app } from "../../src/app.ts";
 import { unseal } from "../../src/crypto/seal.ts";
@@ -229,7 +230,10 @@ describe("/sql credentials", () => {
       ["B's key for A", await sqlRequest(connectionString(tenantA.id, tenantB.key), { query: "SELECT 1" })],
       ["A's key for B", await sqlRequest(connectionString(tenantB.id, tenantA.key), { query: "SELECT 1" })],
       ["unknown tenant", await sqlRequest(connectionString(ghost, wrongKey), { query: "SELECT 1" })],
-      ["unknown tenant, A's key", await sqlRequest(connectionString(ghost, tenantA.key), { query: "SELECT 1" })],
+      [
+        "unknown tenant, A's key",
+        await sqlRequest(connectionString(ghost, tenantA.key), { query: "SELECT 1" }),
+      ],
       ["not an lsk key", await sqlRequest(connectionString(tenantA.id, "hunter2"), { query: "SELECT 1" })],
     ] as const;
     const shapes = await Promise.all(
@@ -254,12 +258,25 @@ describe("/sql credentials", () => {
 describe("/sql request bodies", () => {
   it("refuses bad JSON", async () => {
     for (const body of ["{not json", '{"query": "SELECT 1"', "\u0000", "'single'"]) {
-      await expectError(`body ${body}`, await sqlRequest(tenantA.connectionString, body), 400, "invalid_json");
+      await expectError(
+        `body ${body}`,
+        await sqlRequest(tenantA.connectionString, body),
+        400,
+        "invalid_json",
+      );
     }
   });
 
   it("refuses JSON that is not a Neon request", async () => {
-    for (const body of [[], 42, "SELECT 1", { query: "" }, { query: 1 }, { queries: [] }, { query: "SELECT $1", params: "x" }]) {
+    for (const body of [
+      [],
+      42,
+      "SELECT 1",
+      { query: "" },
+      { query: 1 },
+      { queries: [] },
+      { query: "SELECT $1", params: "x" },
+    ]) {
       await expectError(
         `body ${JSON.stringify(body)}`,
         await sqlRequest(tenantA.connectionString, JSON.stringify(body)),
@@ -292,7 +309,12 @@ describe("body size", () => {
 
   it("refuses a body over 1 MiB with 413 payload_too_large", async () => {
     expect(new TextEncoder().encode(oversize).byteLength).toBeGreaterThan(limit);
-    await expectError("/sql oversize", await sqlRequest(tenantA.connectionString, oversize), 413, "payload_too_large");
+    await expectError(
+      "/sql oversize",
+      await sqlRequest(tenantA.connectionString, oversize),
+      413,
+      "payload_too_large",
+    );
     await expectError(
       "create oversize",
       await admin("/v1/tenants", {
@@ -328,7 +350,10 @@ describe("body size", () => {
 
   it("accepts a body just under the limit", async () => {
     const filler = "y".repeat(limit - 200);
-    const response = await sqlRequest(tenantA.connectionString, { query: "SELECT length($1) AS n", params: [filler] });
+    const response = await sqlRequest(tenantA.connectionString, {
+      query: "SELECT length($1) AS n",
+      params: [filler],
+    });
     const body = await record("/sql under the limit", response);
     expect(response.status).toBe(200);
     expect(JSON.parse(body)).toMatchObject({ rows: [[String(filler.length)]] });
@@ -381,11 +406,12 @@ describe("admin authentication", () => {
   it("refuses an Authorization header that is not a bearer token", async () => {
     const answer = await errorAnswer(
       "basic auth",
-      await lessor("/v1/tenants", { headers: { Authorization: `Basic ${btoa(`admin:${env.LESSOR_ADMIN_KEY}`)}` } }),
+      await lessor("/v1/tenants", {
+        headers: { Authorization: `Basic ${btoa(`admin:${env.LESSOR_ADMIN_KEY}`)}` },
+      }),
     );
-    expect(answer.status).toBeGreaterThanOrEqual(400);
-    expect(answer.status).toBeLessThan(500);
-    expect(answer.code).toBe("invalid_credentials");
+    expect(answer.status).toBe(400);
+    expect(answer.code).toBe("invalid_request");
   });
 
   it("creates nothing without the admin key", async () => {
@@ -406,7 +432,11 @@ describe("operator endpoints", () => {
   it("refuses bad JSON and non-object bodies on create", async () => {
     await expectError(
       "create bad JSON",
-      await admin("/v1/tenants", { method: "POST", headers: { "content-type": "application/json" }, body: "{id:" }),
+      await admin("/v1/tenants", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: "{id:",
+      }),
       400,
       "invalid_json",
     );
@@ -440,7 +470,12 @@ describe("operator endpoints", () => {
   });
 
   it("answers an unknown tenant with 404 tenant_not_found", async () => {
-    await expectError("unknown", await admin(`/v1/tenants/${uniqueTenantId("none")}`), 404, "tenant_not_found");
+    await expectError(
+      "unknown",
+      await admin(`/v1/tenants/${uniqueTenantId("none")}`),
+      404,
+      "tenant_not_found",
+    );
   });
 
   it("answers unknown routes with 404 not_found", async () => {
@@ -456,7 +491,11 @@ describe("operator endpoints", () => {
   });
 
   it("status and list answers carry no credential", async () => {
-    for (const path of [`/v1/tenants/${tenantA.id}`, "/v1/tenants?limit=200", `/v1/tenants/${tenantA.id}/events`]) {
+    for (const path of [
+      `/v1/tenants/${tenantA.id}`,
+      "/v1/tenants?limit=200",
+      `/v1/tenants/${tenantA.id}/events`,
+    ]) {
       const response = await admin(path);
       expect(response.status).toBe(200);
       await record(path, response);
@@ -470,8 +509,10 @@ afterAll(() => {
   const leaks: string[] = [];
   for (const { what, status, headers, body } of seen) {
     const text = `${headers}\n${body}`;
-    for (const secret of secrets) if (text.includes(secret)) leaks.push(`${what} (${status}) contains a secret`);
-    if (/postgres(ql)?:\/\/[^\s"'@/]*:[^\s"'@]+@/i.test(text)) leaks.push(`${what} contains a connection string`);
+    for (const secret of secrets)
+      if (text.includes(secret)) leaks.push(`${what} (${status}) contains a secret`);
+    if (/postgres(ql)?:\/\/[^\s"'@/]*:[^\s"'@]+@/i.test(text))
+      leaks.push(`${what} contains a connection string`);
     if (/lsk_[A-Za-z0-9_-]{8,}/.test(text)) leaks.push(`${what} contains a tenant key`);
     if (/password/i.test(text)) leaks.push(`${what} mentions a password`);
     if (/\n\s*at |\bat \S+ \(|:\d+:\d+\)/.test(body)) leaks.push(`${what} contains a stack frame`);

@@ -36,7 +36,6 @@ const connections = 12;
 const filePrefix = uniqueTenantId("bsm");
 
 type Tier = "standard" | "free" | "solo";
-const tierSize: Record<Tier, number> = { standard: 5, free: 2, solo: 1 };
 
 // ── Bookkeeping for cleanup ─────────────────────────────────────────────────────────────────────
 
@@ -185,10 +184,6 @@ function problemsOf(outcome: Outcome): string[] {
   return [`${outcome.tenant}: ${outcome.status} ${outcome.code} Retry-After=${outcome.retryAfter}`];
 }
 
-function generationOf(app: string | null): number {
-  return Number((app ?? "").split(":").at(-1));
-}
-
 /**
  * Retries a tenant's request after 503s, honouring Retry-After, a bounded number of times.
  * Returns every outcome, the last one first-class.
@@ -259,6 +254,13 @@ async function runtime(tenant: CreatedTenant): Promise<Runtime> {
   return (await response.json<{ runtime: Runtime }>()).runtime;
 }
 
+/** Restarts the BudgetObject: wakes it first (evictDurableObject refuses an object that is not running). */
+async function restartBudget(): Promise<void> {
+  const budget = env.BUDGETS.getByName(host);
+  await budget.status(host);
+  await evictDurableObject(budget);
+}
+
 /** Warms a pool to its full size, so its backends are all there to be counted. */
 async function warm(tenant: CreatedTenant, size: number): Promise<Outcome[]> {
   return Promise.all(Array.from({ length: size }, () => probe(tenant, 0.1)));
@@ -271,17 +273,27 @@ beforeEach(async () => {
   expect(isEmptyLedger(status), `ledger at start: ${JSON.stringify(status)}`).toBe(true);
 });
 
-afterEach(async () => {
-  await mapConcurrent([...heldLeases.keys()], 8, (token) => releaseLease(token));
-  const tenants = created.splice(0);
+async function drainAll(tenants: readonly CreatedTenant[]): Promise<void> {
   await mapConcurrent(tenants, 8, async (tenant) => {
     const response = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: { force: true } });
     await response.body?.cancel();
   });
+}
+
+afterEach(async () => {
+  await mapConcurrent([...heldLeases.keys()], 8, (token) => releaseLease(token));
+  const tenants = created.splice(0);
+  await drainAll(tenants);
   const drained = await pollUntil(capacity, isEmptyLedger, { attempts: 40, intervalMs: 100 });
   if (!isEmptyLedger(drained)) {
-    // Leave an empty ledger for the next test whatever happened, then fail this one with the evidence.
-    await env.BUDGETS.getByName(host).reconcile(host, 0);
+    // Leave an empty ledger for the next test whatever happened (a test that failed half way may
+    // have left starts in flight), then fail this one with the evidence.
+    for (let round = 0; round < 5; round++) {
+      await sleep(1_000);
+      await drainAll(tenants);
+      await env.BUDGETS.getByName(host).reconcile(host, 0);
+      if (isEmptyLedger(await capacity())) break;
+    }
   }
   expect(isEmptyLedger(drained), `ledger after drain: ${JSON.stringify(drained)}`).toBe(true);
 });
@@ -470,7 +482,7 @@ describe("connection budget on a small host", () => {
     const before = await capacity();
     expect(before).toMatchObject({ allocated: 10, pools: { allocated: 2 } });
 
-    await evictDurableObject(env.BUDGETS.getByName(host));
+    await restartBudget();
 
     const after = await capacity();
     expect(after).toMatchObject({ allocated: 10, reserved: 0, draining: 0, pools: { allocated: 2 } });
@@ -506,10 +518,11 @@ describe("connection budget on a small host", () => {
       const storm = Promise.all(
         tenants.flatMap((tenant) => [probe(tenant, 0.05), sleep(150).then(() => probe(tenant, 0.05))]),
       );
-      await sleep(100);
-      await evictDurableObject(env.BUDGETS.getByName(host));
-      await sleep(200);
-      await evictDurableObject(env.BUDGETS.getByName(host));
+      // Restart the budget twice while starts wait on it and pools are admitted.
+      for (const delay of [100, 200]) {
+        await sleep(delay);
+        await restartBudget();
+      }
       outcomes = await storm;
       const refused = [...new Set(outcomes.filter((o) => o.status !== 200).map((o) => o.tenant))];
       retried = await mapConcurrent(

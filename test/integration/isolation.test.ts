@@ -26,7 +26,10 @@ describe("tenant isolation", () => {
     });
 
     // Step 7 (coprime with 20) interleaves the tenants so neighbours in flight differ.
-    const plan = Array.from({ length: queryCount }, (_, i) => tenants[(i * 7) % tenantCount] as CreatedTenant);
+    const plan = Array.from(
+      { length: queryCount },
+      (_, i) => tenants[(i * 7) % tenantCount] as CreatedTenant,
+    );
     const writesPerTenant = new Map<string, number>();
     const mismatches: string[] = [];
     await mapConcurrent(plan, concurrency, async (tenant, i) => {

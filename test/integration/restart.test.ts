@@ -8,8 +8,9 @@
  * the idle alarm drain the pool first, and the crash/deploy case, where a live generation dies with
  * its object, uses `ctx.abort()`, which resets the object the way a deploy does.
  */
-import { env } from "cloudflare:workers";
+
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
 import { describe, expect, it, vi } from "vitest";
 import {
   type CreatedTenant,

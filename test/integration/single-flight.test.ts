@@ -32,7 +32,9 @@ describe("single-flight start", () => {
       Array.from(
         { length: requests },
         async (_, i) =>
-          (await sql`SELECT current_setting('application_name') AS app, pg_backend_pid() AS pid, ${i}::int AS i`)[0],
+          (
+            await sql`SELECT current_setting('application_name') AS app, pg_backend_pid() AS pid, ${i}::int AS i`
+          )[0],
       ),
     );
 
@@ -65,7 +67,10 @@ describe("single-flight start", () => {
     const sql = sqlFor(tenant);
     await Promise.all(Array.from({ length: 50 }, () => sql`SELECT 1`));
     const apps = await Promise.all(
-      Array.from({ length: 50 }, async () => (await sql`SELECT current_setting('application_name') AS app`)[0]?.app),
+      Array.from(
+        { length: 50 },
+        async () => (await sql`SELECT current_setting('application_name') AS app`)[0]?.app,
+      ),
     );
     expect(new Set(apps)).toEqual(new Set([`lessor:${tenant.id}:1`]));
     expect((await runtimeOf(tenant.id)).generation).toBe(1);

@@ -24,7 +24,9 @@ describe("tenant listing", () => {
     let pages = 0;
     // Other test files create tenants too; the walk is bounded all the same.
     for (; pages < 500; pages++) {
-      const current: Page = await page(cursor === null ? "?limit=3" : `?limit=3&cursor=${encodeURIComponent(cursor)}`);
+      const current: Page = await page(
+        cursor === null ? "?limit=3" : `?limit=3&cursor=${encodeURIComponent(cursor)}`,
+      );
       expect(current.tenants.length).toBeLessThanOrEqual(3);
       seen.push(...current.tenants.map((tenant) => tenant.id));
       if (current.nextCursor === null) break;

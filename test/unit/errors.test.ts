@@ -56,7 +56,9 @@ describe("redact", () => {
 
 describe("describeFailure", () => {
   it("names the error and its code without the secret it carried", () => {
-    const error = Object.assign(new Error(`could not connect to postgres://u:${password}@h/d`), { code: "28P01" });
+    const error = Object.assign(new Error(`could not connect to postgres://u:${password}@h/d`), {
+      code: "28P01",
+    });
     const out = describeFailure(error);
     expect(out).toContain("28P01");
     expect(out).not.toContain(password);
@@ -90,7 +92,10 @@ describe("LessorError", () => {
   it("answers with the catalog's code, status and public message, never the internal one", () => {
     const error = new LessorError("invalid_credentials", { internal: `key ${tenantKey} did not match` });
     expect(error.status).toBe(401);
-    expect(error.body()).toEqual({ code: "invalid_credentials", message: errorCatalog.invalid_credentials.message });
+    expect(error.body()).toEqual({
+      code: "invalid_credentials",
+      message: errorCatalog.invalid_credentials.message,
+    });
     expect(JSON.stringify(error.body())).not.toContain(tenantKey);
   });
 
@@ -107,7 +112,11 @@ describe("LessorError", () => {
   it("crosses RPC as a wire object and comes back the same", () => {
     const error = new LessorError("lease_timeout", { retryAfterSeconds: 4, internal: "secret detail" });
     const wire = error.toWire();
-    expect(wire).toEqual({ code: "lease_timeout", message: errorCatalog.lease_timeout.message, retryAfterSeconds: 4 });
+    expect(wire).toEqual({
+      code: "lease_timeout",
+      message: errorCatalog.lease_timeout.message,
+      retryAfterSeconds: 4,
+    });
     const back = LessorError.fromWire(wire);
     expect(back.body()).toEqual(error.body());
     expect(back.status).toBe(503);

@@ -33,7 +33,9 @@ describe("admitDecision", () => {
   });
 
   it("joins a start in progress instead of starting another", () => {
-    expect(admitDecision(lifecycle({ state: "starting", generation: 1 }), now)).toEqual({ kind: "join_start" });
+    expect(admitDecision(lifecycle({ state: "starting", generation: 1 }), now)).toEqual({
+      kind: "join_start",
+    });
   });
 
   it("refuses while draining", () => {
@@ -43,7 +45,12 @@ describe("admitDecision", () => {
   });
 
   it("refuses a failed pool before its retry time, with the time left and the reason", () => {
-    const failed = lifecycle({ state: "failed", failures: 2, failureReason: "auth_failed", retryAt: now + 1_500 });
+    const failed = lifecycle({
+      state: "failed",
+      failures: 2,
+      failureReason: "auth_failed",
+      retryAt: now + 1_500,
+    });
     expect(admitDecision(failed, now)).toEqual({
       kind: "refuse_backoff",
       retryAfterMs: 1_500,
@@ -143,7 +150,13 @@ describe("start transitions", () => {
   it("a successful start clears the failure record", () => {
     const failed = startFailed(lifecycle({ state: "starting", generation: 1 }), "unreachable", now, 0);
     const ready = startSucceeded({ ...failed, state: "starting", generation: 2 });
-    expect(ready).toMatchObject({ state: "ready", generation: 2, failures: 0, failureReason: null, retryAt: null });
+    expect(ready).toMatchObject({
+      state: "ready",
+      generation: 2,
+      failures: 0,
+      failureReason: null,
+      retryAt: null,
+    });
   });
 
   it("does not mutate its input", () => {
@@ -176,7 +189,9 @@ describe("recoverAfterRestart", () => {
   it.each(["ready", "starting", "draining"] satisfies PoolState[])(
     "declares a persisted %s generation dead and stops",
     (state) => {
-      const { lifecycle: recovered, deadGeneration } = recoverAfterRestart(lifecycle({ state, generation: 7 }));
+      const { lifecycle: recovered, deadGeneration } = recoverAfterRestart(
+        lifecycle({ state, generation: 7 }),
+      );
       expect(deadGeneration).toBe(7);
       expect(recovered.state).toBe("stopped");
       // The generation is kept, so the next start takes 8 rather than reusing 7.
@@ -208,7 +223,9 @@ describe("idleDecision", () => {
   it.each(["stopped", "starting", "draining", "failed"] satisfies PoolState[])(
     "does nothing for a %s pool",
     (state) => {
-      expect(idleDecision({ ...base, state, leases: 0, idleSince: now - 1_000_000 })).toEqual({ kind: "none" });
+      expect(idleDecision({ ...base, state, leases: 0, idleSince: now - 1_000_000 })).toEqual({
+        kind: "none",
+      });
     },
   );
 

@@ -33,7 +33,10 @@ describe("parseSqlRequest: single statements", () => {
   });
 
   it("treats absent or null params as none", () => {
-    expect(parsed({ query: "SELECT 1" })).toEqual({ kind: "single", statement: { query: "SELECT 1", params: [] } });
+    expect(parsed({ query: "SELECT 1" })).toEqual({
+      kind: "single",
+      statement: { query: "SELECT 1", params: [] },
+    });
     expect(parsed({ query: "SELECT 1", params: null })).toEqual({
       kind: "single",
       statement: { query: "SELECT 1", params: [] },
@@ -119,10 +122,7 @@ describe("parseSqlRequest: transactions", () => {
   });
 
   it("reads the read-only and deferrable flags", () => {
-    const request = parsed(
-      { queries },
-      { "Neon-Batch-Read-Only": "true", "Neon-Batch-Deferrable": "false" },
-    );
+    const request = parsed({ queries }, { "Neon-Batch-Read-Only": "true", "Neon-Batch-Deferrable": "false" });
     expect(request.kind === "transaction" ? request.options : undefined).toEqual({
       isolationLevel: null,
       readOnly: true,
@@ -203,7 +203,10 @@ describe("postgresErrorBody", () => {
   });
 
   it.each(["42601", "P0001", "XX000", "HV000", "22012"])("accepts the SQLSTATE %s", (code) => {
-    expect(postgresErrorBody({ code, message: "m", severity: "ERROR" })).toMatchObject({ code, message: "m" });
+    expect(postgresErrorBody({ code, message: "m", severity: "ERROR" })).toMatchObject({
+      code,
+      message: "m",
+    });
   });
 
   it.each([
@@ -220,9 +223,12 @@ describe("postgresErrorBody", () => {
 
   // A socket error such as `write EPIPE` has a five-letter code too; Postgres errors always carry
   // a severity. Passing it on would answer a lost connection as a non-retryable Postgres error.
-  it.each(["EPIPE", "EBUSY", "EPERM"])("refuses the system errno %s, which has no Postgres severity", (code) => {
-    expect(postgresErrorBody(Object.assign(new Error(`write ${code}`), { code }))).toBeNull();
-  });
+  it.each(["EPIPE", "EBUSY", "EPERM"])(
+    "refuses the system errno %s, which has no Postgres severity",
+    (code) => {
+      expect(postgresErrorBody(Object.assign(new Error(`write ${code}`), { code }))).toBeNull();
+    },
+  );
 
   it("refuses things that are not errors", () => {
     expect(postgresErrorBody(null)).toBeNull();

@@ -19,9 +19,9 @@
  */
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdirSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
-import { cpus, totalmem } from "node:os";
+import { cpus, loadavg, totalmem } from "node:os";
 import { resolve } from "node:path";
 import pg from "pg";
 import { type LocalStack, root, startLocalStack } from "../local/stack.ts";
@@ -29,10 +29,11 @@ import { type LocalStack, root, startLocalStack } from "../local/stack.ts";
 const tenantCount = Number(process.env.TENANTS ?? 100);
 const concurrencies = [1, 4, 8];
 const latestVersion = 3;
+const finishedStates = ["done", "failed", "cancelled"];
 const stateDir = resolve(root, ".lessor");
 const pgDir = resolve(stateDir, "bench-campaign-pg");
 const persistDir = resolve(stateDir, "bench-campaign-wrangler");
-const buildDir = resolve(stateDir, "bench-campaign-build");
+const snapshotDir = resolve(stateDir, "bench-campaign-src");
 const envFile = resolve(stateDir, "bench-campaign.vars");
 const adminKey = `lak_${randomBytes(24).toString("base64url")}`;
 
@@ -66,46 +67,36 @@ async function pool<T>(items: readonly T[], limit: number, work: (item: T) => Pr
   );
 }
 
-/** Runs a node script of wrangler's to completion (bounded), keeping its output for errors. */
-async function runWrangler(args: string[], timeoutMs: number): Promise<void> {
-  const child = spawn(process.execPath, [resolve(root, "node_modules/wrangler/bin/wrangler.js"), ...args], {
-    cwd: root,
-    stdio: ["ignore", "pipe", "pipe"],
-    env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "1" },
-  });
-  let output = "";
-  child.stdout?.on("data", (chunk: Buffer) => {
-    output += chunk.toString();
-  });
-  child.stderr?.on("data", (chunk: Buffer) => {
-    output += chunk.toString();
-  });
-  const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
-  const code = await new Promise<number | null>((done) => child.once("exit", done));
-  clearTimeout(timer);
-  if (code !== 0) throw new Error(`wrangler ${args[0]} failed (${code}):\n${output.slice(-2_000)}`);
+/**
+ * A copy of the Worker's sources for `wrangler dev` to bundle and watch: others may edit the working
+ * tree while the bench runs, and a watched file that changes reloads the Worker (restarting every
+ * Durable Object) mid-measurement. (`--no-bundle` on a prebuilt script would avoid the watch too,
+ * but `--test-scheduled` works by adding a middleware while bundling.)
+ */
+function snapshotSources(): void {
+  rmSync(snapshotDir, { recursive: true, force: true });
+  mkdirSync(snapshotDir, { recursive: true });
+  cpSync(resolve(root, "src"), resolve(snapshotDir, "src"), { recursive: true });
+  for (const file of ["wrangler.toml", "package.json", "tsconfig.json"]) {
+    cpSync(resolve(root, file), resolve(snapshotDir, file));
+  }
+  symlinkSync(resolve(root, "node_modules"), resolve(snapshotDir, "node_modules"), "dir");
 }
 
 interface Wrangler {
   stop(): Promise<void>;
+  /** The last lines wrangler and the Worker printed, for diagnostics. */
+  tail(): string;
 }
 
-/**
- * `wrangler dev` on a snapshot bundle (--no-bundle): others may edit the working tree while the
- * bench runs, and a watched bundle would reload (restarting every Durable Object) mid-measurement.
- */
+/** `wrangler dev` on the snapshot, as `npm start` runs it, with /__scheduled enabled. */
 async function startWrangler(port: number): Promise<Wrangler> {
-  rmSync(buildDir, { recursive: true, force: true });
-  await runWrangler(["deploy", "--dry-run", "--outdir", buildDir], 180_000);
-  const script = readdirSync(buildDir).find((name) => name.endsWith(".js"));
-  if (!script) throw new Error("wrangler deploy --dry-run wrote no script");
+  snapshotSources();
   const child = spawn(
     process.execPath,
     [
       resolve(root, "node_modules/wrangler/bin/wrangler.js"),
       "dev",
-      resolve(buildDir, script),
-      "--no-bundle",
       "--ip",
       "127.0.0.1",
       "--port",
@@ -119,10 +110,10 @@ async function startWrangler(port: number): Promise<Wrangler> {
       "--persist-to",
       persistDir,
       "--log-level",
-      "error",
+      process.env.WRANGLER_LOG ?? "warn",
     ],
     {
-      cwd: root,
+      cwd: snapshotDir,
       // Its own process group, so stopping it stops its workerd too.
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
@@ -161,7 +152,7 @@ async function startWrangler(port: number): Promise<Wrangler> {
     if (child.exitCode !== null) break;
     try {
       const response = await fetch(`http://127.0.0.1:${port}/`, { signal: AbortSignal.timeout(2_000) });
-      if (response.ok) return { stop };
+      if (response.ok) return { stop, tail: () => output.join("").slice(-4_000) };
     } catch {
       // Not listening yet.
     }
@@ -250,6 +241,15 @@ async function main(): Promise<void> {
       return JSON.parse(text) as unknown;
     };
 
+    const progressOf = async (id: string) => {
+      const view = (await api(`/v1/campaigns/${id}?limit=1`)) as {
+        campaign: { state: string };
+        counts: { running: number; succeeded: number; failed: number; skipped: number };
+      };
+      const { running, succeeded, failed, skipped } = view.counts;
+      return { state: view.campaign.state, running, finished: succeeded + failed + skipped };
+    };
+
     console.log(`provisioning ${tenantCount} tenants …`);
     const ids = Array.from({ length: tenantCount }, (_, i) => `bench-${String(i).padStart(4, "0")}`);
     await pool(ids, 8, async (id) => {
@@ -279,13 +279,29 @@ async function main(): Promise<void> {
       const started = performance.now();
       let ticks = 0;
       let state = "pending";
-      while (!["done", "failed", "cancelled"].includes(state)) {
-        if (ticks > tenantCount * 3) throw new Error(`campaign ${id} did not finish in ${ticks} ticks`);
+      while (!finishedStates.includes(state)) {
+        if (ticks > tenantCount * 3) {
+          const stuck = await api(`/v1/campaigns/${id}?limit=3`);
+          throw new Error(
+            `campaign ${id} did not finish in ${ticks} ticks: ${JSON.stringify(stuck)}\n${wrangler.tail()}`,
+          );
+        }
+        const before = await progressOf(id);
+        // /__scheduled answers at once and the jobs run under waitUntil: wait for this tick's batch
+        // to be recorded (nothing running, more tenants finished, or a new state) before the next.
         const tick = await fetch(`${base}/__scheduled?cron=*+*+*+*+*`);
+        if (!tick.ok) throw new Error(`/__scheduled: ${tick.status} ${await tick.text()}`);
         await tick.text();
         ticks++;
-        const view = (await api(`/v1/campaigns/${id}?limit=1`)) as { campaign: { state: string } };
-        state = view.campaign.state;
+        const deadline = performance.now() + 60_000;
+        for (;;) {
+          const now = await progressOf(id);
+          state = now.state;
+          const moved = now.finished > before.finished || now.state !== before.state;
+          if (finishedStates.includes(state) || (moved && now.running === 0) || performance.now() > deadline)
+            break;
+          await sleep(25);
+        }
       }
       const seconds = (performance.now() - started) / 1000;
       const view = (await api(`/v1/campaigns/${id}?limit=1`)) as {
@@ -335,6 +351,8 @@ async function main(): Promise<void> {
             memoryGb: Math.round(totalmem() / 2 ** 30),
           },
           node: process.version,
+          // Other work on the machine while the bench ran (1-minute load average at the end).
+          loadAverage1m: Number((loadavg()[0] ?? 0).toFixed(2)),
           setup: {
             tenants: tenantCount,
             migration: `schema version 1 → ${latestVersion} (the example expand and contract steps)`,

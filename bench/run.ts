@@ -557,7 +557,7 @@ async function fetchFloor(warm: TenantCredentials): Promise<void> {
   progress("dev server floor with Node's global fetch");
   neonConfig.fetchFunction = fetch;
   try {
-    for (const concurrency of concurrencies) {
+    for (const concurrency of [8, 64]) {
       await measureGroup(
         (["proxy", "direct"] as const).map((route) => ({
           spec: { path: "noop", route, query: "select1", transport: "undici", logLevel: "info", concurrency },
@@ -573,7 +573,7 @@ async function fetchFloor(warm: TenantCredentials): Promise<void> {
 /** The same floor and warm path with wrangler's per-request log line turned off. */
 async function quietFloor(warm: TenantCredentials): Promise<void> {
   progress("dev server floor with --log-level warn (no per-request log line)");
-  for (const concurrency of [8, 64]) {
+  for (const concurrency of [64]) {
     const common = { transport: "light", logLevel: "warn", concurrency, query: "select1" } as const;
     await measureGroup([
       { spec: { ...common, path: "noop", route: "proxy" }, call: neonCall(warm, "noop-proxy", "select1") },
@@ -606,7 +606,9 @@ async function profilePaths(
     const call = neonCall(warm, `${path}-direct`, "select1");
     const run: { result: LoadResult | null } = { result: null };
     const profile = await profileWhile(`ws://127.0.0.1:${inspectorPort}/ws`, async () => {
-      run.result = await runLoad({ concurrency: 8, warmupMs, durationMs, maxRequests, call });
+      // No warmup inside the profile: the path has just been measured, and every request the profile
+      // covers must be counted.
+      run.result = await runLoad({ concurrency: 8, warmupMs: 0, durationMs, maxRequests, call });
     });
     if (!run.result) throw new Error("the profiled run did not finish");
     const { completed, errors, errorSamples } = run.result;

@@ -4,7 +4,7 @@
  * Every write here is one step a killed runner can resume after: each is guarded by the state it
  * expects (`WHERE state = …`, `WHERE claim_token = …`), so replaying a step is a no-op.
  */
-import { and, asc, desc, eq, gt, inArray, lt, ne, sql } from "drizzle-orm";
+import { and, asc, desc, eq, gt, inArray, lt, sql } from "drizzle-orm";
 import type { ControlPlane } from "../control-plane/index.ts";
 import { appSchemaVersionsSeen, campaigns, campaignTenants, tenants } from "../control-plane/schema.ts";
 import {
@@ -49,7 +49,7 @@ export interface CreatedCampaign {
 
 /**
  * Creates a campaign and enrolls its tenants in one transaction: every tenant (or every listed
- * tenant) that is provisioned and whose recorded schema version is below `toVersion`. Tenants
+ * tenant) that is active or disabled and whose recorded schema version is below `toVersion`. Tenants
  * provisioned later start at the newest bundled version, so they never need enrolling.
  */
 export async function createCampaign(
@@ -59,7 +59,9 @@ export async function createCampaign(
   now: number,
 ): Promise<CreatedCampaign> {
   return db.transaction(async (tx) => {
-    const provisioned = ne(tenants.status, "provisioning");
+    // Active and disabled tenants (a disabled tenant's schema still has to move); never one being
+    // provisioned, nor any state added later that this code does not know.
+    const provisioned = inArray(tenants.status, ["active", "disabled"]);
     const rows = await tx
       .select({ id: tenants.id, host: tenants.host, schemaVersion: tenants.schemaVersion })
       .from(tenants)
@@ -87,7 +89,7 @@ export async function createCampaign(
       });
     }
     const byId = new Map(enrolled.map((row) => [row.id, row]));
-    const minFrom = Math.min(spec.toVersion, ...enrolled.map((row) => row.schemaVersion));
+    const minFrom = enrolled.reduce((min, row) => Math.min(min, row.schemaVersion), spec.toVersion);
     const at = new Date(now);
     const [campaign] = await tx
       .insert(campaigns)

@@ -82,7 +82,9 @@ export async function loadSealedPassword(db: ControlPlane, tenantId: string): Pr
 
 /**
  * Appends a generation to the insert-only ledger. Returns false if the generation was already
- * taken (a lost race), in which case `highestGeneration` tells the loser where to move.
+ * taken (a lost race), in which case `highestGeneration` tells the loser where to move. A generation
+ * at or below the ledger's highest is refused too: the fold trims old rows but always keeps each
+ * tenant's highest, so a trimmed number can never be taken a second time.
  */
 export async function appendGeneration(
   db: ControlPlane,
@@ -90,12 +92,15 @@ export async function appendGeneration(
   generation: number,
   poolSize: number,
 ): Promise<boolean> {
-  const inserted = await db
-    .insert(generationLedger)
-    .values({ tenantId, generation, poolSize })
-    .onConflictDoNothing()
-    .returning({ generation: generationLedger.generation });
-  return inserted.length === 1;
+  const { rows } = await db.execute<{ generation: number }>(sql`
+    INSERT INTO ${generationLedger} (tenant_id, generation, pool_size)
+    SELECT ${tenantId}, ${generation}, ${poolSize}
+    WHERE NOT EXISTS (
+      SELECT 1 FROM ${generationLedger} WHERE tenant_id = ${tenantId} AND generation >= ${generation}
+    )
+    ON CONFLICT DO NOTHING
+    RETURNING generation`);
+  return rows.length === 1;
 }
 
 export async function highestGeneration(db: ControlPlane, tenantId: string): Promise<number> {

@@ -503,6 +503,7 @@ export type MigrateAnswer =
 /** A tenant's recorded result for one attempt. */
 export type TenantResult =
   | { state: "succeeded"; fromVersion: number | null; toVersion: number; applied: number[] }
+  /** `toVersion`: the version the tenant reached (null when unknown). */
   | { state: "failed"; toVersion: number | null; summary: string }
   | { state: "skipped"; reason: string; retryAt: number | null };
 
@@ -534,7 +535,12 @@ export function resultOfAttempt(
         applied: answer.applied,
       };
     case "failed":
-      return { state: "failed", toVersion: answer.version, summary: boundSummary(answer.summary) };
+      // Each migration commits on its own: the tenant reached the version before the one that failed.
+      return {
+        state: "failed",
+        toVersion: answer.version === null ? null : answer.version - 1,
+        summary: boundSummary(answer.summary),
+      };
     case "skipped": {
       const reason =
         answer.reason === "leases_held" && answer.leases !== undefined

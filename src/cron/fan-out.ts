@@ -29,7 +29,10 @@ export interface CronJob {
   readonly name: string;
   /** Cron expressions this job runs on; every tick when absent. */
   readonly crons?: readonly string[];
-  /** A run still going after this long is reported as timed out (it is not cancelled). */
+  /**
+   * A run still going after this long is reported as timed out and no longer waited for; the
+   * runtime may then end it at any point, which an idempotent job survives.
+   */
   readonly timeoutMs?: number;
   run(env: Env, tick: CronTick): Promise<JobResult>;
 }

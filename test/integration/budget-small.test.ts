@@ -11,7 +11,7 @@
  * The `small` budget is shared by every test that uses it, so they all live in this one file and
  * run one after another; each test starts from an empty ledger and leaves one behind.
  */
-import { evictDurableObject } from "cloudflare:test";
+import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import type { CapacityStatus } from "../../src/budget-object/index.ts";
@@ -254,11 +254,29 @@ async function runtime(tenant: CreatedTenant): Promise<Runtime> {
   return (await response.json<{ runtime: Runtime }>()).runtime;
 }
 
-/** Restarts the BudgetObject: wakes it first (evictDurableObject refuses an object that is not running). */
+/**
+ * Restarts the BudgetObject the graceful way (evictDurableObject waits for its in-flight calls, up
+ * to a timeout). It wakes the object first: evictDurableObject refuses one that is not running.
+ */
 async function restartBudget(): Promise<void> {
   const budget = env.BUDGETS.getByName(host);
   await budget.status(host);
   await evictDurableObject(budget);
+}
+
+/**
+ * Resets an object at once, as a crash or a deploy does, with whatever it has in flight. (A
+ * TenantObject with a live pool cannot be evicted: its open connections keep it busy, see
+ * restart.test.ts.)
+ */
+async function crash(stub: DurableObjectStub): Promise<void> {
+  const outcome = await runInDurableObject(stub, (_instance, state) => {
+    state.abort("test: object reset");
+  }).then(
+    () => "not reset",
+    (error: unknown) => String(error),
+  );
+  expect(outcome).toMatch(/object reset/);
 }
 
 /** Warms a pool to its full size, so its backends are all there to be counted. */
@@ -305,7 +323,7 @@ describe("connection budget on a small host", () => {
     const tiers: Tier[] = ["standard", "free", "solo", "free", "standard"];
     const tenants = await mapConcurrent(
       Array.from({ length: 50 }, (_, i) => i),
-      6,
+      10,
       (i) => newTenant(`st${i}`, tiers[i % tiers.length]),
     );
     const sampler = startSampler();
@@ -340,6 +358,27 @@ describe("connection budget on a small host", () => {
     const after = await capacity();
     expect(ledgerUsed(after)).toBeLessThanOrEqual(poolCapacity);
     expect(after.evictions).toBeGreaterThan(0);
+  }, 120_000);
+
+  it("a start waiting behind pools that are still starting gets their room once they are idle, within its wait", async () => {
+    const tenants = await Promise.all(["wq-a", "wq-b", "wq-c", "wq-d"].map((tag) => newTenant(tag)));
+    const before = await capacity();
+    // Four standard pools at once on a host that holds two: two start, two wait. The first two are
+    // idle a few milliseconds after they start, well within the 2 s admission wait.
+    const sampler = startSampler();
+    let outcomes: Outcome[];
+    try {
+      outcomes = await Promise.all(tenants.map((tenant) => probe(tenant)));
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    expect(outcomes.flatMap(problemsOf)).toEqual([]);
+    expect(
+      outcomes.map((o) => `${o.status} ${o.code ?? ""}`),
+      "the waiting starts should evict the idle pools, not time out",
+    ).toEqual(["200 ", "200 ", "200 ", "200 "]);
+    expect((await capacity()).evictions).toBe(before.evictions + 2);
   });
 
   it("eviction race: a pool leased after the ledger last saw it idle refuses; the other idle pool goes", async () => {
@@ -518,11 +557,12 @@ describe("connection budget on a small host", () => {
       const storm = Promise.all(
         tenants.flatMap((tenant) => [probe(tenant, 0.05), sleep(150).then(() => probe(tenant, 0.05))]),
       );
-      // Restart the budget twice while starts wait on it and pools are admitted.
-      for (const delay of [100, 200]) {
-        await sleep(delay);
-        await restartBudget();
-      }
+      // Restart the budget while starts wait on it and pools are admitted: once gracefully, once
+      // as a crash that drops its waiters and in-flight calls.
+      await sleep(100);
+      await restartBudget();
+      await sleep(100);
+      await crash(env.BUDGETS.getByName(host));
       outcomes = await storm;
       const refused = [...new Set(outcomes.filter((o) => o.status !== 200).map((o) => o.tenant))];
       retried = await mapConcurrent(
@@ -546,6 +586,44 @@ describe("connection budget on a small host", () => {
     expect(reconciled.released).toBe(0);
   });
 
+  it("restarts: the BudgetObject crashes while a start waits on it; the start gets a retryable answer and nothing leaks", async () => {
+    const a = await newTenant("bcr-a");
+    const b = await newTenant("bcr-b");
+    const c = await newTenant("bcr-c");
+    const leaseA = await openLease(a);
+    const leaseB = await openLease(b);
+    expect([leaseA.status, leaseB.status]).toEqual([201, 201]);
+
+    const sampler = startSampler();
+    let outcome: Outcome;
+    try {
+      // The host is full and nothing is evictable: c's start waits in the budget's queue...
+      const pending = probe(c);
+      const waiting = await pollUntil(capacity, (s) => s.waiters > 0, { attempts: 60, intervalMs: 25 });
+      expect(waiting.waiters).toBe(1);
+      // ...when the budget dies with it.
+      await crash(env.BUDGETS.getByName(host));
+      outcome = await pending;
+    } finally {
+      const samples = await sampler.stop();
+      expect(samples.violations).toEqual([]);
+    }
+    // A retryable refusal with a hint, not an internal error.
+    expect(outcome.status, `c got ${outcome.status} ${outcome.code}`).toBe(503);
+    expect(Number(outcome.retryAfter)).toBeGreaterThanOrEqual(1);
+    // The ledger holds exactly the two leased pools; c holds nothing and is not left half-started.
+    expect(await capacity()).toMatchObject({ allocated: 10, reserved: 0, draining: 0, waiters: 0 });
+    expect((await runtime(c)).state).not.toBe("starting");
+    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.id}:${leaseA.generation}`);
+
+    // Once a lease ends, c gets in on a retry.
+    expect(await releaseLease(leaseA.lease)).toBe(204);
+    const retries = await untilServed(c, 4);
+    expect(retries.at(-1)?.status).toBe(200);
+    expect(retries.flatMap(problemsOf)).toEqual([]);
+    expect(ledgerUsed(await capacity())).toBe(10);
+  });
+
   it("restarts: a TenantObject restarted while holding an allocation releases it (reconcile), and the next request runs on a new generation", async () => {
     const a = await newTenant("trs-a");
     const b = await newTenant("trs-b");
@@ -553,7 +631,7 @@ describe("connection budget on a small host", () => {
     expect((await probe(b)).status).toBe(200);
     expect(await capacity()).toMatchObject({ allocated: 10 });
 
-    await evictDurableObject(env.TENANTS.getByName(a.id));
+    await crash(env.TENANTS.getByName(a.id));
     const reconciled = await env.BUDGETS.getByName(host).reconcile(host, 0);
     expect(reconciled).toMatchObject({ released: 1 });
     const status = await pollUntil(capacity, (s) => s.allocated === 5, { attempts: 20, intervalMs: 100 });
@@ -577,7 +655,7 @@ describe("connection budget on a small host", () => {
     const sampler = startSampler();
     let next: Outcome[];
     try {
-      await evictDurableObject(env.TENANTS.getByName(a.id));
+      await crash(env.TENANTS.getByName(a.id));
       // The first request wakes the restarted object: it releases generation 1 and starts 2 at once.
       next = await warm(a, 5);
     } finally {

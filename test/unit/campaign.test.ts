@@ -381,7 +381,7 @@ describe("resultOfAttempt", () => {
     const result = resultOfAttempt({ outcome: "failed", version: 3, summary: "x".repeat(600) }, 1, now);
     expect(result.state).toBe("failed");
     if (result.state === "failed") {
-      expect(result.toVersion).toBe(3);
+      expect(result.toVersion).toBe(2); // the version reached: 3 failed and rolled back
       expect(result.summary).toHaveLength(500);
     }
   });

@@ -90,6 +90,12 @@ export function percentile(values: readonly number[], p: number): number {
 
 /** Keep-alive connections, as many as the concurrency needs. */
 const agent = new Agent({ keepAlive: true, maxSockets: Number.POSITIVE_INFINITY, maxFreeSockets: 1100 });
+/**
+ * A new connection per request, for the bursts of the cold-start storm: a first request comes on a
+ * connection of its own, and a thousand idle keep-alive sockets left over from one burst would race
+ * the server closing them when the next burst reuses them ("socket hang up").
+ */
+const burstAgent = new Agent({ keepAlive: false, maxSockets: Number.POSITIVE_INFINITY });
 
 /** No request waits longer than this, whatever the server does. */
 export const requestTimeoutMs = 30_000;
@@ -102,17 +108,29 @@ export const requestTimeoutMs = 30_000;
  * two-core machine that CPU is taken from the server being measured. It asks for no compression.
  * run.ts measures the difference on the floor path, so it is reported, not hidden.
  */
-export function lightFetch(
-  url: string,
-  init: { method?: string; body?: string; headers?: Record<string, string> } = {},
-): Promise<Response> {
+export function lightFetch(url: string, init: FetchInit = {}): Promise<Response> {
+  return send(agent, url, init);
+}
+
+/** `lightFetch` on a new connection per request (see `burstAgent`). */
+export function burstFetch(url: string, init: FetchInit = {}): Promise<Response> {
+  return send(burstAgent, url, init);
+}
+
+interface FetchInit {
+  method?: string;
+  body?: string;
+  headers?: Record<string, string>;
+}
+
+function send(via: Agent, url: string, init: FetchInit): Promise<Response> {
   return new Promise((resolve, reject) => {
     const body = init.body ?? "";
     const request = httpRequest(
       url,
       {
         method: init.method ?? "GET",
-        agent,
+        agent: via,
         timeout: requestTimeoutMs,
         headers: {
           ...init.headers,
@@ -143,4 +161,5 @@ export function lightFetch(
 /** Closes the idle keep-alive connections (at the end of a run). */
 export function closeConnections(): void {
   agent.destroy();
+  burstAgent.destroy();
 }

@@ -141,9 +141,11 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /** Fresh facts about a pool, for victim selection (sent from the tenant's heartbeat). */
-  async report(tenantId: string, generation: number, report: PoolReport): Promise<void> {
+  async report(hostName: string, tenantId: string, generation: number, report: PoolReport): Promise<void> {
     const current = this.find(tenantId, generation);
     if (current) this.setPhase(tenantId, generation, current.phase, report);
+    // A pool that just became idle may be the victim a waiter needs.
+    if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
   }
 
   /** The pool is draining: its connections still count until `release`. */
@@ -226,8 +228,14 @@ export class BudgetObject extends DurableObject<Env> {
 
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────
 
-  /** Grants waiters in FIFO order while the head fits. */
+  /** Grants waiters in FIFO order while the head fits, then reclaims for the rest. */
   private serveWaiters(host: DatabaseHost): void {
+    this.grantFitting(host);
+    if (this.waiters.length > 0) this.kickReclaim(host);
+  }
+
+  /** Grants waiters in FIFO order while the head fits. Never starts a reclaim (reclaim calls it). */
+  private grantFitting(host: DatabaseHost): void {
     while (this.waiters.length > 0) {
       const head = this.waiters[0];
       if (!head || !fits(this.allocations(), host.budget, head.size)) break;
@@ -235,7 +243,6 @@ export class BudgetObject extends DurableObject<Env> {
       if (!this.find(head.tenantId, head.generation)) this.insert(head.tenantId, head.generation, head.size);
       head.settle({ granted: true });
     }
-    if (this.waiters.length > 0) this.kickReclaim(host);
   }
 
   private kickReclaim(host: DatabaseHost): void {
@@ -251,7 +258,7 @@ export class BudgetObject extends DurableObject<Env> {
   private async reclaim(host: DatabaseHost): Promise<void> {
     const refused = new Set<string>();
     for (let pass = 0; pass < maxVictimsPerPass && this.waiters.length > 0; pass++) {
-      this.serveWaiters(host);
+      this.grantFitting(host);
       const head = this.waiters[0];
       if (!head) return;
       const candidates = this.allocations().filter((a) => !refused.has(`${a.tenantId}:${a.generation}`));
@@ -280,7 +287,7 @@ export class BudgetObject extends DurableObject<Env> {
         }
       }
     }
-    this.serveWaiters(host);
+    this.grantFitting(host);
   }
 
   // ── Ledger ─────────────────────────────────────────────────────────────────────────────────────

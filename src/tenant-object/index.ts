@@ -130,6 +130,8 @@ export class TenantObject extends DurableObject<Env> {
   private leasesDrained: (() => void)[] = [];
   private migrationDone: Promise<void> | null = null;
   private reclaimedLeases = 0;
+  /** Set when this pool refused an eviction because it was busy; cleared by the next idle report. */
+  private budgetWaitsForIdle = false;
   /** Usage since the last flush; staged into the durable usage outbox by the alarm. */
   private usage: UsageCounters = { ...zeroUsage };
 
@@ -439,6 +441,9 @@ export class TenantObject extends DurableObject<Env> {
       !lc.migrating &&
       this.pool !== null;
     if (!eligible) {
+      // Refused because busy: tell the budget the moment the last lease goes, so a waiting start
+      // does not wait for the next heartbeat to learn this pool became idle.
+      if (lc.generation === generation && this.leases > 0) this.budgetWaitsForIdle = true;
       // A generation this object no longer runs holds nothing: let the budget release it.
       const gone = lc.generation !== generation && !this.closing.has(generation);
       return { evicted: gone, report: this.poolReport() };
@@ -627,6 +632,10 @@ export class TenantObject extends DurableObject<Env> {
     this.leases--;
     if (this.leases > 0) return;
     this.idleSince = Date.now();
+    if (this.budgetWaitsForIdle) {
+      this.budgetWaitsForIdle = false;
+      this.ctx.waitUntil(this.reportToBudget().catch(() => undefined));
+    }
     for (const wake of this.leasesDrained.splice(0)) wake();
     if (this.lifecycle.state === "draining") void this.finishDrainIfIdle();
   }
@@ -928,11 +937,8 @@ export class TenantObject extends DurableObject<Env> {
 
   private async reportToBudget(): Promise<void> {
     if (!this.record || this.lifecycle.state !== "ready") return;
-    await this.budget(this.record.host).report(
-      this.record.tenantId,
-      this.lifecycle.generation,
-      this.poolReport(),
-    );
+    const { host, tenantId } = this.record;
+    await this.budget(host).report(host, tenantId, this.lifecycle.generation, this.poolReport());
   }
 
   // ── Persistence ────────────────────────────────────────────────────────────────────────────────

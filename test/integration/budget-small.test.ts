@@ -36,6 +36,7 @@ const connections = 12;
 const filePrefix = uniqueTenantId("bsm");
 
 type Tier = "standard" | "free" | "solo";
+const tierSize: Record<Tier, number> = { standard: 5, free: 2, solo: 1 };
 
 // ── Bookkeeping for cleanup ─────────────────────────────────────────────────────────────────────
 
@@ -80,6 +81,8 @@ interface Samples {
   maxLedger: number;
   maxBackends: number;
   violations: string[];
+  /** Samples that could not be taken (a budget crashed on purpose answers its in-flight calls with an error). */
+  failures: string[];
 }
 
 /**
@@ -87,17 +90,25 @@ interface Samples {
  * connection serves the whole run; it is not a `lessor:` backend, so it is not counted.
  */
 function startSampler(): { stop: () => Promise<Samples> } {
-  const samples: Samples = { count: 0, maxLedger: 0, maxBackends: 0, violations: [] };
+  const samples: Samples = { count: 0, maxLedger: 0, maxBackends: 0, violations: [], failures: [] };
   let running = true;
   const done = asSuperuser(async (client) => {
     for (let i = 0; running && i < 4_000; i++) {
-      const [status, result] = await Promise.all([
-        capacity(),
-        client.query(
-          "SELECT count(*)::int AS n, array_agg(application_name ORDER BY application_name) AS apps FROM pg_stat_activity WHERE application_name LIKE $1",
-          [`lessor:${filePrefix}-%`],
-        ),
-      ]);
+      let status: CapacityStatus;
+      let result: { rows: unknown[] };
+      try {
+        [status, result] = await Promise.all([
+          capacity(),
+          client.query(
+            "SELECT count(*)::int AS n, array_agg(application_name ORDER BY application_name) AS apps FROM pg_stat_activity WHERE application_name LIKE $1",
+            [`lessor:${filePrefix}-%`],
+          ),
+        ]);
+      } catch (error) {
+        samples.failures.push(String(error));
+        await sleep(50);
+        continue;
+      }
       const row = result.rows[0] as { n: number; apps: string[] | null } | undefined;
       const backends = Number(row?.n ?? 0);
       const used = ledgerUsed(status);
@@ -122,6 +133,19 @@ function startSampler(): { stop: () => Promise<Samples> } {
       return samples;
     },
   };
+}
+
+/**
+ * Both counts stayed within the budget at every sample. `allowedFailures` samples may be missing
+ * where a test crashes the BudgetObject on purpose (its in-flight calls fail with the reset).
+ */
+function expectWithinBudget(samples: Samples, allowedFailures = 0): void {
+  expect(samples.violations).toEqual([]);
+  expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity);
+  expect(samples.maxBackends).toBeLessThanOrEqual(connections);
+  if (allowedFailures === 0) expect(samples.failures).toEqual([]);
+  else expect(samples.failures.length).toBeLessThanOrEqual(allowedFailures);
+  expect(samples.count).toBeGreaterThan(0);
 }
 
 async function backendApps(): Promise<string[]> {
@@ -171,11 +195,18 @@ async function probe(tenant: CreatedTenant, sleepSeconds = 0): Promise<Outcome> 
   return outcome;
 }
 
+/** Problems with an outcome under a crash: anything but a correct answer or a 503 with Retry-After. */
+function retryableProblemsOf(outcome: Outcome): string[] {
+  if (outcome.status === 503 && Number(outcome.retryAfter) >= 1) return [];
+  return problemsOf(outcome);
+}
+
 /** Problems with an outcome: anything but a correct answer or a 503 capacity_saturated with Retry-After. */
 function problemsOf(outcome: Outcome): string[] {
   if (outcome.status === 200) {
     const ok =
-      outcome.db === `tenant_${outcome.tenant}` && (outcome.app ?? "").startsWith(`lessor:${outcome.tenant}:`);
+      outcome.db === `tenant_${outcome.tenant}` &&
+      (outcome.app ?? "").startsWith(`lessor:${outcome.tenant}:`);
     return ok ? [] : [`${outcome.tenant} was served by ${outcome.app} on ${outcome.db}`];
   }
   if (outcome.status === 503 && outcome.code === "capacity_saturated" && Number(outcome.retryAfter) >= 1) {
@@ -199,7 +230,9 @@ async function untilServed(tenant: CreatedTenant, attempts: number): Promise<Out
   return outcomes;
 }
 
-async function openLease(tenant: CreatedTenant): Promise<{ status: number; lease: string; generation: number }> {
+async function openLease(
+  tenant: CreatedTenant,
+): Promise<{ status: number; lease: string; generation: number }> {
   const response = await lessor(`/v1/tenants/${tenant.id}/leases`, {
     method: "POST",
     headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
@@ -214,7 +247,10 @@ async function openLease(tenant: CreatedTenant): Promise<{ status: number; lease
 }
 
 /** Runs a statement on a session lease: the application_name of its connection, or the refusal. */
-async function onLease(token: string, key: string): Promise<{ status: number; app: string | null; code: string | null }> {
+async function onLease(
+  token: string,
+  key: string,
+): Promise<{ status: number; app: string | null; code: string | null }> {
   const response = await lessor(`/v1/leases/${token}/sql`, {
     method: "POST",
     headers: { Authorization: `Bearer ${key}`, "content-type": "application/json" },
@@ -342,10 +378,8 @@ describe("connection budget on a small host", () => {
       );
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
       expect(samples.count).toBeGreaterThan(5);
-      expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity);
-      expect(samples.maxBackends).toBeLessThanOrEqual(connections);
     }
     expect(outcomes.flatMap(problemsOf)).toEqual([]);
     expect(retried.flat().flatMap(problemsOf)).toEqual([]);
@@ -358,6 +392,11 @@ describe("connection budget on a small host", () => {
     const after = await capacity();
     expect(ledgerUsed(after)).toBeLessThanOrEqual(poolCapacity);
     expect(after.evictions).toBeGreaterThan(0);
+    // The capacity view names a few candidates, never the whole fleet, and only to the operator.
+    expect(after.candidates.length).toBeLessThanOrEqual(5);
+    const anonymous = await lessor("/v1/capacity");
+    expect(anonymous.status).toBe(401);
+    await anonymous.body?.cancel();
   }, 120_000);
 
   it("a start waiting behind pools that are still starting gets their room once they are idle, within its wait", async () => {
@@ -371,7 +410,7 @@ describe("connection budget on a small host", () => {
       outcomes = await Promise.all(tenants.map((tenant) => probe(tenant)));
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
     }
     expect(outcomes.flatMap(problemsOf)).toEqual([]);
     expect(
@@ -403,7 +442,7 @@ describe("connection budget on a small host", () => {
       served = await probe(c);
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
     }
     expect(problemsOf(served)).toEqual([]);
     expect(served.status).toBe(200);
@@ -420,13 +459,18 @@ describe("connection budget on a small host", () => {
     const after = await capacity();
     expect(after.evictions).toBe(before.evictions + 1);
     expect(after.allocated).toBe(10);
-    const apps = await pollUntil(backendApps, (list) => !list.some((app) => app.startsWith(`lessor:${b.id}:`)));
+    const apps = await pollUntil(
+      backendApps,
+      (list) => !list.some((app) => app.startsWith(`lessor:${b.id}:`)),
+    );
     expect(apps.filter((app) => app.startsWith(`lessor:${b.id}:`))).toEqual([]);
   });
 
   it("eviction race: leases arriving while their pools are being chosen are never evicted under them", async () => {
-    const rounds = 4;
-    for (let round = 0; round < rounds; round++) {
+    // c's start reaches the budget, which asks a (the least recently used) to drain, some tens of
+    // milliseconds after c's request is sent; the lease on a is sent at offsets around that moment.
+    const leaseOffsetsMs = [0, 15, 30, 60];
+    for (const [round, offset] of leaseOffsetsMs.entries()) {
       const a = await newTenant(`rr${round}-a`);
       const b = await newTenant(`rr${round}-b`);
       const c = await newTenant(`rr${round}-c`);
@@ -434,12 +478,9 @@ describe("connection budget on a small host", () => {
       expect((await probe(b)).status).toBe(200);
       const sampler = startSampler();
       // The lease on a and c's start race; a is the LRU victim the budget asks first.
-      const [held, served] = await Promise.all([
-        sleep(round * 3).then(() => openLease(a)),
-        sleep((rounds - round) * 3).then(() => probe(c)),
-      ]);
+      const [held, served] = await Promise.all([sleep(offset).then(() => openLease(a)), probe(c)]);
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
       expect(problemsOf(served)).toEqual([]);
       expect(held.status).toBe(201);
       // Whichever generation the lease got, it keeps it while held, and the lease keeps working.
@@ -453,7 +494,10 @@ describe("connection budget on a small host", () => {
       expect(await releaseLease(held.lease)).toBe(204);
       // Clean this round before the next: drain the three and wait for an empty ledger.
       for (const tenant of [a, b, c]) {
-        const response = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: { force: true } });
+        const response = await admin(`/v1/tenants/${tenant.id}/drain`, {
+          method: "POST",
+          json: { force: true },
+        });
         await response.body?.cancel();
       }
       expect(isEmptyLedger(await pollUntil(capacity, isEmptyLedger, { attempts: 40, intervalMs: 100 }))).toBe(
@@ -478,7 +522,7 @@ describe("connection budget on a small host", () => {
       refused = await probe(c);
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
     }
     expect(refused).toMatchObject({ status: 503, code: "capacity_saturated" });
     expect(Number(refused.retryAfter)).toBeGreaterThanOrEqual(1);
@@ -498,7 +542,7 @@ describe("connection budget on a small host", () => {
       retries = await untilServed(c, 4);
     } finally {
       const samples = await sampler2.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
     }
     expect(
       retries.map((o) => `${o.status} ${o.code ?? ""}`),
@@ -534,7 +578,7 @@ describe("connection budget on a small host", () => {
       served = await probe(c);
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
     }
     expect(problemsOf(served)).toEqual([]);
     expect(served.status).toBe(200);
@@ -572,18 +616,26 @@ describe("connection budget on a small host", () => {
       );
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
-      expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity);
-      expect(samples.maxBackends).toBeLessThanOrEqual(connections);
+      expectWithinBudget(samples, 3);
     }
-    // A restart of the budget is a refusal with a retry hint at worst, never another answer.
-    expect(outcomes.flatMap(problemsOf)).toEqual([]);
-    expect(retried.flat().flatMap(problemsOf)).toEqual([]);
-    // The ledger agrees with what runs: every allocation belongs to a pool that holds it.
+    // A restart of the budget is a refusal with a retry hint at worst (the crash may fail a start
+    // half way: tenant_starting_failed), never a wrong answer or an error without a hint.
+    expect(outcomes.flatMap(retryableProblemsOf)).toEqual([]);
+    expect(retried.flat().flatMap(retryableProblemsOf)).toEqual([]);
+    const unserved = retried.filter((list) => list.at(-1)?.status !== 200).map((list) => list[0]?.tenant);
+    expect(unserved).toEqual([]);
+    // After a reconcile (the cron's job) the ledger is the truth: exactly the pools that run.
+    await env.BUDGETS.getByName(host).reconcile(host, 0);
+    const runtimes = await mapConcurrent(tenants, 8, async (tenant, i) => ({
+      state: (await runtime(tenant)).state,
+      size: tierSize[tiers[i % tiers.length] ?? "standard"],
+    }));
+    const running = runtimes
+      .filter((r) => r.state === "ready" || r.state === "starting" || r.state === "draining")
+      .reduce((n, r) => n + r.size, 0);
     const status = await capacity();
+    expect(ledgerUsed(status)).toBe(running);
     expect(ledgerUsed(status)).toBeLessThanOrEqual(poolCapacity);
-    const reconciled = await env.BUDGETS.getByName(host).reconcile(host, 0);
-    expect(reconciled.released).toBe(0);
   });
 
   it("restarts: the BudgetObject crashes while a start waits on it; the start gets a retryable answer and nothing leaks", async () => {
@@ -606,7 +658,7 @@ describe("connection budget on a small host", () => {
       outcome = await pending;
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples, 3);
     }
     // A retryable refusal with a hint, not an internal error.
     expect(outcome.status, `c got ${outcome.status} ${outcome.code}`).toBe(503);
@@ -660,7 +712,7 @@ describe("connection budget on a small host", () => {
       next = await warm(a, 5);
     } finally {
       const samples = await sampler.stop();
-      expect(samples.violations).toEqual([]);
+      expectWithinBudget(samples);
     }
     expect(next.flatMap(problemsOf)).toEqual([]);
     expect(new Set(next.map((o) => o.app))).toEqual(new Set([`lessor:${a.id}:2`]));
@@ -734,7 +786,7 @@ describe("connection budget on a small host", () => {
         } finally {
           const samples = await sampler.stop();
           // The migration's own connection (lessor:<a>:migrate) draws on the reserve: still ≤ 12.
-          expect(samples.violations).toEqual([]);
+          expectWithinBudget(samples);
         }
         expect(served.status).toBe(200);
         expect(await runtime(a)).toMatchObject({ state: "ready", generation: generationA, migrating: true });

@@ -129,7 +129,9 @@ describe("planEviction", () => {
   it("never plans to evict the asking tenant's own older generation", () => {
     const allocations = [pool("asker", { idleSince: 1 }), pool("other", { idleSince: 2 })];
     expect(planEviction(allocations, limits, 5, "asker")?.map((a) => a.tenantId)).toEqual(["other"]);
-    expect(planEviction([pool("asker", { idleSince: 1 }), pool("x", { leases: 1 })], limits, 5, "asker")).toBeNull();
+    expect(
+      planEviction([pool("asker", { idleSince: 1 }), pool("x", { leases: 1 })], limits, 5, "asker"),
+    ).toBeNull();
   });
 });
 

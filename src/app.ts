@@ -1,5 +1,5 @@
 /** The HTTP surface: routes, limits and the one place errors become answers. */
-import { Hono } from "hono";
+import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { loadConfig } from "./config/index.ts";
@@ -15,14 +15,21 @@ import { usageRoutes } from "./routes/usage.ts";
 
 export const app = new Hono<AppEnv>();
 
-app.use("*", (c, next) =>
-  bodyLimit({
-    maxSize: loadConfig(c.env).maxBodyBytes,
-    onError: () => {
-      throw new LessorError("payload_too_large");
-    },
-  })(c, next),
-);
+/** One body-limit middleware per configuration (the env object is stable within an isolate). */
+const bodyLimits = new WeakMap<object, MiddlewareHandler<AppEnv>>();
+app.use("*", (c, next) => {
+  let limit = bodyLimits.get(c.env);
+  if (!limit) {
+    limit = bodyLimit({
+      maxSize: loadConfig(c.env).maxBodyBytes,
+      onError: () => {
+        throw new LessorError("payload_too_large");
+      },
+    });
+    bodyLimits.set(c.env, limit);
+  }
+  return limit(c, next);
+});
 
 app.get("/", (c) => c.json({ service: "lessor", docs: "https://github.com/lessor/lessor#readme" }));
 app.route("/", sqlRoutes);

@@ -69,7 +69,7 @@ leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
     token,
     request.statement,
   );
-  if (outcome.ok) return c.json(outcome.body);
+  if (outcome.ok) return c.body(outcome.json, 200, { "content-type": "application/json" });
   if ("postgres" in outcome) return c.json(outcome.postgres, 400);
   throw leaseNotFoundIfUnauthenticated(outcome.error);
 });

@@ -69,9 +69,8 @@ import type { TenantRecord, TenantRuntimeStatus } from "./record.ts";
 
 /** The answer to a statement, as it crosses RPC back to the Worker. */
 export type SqlOutcome =
-  | { ok: true; body: SqlResponseBody }
-  | { ok: false; postgres: PostgresErrorBody }
-  | { ok: false; error: WireError };
+  // The answer is serialised once, here: the Worker passes the text through.
+  { ok: true; json: string } | { ok: false; postgres: PostgresErrorBody } | { ok: false; error: WireError };
 
 export type SessionOpened =
   | { ok: true; lease: string; generation: number; expiresAt: string }
@@ -231,7 +230,7 @@ export class TenantObject extends DurableObject<Env> {
         this.usage.queries++;
         this.usage.rowsReturned +=
           "results" in body ? body.results.reduce((n, r) => n + r.rows.length, 0) : body.rows.length;
-        return { ok: true, body };
+        return { ok: true, json: JSON.stringify(body) };
       } finally {
         this.usage.leaseMs += Date.now() - leasedAt;
         this.releaseLease();
@@ -321,7 +320,7 @@ export class TenantObject extends DurableObject<Env> {
         );
         this.usage.queries++;
         this.usage.rowsReturned += body.rows.length;
-        return { ok: true, body };
+        return { ok: true, json: JSON.stringify(body) };
       } catch (error) {
         this.usage.queries++;
         this.usage.errors++;

@@ -79,8 +79,11 @@ const tenantCount = intOption(parsed.tenants, "tenants", 20, 1, 2_000);
 const budget = intOption(parsed["connection-budget"], "connection-budget", 25, poolSize, 10_000);
 const concurrency = intOption(parsed.concurrency, "concurrency", 100, 1, 5_000);
 const operationCount = intOption(parsed.operations, "operations", concurrency, 1, 100_000);
-/** Pools held by a session lease during the run: at most two, and always leaving room for others. */
-const leasedCount = Math.min(2, Math.max(0, Math.floor(budget / poolSize) - 1), tenantCount);
+/**
+ * Pools held by a session lease through the run: one (two on a budget of 10 pools or more), and
+ * never so many that the other tenants have no room left.
+ */
+const leasedCount = Math.min(budget >= 10 * poolSize ? 2 : 1, Math.floor(budget / poolSize) - 1, tenantCount);
 
 // ── Small tools ──────────────────────────────────────────────────────────────────────────────────
 
@@ -521,9 +524,10 @@ async function runOperation(tenant: DemoTenant): Promise<Operation> {
       }
       if (status === 503) {
         op.saturatedRetries++;
-        // Honour Retry-After (whole seconds), spread a little so retries do not arrive in lockstep.
+        // Honour Retry-After (whole seconds), plus up to a second of jitter so that refused
+        // operations do not all come back in the same instant.
         const seconds = Math.min(10, Math.max(1, Number(outcome.retryAfter) || 1));
-        await sleep(seconds * 1_000 + Math.random() * 250);
+        await sleep(seconds * 1_000 + Math.random() * 1_000);
         continue;
       }
       op.error = `${status} ${code ?? message.slice(0, 200)}`;
@@ -599,7 +603,8 @@ function countSharedStartWaiters(
 
 // ── Main ─────────────────────────────────────────────────────────────────────────────────────────
 
-async function main(): Promise<number> {
+/** Runs the demo; returns the summary lines, printed once the stack is down (nothing follows them). */
+async function main(): Promise<{ summary: string[]; pass: boolean }> {
   console.log(
     `# demo: ${tenantCount} tenants, pools of ${poolSize}, connection budget ${budget} (reserve 0), ` +
       `${operationCount} operations at concurrency ${concurrency}, ${leasedCount} session lease(s) held`,
@@ -703,13 +708,6 @@ async function main(): Promise<number> {
     }
     for (const violation of sampling.violations.slice(0, 10)) console.log(`# VIOLATION ${violation}`);
 
-    console.log(`operations=${operationCount} succeeded=${succeeded} tenant_bleed=${bleed.length}`);
-    console.log(
-      `repo_starts=${startedDuringRun.size} shared_start_waiters=${sharedStartWaiters} duplicate_starts=${duplicateStarts}`,
-    );
-    console.log(`max_connections_allocated=${maxAllocated} budget=${budget} violations=${violations}`);
-    console.log(`evictions=${evictions} active_repo_evictions=${leasedEvictions.length}`);
-    console.log(`stale_generation_retries=${staleRetries}`);
     const pass =
       succeeded === operationCount &&
       bleed.length === 0 &&
@@ -717,21 +715,27 @@ async function main(): Promise<number> {
       violations === 0 &&
       leasedEvictions.length === 0;
     if (!pass) console.log(`# the Worker's log of this run: ${wranglerLog}`);
-    console.log(`result=${pass ? "PASS" : "FAIL"}`);
-    return pass ? 0 : 1;
+    const summary = [
+      `operations=${operationCount} succeeded=${succeeded} tenant_bleed=${bleed.length}`,
+      `repo_starts=${startedDuringRun.size} shared_start_waiters=${sharedStartWaiters} duplicate_starts=${duplicateStarts}`,
+      `max_connections_allocated=${maxAllocated} budget=${budget} violations=${violations}`,
+      `evictions=${evictions} active_repo_evictions=${leasedEvictions.length}`,
+      `stale_generation_retries=${staleRetries}`,
+      `result=${pass ? "PASS" : "FAIL"}`,
+    ];
+    return { summary, pass };
   } finally {
     await controlPlane.end().catch(() => undefined);
   }
 }
 
-let exitCode = 1;
+let outcome: { summary: string[]; pass: boolean } = { summary: ["result=FAIL"], pass: false };
 try {
-  exitCode = await main();
+  outcome = await main();
 } catch (error) {
   console.error(`# demo could not run: ${error instanceof Error ? error.message : String(error)}`);
-  console.log("result=FAIL");
-  exitCode = 1;
 } finally {
   await stopEverything();
 }
-process.exit(exitCode);
+for (const line of outcome.summary) console.log(line);
+process.exit(outcome.pass ? 0 : 1);

@@ -55,7 +55,7 @@ import { describeFailure, LessorError, logEvent, type WireError } from "../error
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { type ConnectionTarget, openPool, withConnection } from "../postgres/index.ts";
 import { detached, requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
-import { MigrationError, migrateTenantDatabase } from "../tenant-db/migrator.ts";
+import { MigrationError, migrateTenantDatabase, readSchemaVersion } from "../tenant-db/migrator.ts";
 import {
   appendUsageDeltas,
   isZeroUsage,
@@ -474,6 +474,7 @@ export class TenantObject extends DurableObject<Env> {
       finish = resolve;
     });
     this.transition({ ...this.lifecycle, migrating: true }, "migration_started");
+    let reached: number | null = null;
     try {
       await this.reportToBudget();
       if (!(await this.waitForLeasesToDrain(drainTimeoutMs))) {
@@ -482,19 +483,18 @@ export class TenantObject extends DurableObject<Env> {
       const run = await withTenantScope(
         { tenantId, generation: this.lifecycle.generation, leaseId: "migrate" },
         () =>
-          this.withDedicatedConnection(record, "migrate", (client) => {
+          this.withDedicatedConnection(record, "migrate", async (client) => {
             requireTenantScope(tenantId);
-            return migrateTenantDatabase(client, tenantMigrations, targetVersion);
+            try {
+              return await migrateTenantDatabase(client, tenantMigrations, targetVersion);
+            } catch (error) {
+              // Earlier steps may have applied: remember the version the database really reached.
+              reached = await readSchemaVersion(client).catch(() => null);
+              throw error;
+            }
           }),
       );
-      this.record = { ...record, schemaVersion: run.toVersion };
-      this.writeKv("record", this.record);
-      await withControlPlane(this.config, this.env, (db) =>
-        db
-          .update(tenants)
-          .set({ schemaVersion: run.toVersion, updatedAt: dsql`now()` })
-          .where(eq(tenants.id, tenantId)),
-      );
+      await this.recordSchemaVersion(record, run.toVersion);
       return { outcome: "migrated", ...run };
     } catch (error) {
       const version = error instanceof MigrationError ? error.version : null;
@@ -507,6 +507,9 @@ export class TenantObject extends DurableObject<Env> {
         version,
         failure: describeFailure(cause),
       });
+      if (reached !== null && reached !== record.schemaVersion) {
+        await this.recordSchemaVersion(record, reached).catch(() => undefined);
+      }
       return { outcome: "failed", version, summary: summary.slice(0, 500) };
     } finally {
       this.transition({ ...this.lifecycle, migrating: false }, "migration_finished");
@@ -514,6 +517,18 @@ export class TenantObject extends DurableObject<Env> {
       this.migrationDone = null;
       await this.reportToBudget().catch(() => undefined);
     }
+  }
+
+  /** Records the schema version the tenant database reached, here and in the catalog. */
+  private async recordSchemaVersion(record: TenantRecord, version: number): Promise<void> {
+    this.record = { ...(this.record ?? record), schemaVersion: version };
+    this.writeKv("record", this.record);
+    await withControlPlane(this.config, this.env, (db) =>
+      db
+        .update(tenants)
+        .set({ schemaVersion: version, updatedAt: dsql`now()` })
+        .where(eq(tenants.id, record.tenantId)),
+    );
   }
 
   override async alarm(): Promise<void> {

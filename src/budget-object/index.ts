@@ -136,8 +136,10 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /** The pool of this generation is open and ready. */
-  async confirm(tenantId: string, generation: number, report: PoolReport): Promise<void> {
+  async confirm(hostName: string, tenantId: string, generation: number, report: PoolReport): Promise<void> {
     this.setPhase(tenantId, generation, "allocated", report);
+    // Starts that found only starting pools to evict can now be served by this one, once idle.
+    if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
   }
 
   /** Fresh facts about a pool, for victim selection (sent from the tenant's heartbeat). */
@@ -261,8 +263,11 @@ export class BudgetObject extends DurableObject<Env> {
       this.grantFitting(host);
       const head = this.waiters[0];
       if (!head) return;
-      const candidates = this.allocations().filter((a) => !refused.has(`${a.tenantId}:${a.generation}`));
-      const plan = planEviction(candidates, host.budget, head.size, head.tenantId);
+      // Refused victims still hold their connections: they stay in the count, marked not evictable.
+      const allocations = this.allocations().map((a) =>
+        refused.has(`${a.tenantId}:${a.generation}`) ? { ...a, leases: Math.max(1, a.leases) } : a,
+      );
+      const plan = planEviction(allocations, host.budget, head.size, head.tenantId);
       const victim = plan?.[0];
       if (!victim) return; // nothing evictable now: wait for a release or the deadline
       let outcome: { evicted: boolean; report: PoolReport };

@@ -673,7 +673,20 @@ export class TenantObject extends DurableObject<Env> {
     this.transition(beginStart(this.lifecycle), this.lifecycle.state === "failed" ? "retry" : "demand");
     let generation = this.lifecycle.generation;
     const budget = this.budget(record.host);
-    const admitted = await budget.admit(record.host, record.tenantId, generation, record.poolSize);
+    let admitted: Awaited<ReturnType<typeof budget.admit>>;
+    try {
+      admitted = await budget.admit(record.host, record.tenantId, generation, record.poolSize);
+    } catch (error) {
+      // The budget object restarted mid-call. Whatever it reserved is released (or reconciled).
+      logEvent("warn", "budget_unavailable", {
+        tenant: record.tenantId,
+        generation,
+        failure: describeFailure(error),
+      });
+      await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
+      this.transition({ ...this.lifecycle, state: "stopped" }, "budget_unavailable");
+      throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
+    }
     if (!admitted.granted) {
       this.transition({ ...this.lifecycle, state: "stopped" }, "capacity_saturated");
       throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
@@ -719,7 +732,7 @@ export class TenantObject extends DurableObject<Env> {
       this.idleSince = Date.now();
       this.usage.poolStarts++;
       this.transition(startSucceeded(this.lifecycle), "pool_ready");
-      await budget.confirm(record.tenantId, generation, this.poolReport());
+      await budget.confirm(record.host, record.tenantId, generation, this.poolReport());
       await this.ensureAlarm(Date.now() + Math.min(heartbeatMs, this.config.idleTimeoutMs));
     } catch (error) {
       if (pool) await pool.end().catch(() => undefined);

@@ -20,11 +20,10 @@
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { cpSync, mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { cpus, loadavg, totalmem } from "node:os";
 import { resolve } from "node:path";
 import pg from "pg";
-import { type LocalStack, root, startLocalStack } from "../local/stack.ts";
+import { freePort, type LocalStack, root, startLocalStack, writeEnvFile } from "../local/stack.ts";
 
 const tenantCount = Number(process.env.TENANTS ?? 100);
 const concurrencies = [1, 4, 8];
@@ -36,19 +35,6 @@ const persistDir = resolve(stateDir, "bench-campaign-wrangler");
 const snapshotDir = resolve(stateDir, "bench-campaign-src");
 const envFile = resolve(stateDir, "bench-campaign.vars");
 const adminKey = `lak_${randomBytes(24).toString("base64url")}`;
-
-function freePort(): Promise<number> {
-  return new Promise((done, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() =>
-        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
-      );
-    });
-  });
-}
 
 function sleep(ms: number): Promise<void> {
   return new Promise((done) => setTimeout(done, ms));
@@ -242,13 +228,7 @@ async function main(): Promise<void> {
       // and the runner keeps a host's migrations within its budget reserve.
       LESSOR_BUDGETS: JSON.stringify({ "*": { connections: 200, reserve: 10 } }),
     };
-    writeFileSync(
-      envFile,
-      `${Object.entries(vars)
-        .map(([key, value]) => `${key}='${value}'`)
-        .join("\n")}\n`,
-      { mode: 0o600 },
-    );
+    writeEnvFile(envFile, vars);
     const port = await freePort();
     const base = `http://127.0.0.1:${port}`;
     console.log("building and starting wrangler dev …");

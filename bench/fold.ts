@@ -13,28 +13,14 @@
  * bench/results/fold-<date>.json.
  */
 import { mkdir, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
 import { resolve } from "node:path";
 import pg from "pg";
-import { startLocalStack } from "../local/stack.ts";
+import { freePort, startLocalStack } from "../local/stack.ts";
 import { runFold } from "../src/maintenance/fold.ts";
 import { defaultFoldOptions } from "../src/maintenance/options.ts";
 
 const root = resolve(import.meta.dirname, "..");
 const tenants = 1_000;
-
-function freePort(): Promise<number> {
-  return new Promise((done, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() =>
-        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
-      );
-    });
-  });
-}
 
 const columns = "(tenant_id, seq, queries, rows_returned, errors, lease_ms, pool_starts, at)";
 

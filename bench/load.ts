@@ -146,7 +146,13 @@ function send(via: Agent, url: string, init: FetchInit): Promise<Response> {
           resolve(
             new Response(Buffer.concat(chunks), {
               status: response.statusCode ?? 500,
-              headers: { "content-type": String(response.headers["content-type"] ?? "text/plain") },
+              headers: {
+                "content-type": String(response.headers["content-type"] ?? "text/plain"),
+                // Kept for the admission phase, which checks that refusals carry a retry hint.
+                ...(response.headers["retry-after"] === undefined
+                  ? {}
+                  : { "retry-after": String(response.headers["retry-after"]) }),
+              },
             }),
           );
         });

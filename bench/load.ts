@@ -144,16 +144,20 @@ function send(via: Agent, url: string, init: FetchInit): Promise<Response> {
         response.on("error", reject);
         response.on("end", () => {
           resolve(
-            new Response(Buffer.concat(chunks), {
-              status: response.statusCode ?? 500,
-              headers: {
-                "content-type": String(response.headers["content-type"] ?? "text/plain"),
-                // Kept for the admission phase, which checks that refusals carry a retry hint.
-                ...(response.headers["retry-after"] === undefined
-                  ? {}
-                  : { "retry-after": String(response.headers["retry-after"]) }),
+            // A Response with a null-body status (204 …) must have no body, not even an empty one.
+            new Response(
+              [101, 204, 205, 304].includes(response.statusCode ?? 500) ? null : Buffer.concat(chunks),
+              {
+                status: response.statusCode ?? 500,
+                headers: {
+                  "content-type": String(response.headers["content-type"] ?? "text/plain"),
+                  // Kept for the admission phase, which checks that refusals carry a retry hint.
+                  ...(response.headers["retry-after"] === undefined
+                    ? {}
+                    : { "retry-after": String(response.headers["retry-after"]) }),
+                },
               },
-            }),
+            ),
           );
         });
       },

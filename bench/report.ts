@@ -129,6 +129,8 @@ export interface AdmissionResult {
     saturations: number;
     /** The leased pools afterwards: still ready, same generation (never evicted). */
     leasedPoolsKept: boolean;
+    /** Session leases released at the end with 204 (of 2). */
+    leasesReleased: number;
   };
   /** GET /v1/capacity sampled through both measurements. */
   capacity: {
@@ -161,7 +163,7 @@ export function admissionTable(a: AdmissionResult): string {
       ],
       [
         "(b) answers: 503 capacity_saturated with Retry-After",
-        `${a.saturated.requests - a.saturated.errors} of ${a.saturated.requests} (Retry-After: ${[...new Set(a.saturated.retryAfter)].join(", ") || "–"}); ${a.saturated.saturations} saturations counted; leased pools kept: ${a.saturated.leasedPoolsKept ? "yes" : "NO"}`,
+        `${a.saturated.requests - a.saturated.errors} of ${a.saturated.requests} (Retry-After: ${[...new Set(a.saturated.retryAfter)].join(", ") || "–"}); ${a.saturated.saturations} saturations counted; leased pools kept: ${a.saturated.leasedPoolsKept ? "yes" : "NO"}; leases released: ${a.saturated.leasesReleased} of 2`,
       ],
       [
         "GET /v1/capacity during (a) and (b): max allocated+reserved; +draining; max waiters",

@@ -898,6 +898,20 @@ async function admission(
       `  p50 ${percentile(refused, 50).toFixed(0)} ms, p99 ${percentile(refused, 99).toFixed(0)} ms, ${refused.length - saturatedErrorCount} of ${refused.length} were 503 capacity_saturated, ${saturations} saturations`,
     );
 
+    // Release the leases: each must answer 204.
+    let leasesReleased = 0;
+    while (leases.length > 0) {
+      const lease = leases.shift();
+      const owner = leaseOwners.shift();
+      if (!lease || !owner) break;
+      const response = await lightFetch(`${base}/v1/leases/${lease}`, {
+        method: "DELETE",
+        headers: { authorization: `Bearer ${owner.key}` },
+      });
+      await response.text();
+      if (response.status === 204) leasesReleased++;
+    }
+
     sampling = false;
     await sampler;
     if (capacity.samples === 0) throw new Error("GET /v1/capacity answered no sample");
@@ -932,6 +946,7 @@ async function admission(
         maxMs: percentile(refused, 100),
         saturations,
         leasedPoolsKept,
+        leasesReleased,
       },
       capacity: {
         samples: capacity.samples,
@@ -964,7 +979,8 @@ function admissionErrors(a: AdmissionResult): number {
     a.saturated.errors +
     a.capacity.violations +
     (a.evicting.evictions === a.evicting.requests ? 0 : 1) +
-    (a.saturated.leasedPoolsKept ? 0 : 1)
+    (a.saturated.leasedPoolsKept ? 0 : 1) +
+    (a.saturated.leasesReleased === 2 ? 0 : 1)
   );
 }
 
@@ -1274,7 +1290,7 @@ async function main(): Promise<number> {
     if (stormResult.errors > 0) console.error(`  storm: ${stormResult.errorSamples.join(" | ")}`);
     if (admissionErrors(admissionResult) > 0) {
       console.error(
-        `  admission: ${[...admissionResult.evicting.errorSamples, ...admissionResult.saturated.errorSamples].join(" | ")}; evictions ${admissionResult.evicting.evictions} of ${admissionResult.evicting.requests}; leased pools kept: ${admissionResult.saturated.leasedPoolsKept}; capacity violations ${admissionResult.capacity.violations}`,
+        `  admission: ${[...admissionResult.evicting.errorSamples, ...admissionResult.saturated.errorSamples].join(" | ")}; evictions ${admissionResult.evicting.evictions} of ${admissionResult.evicting.requests}; leased pools kept: ${admissionResult.saturated.leasedPoolsKept}; leases released ${admissionResult.saturated.leasesReleased} of 2; capacity violations ${admissionResult.capacity.violations}`,
       );
     }
     return 1;

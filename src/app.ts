@@ -31,7 +31,7 @@ app.use("*", (c, next) => {
   return limit(c, next);
 });
 
-app.get("/", (c) => c.json({ service: "lessor", docs: "https://github.com/lessor/lessor#readme" }));
+app.get("/", (c) => c.json({ service: "lessor", sql: "/sql", api: "/v1" }));
 app.route("/", sqlRoutes);
 app.route("/", usageRoutes);
 app.route("/", maintenanceRoutes);
@@ -50,7 +50,7 @@ app.onError((error, c) => {
       logEvent("error", "request_failed", {
         code: error.code,
         failure: describeFailure(error),
-        cause: describeFailure(error.cause),
+        ...(error.cause === undefined ? {} : { cause: describeFailure(error.cause) }),
       });
     }
     return c.json(error.body(), error.status, errorHeaders(error));

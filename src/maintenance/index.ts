@@ -38,14 +38,14 @@ export async function withControlPlaneClient<T>(
   }
 }
 
-/** One fold run on its own connection (`lessor:fold`). */
+/** One fold run on its own connection (`lessor-fold`). */
 export function foldOnce(
   config: LessorConfig,
   env: Env,
   options: FoldOptions,
   scheduledAt: number | null,
 ): Promise<FoldRun> {
-  return withControlPlaneClient(config, env, "lessor:fold", (client) =>
+  return withControlPlaneClient(config, env, "lessor-fold", (client) =>
     runFold(client, options, { scheduledAt }),
   );
 }

@@ -24,7 +24,7 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, async (c) => {
   }
   const config = loadConfig(c.env);
   const options = foldOptionsFromVars(c.env);
-  const status = await withControlPlaneClient(config, c.env, "lessor:maintenance", (client) =>
+  const status = await withControlPlaneClient(config, c.env, "lessor-maintenance", (client) =>
     readMaintenanceStatus(client, options, { before: cursor, limit }),
   );
   return c.json(status);

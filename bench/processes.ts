@@ -5,25 +5,12 @@
  */
 import { type ChildProcess, fork, spawn } from "node:child_process";
 import { readdirSync, readFileSync, readlinkSync } from "node:fs";
-import { createServer } from "node:net";
 import { resolve } from "node:path";
 import type { BenchStackInfo } from "./stack.ts";
 
 export const root = resolve(import.meta.dirname, "..");
 
-/** A free loopback TCP port (closed again before it is returned). */
-export function freePort(): Promise<number> {
-  return new Promise((done, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const address = server.address();
-      server.close(() =>
-        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
-      );
-    });
-  });
-}
+export { freePort } from "../local/stack.ts";
 
 /** Rejects after `ms` with `what` in the message; the timer never keeps the process alive. */
 export function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {

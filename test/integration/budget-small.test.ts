@@ -93,7 +93,9 @@ function startSampler(): { stop: () => Promise<Samples> } {
   const samples: Samples = { count: 0, maxLedger: 0, maxBackends: 0, violations: [], failures: [] };
   let running = true;
   const done = asSuperuser(async (client) => {
-    for (let i = 0; running && i < 4_000; i++) {
+    // Runs until stopped, and in any case until one sample succeeded (a stop that comes before the
+    // first sample would otherwise leave a run that measured nothing); bounded either way.
+    for (let i = 0; (running || samples.count === 0) && i < 4_000; i++) {
       let status: CapacityStatus;
       let result: { rows: unknown[] };
       try {

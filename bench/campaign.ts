@@ -23,7 +23,14 @@ import { cpSync, mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { cpus, loadavg, totalmem } from "node:os";
 import { resolve } from "node:path";
 import pg from "pg";
-import { freePort, type LocalStack, root, startLocalStack, writeEnvFile } from "../local/stack.ts";
+import {
+  freePort,
+  type LocalStack,
+  root,
+  startLocalStack,
+  wranglerDevArgs,
+  writeEnvFile,
+} from "../local/stack.ts";
 
 const tenantCount = Number(process.env.TENANTS ?? 100);
 const concurrencies = [1, 4, 8];
@@ -85,25 +92,15 @@ async function startWrangler(port: number): Promise<Wrangler> {
   snapshotSources();
   const child = spawn(
     process.execPath,
-    [
-      resolve(root, "node_modules/wrangler/bin/wrangler.js"),
-      "dev",
-      "--ip",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--inspector-port",
-      String(await freePort()),
-      "--env-file",
+    wranglerDevArgs({
+      port,
       envFile,
-      "--test-scheduled",
-      "--show-interactive-dev-session=false",
-      "--persist-to",
-      persistDir,
-      "--log-level",
+      persistTo: persistDir,
+      inspectorPort: await freePort(),
+      testScheduled: true,
       // The Worker's own console lines ("log" level) are how the bench knows a cron job finished.
-      process.env.WRANGLER_LOG ?? "log",
-    ],
+      extra: ["--log-level", process.env.WRANGLER_LOG ?? "log"],
+    }),
     {
       cwd: snapshotDir,
       // Its own process group, so stopping it stops its workerd too.

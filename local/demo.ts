@@ -23,7 +23,7 @@ import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { neon, neonConfig } from "@neondatabase/serverless";
 import pg from "pg";
-import { freePort, type LocalStack, root, startLocalStack, writeEnvFile } from "./stack.ts";
+import { freePort, type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
 
 const poolSize = 5;
 const tier = "standard";
@@ -233,21 +233,7 @@ async function startStack(): Promise<void> {
   baseUrl = `http://127.0.0.1:${port}`;
   const child = spawn(
     process.execPath,
-    [
-      resolve(root, "node_modules/wrangler/bin/wrangler.js"),
-      "dev",
-      "--ip",
-      "127.0.0.1",
-      "--port",
-      String(port),
-      "--inspector-port",
-      String(inspectorPort),
-      "--env-file",
-      envFile,
-      "--show-interactive-dev-session=false",
-      "--persist-to",
-      wranglerDir,
-    ],
+    wranglerDevArgs({ port, envFile, persistTo: wranglerDir, inspectorPort }),
     {
       cwd: root,
       stdio: ["ignore", "pipe", "pipe"],

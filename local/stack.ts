@@ -119,3 +119,34 @@ export function writeEnvFile(path: string, vars: Record<string, string>): void {
   });
   writeFileSync(path, `${lines.join("\n")}\n`, { mode: 0o600 });
 }
+
+/**
+ * Arguments for `node <wrangler> dev` as every local script runs it: loopback only, secrets from an
+ * env file, no interactive session. Run with `spawn(process.execPath, wranglerDevArgs(…))` (wrangler
+ * needs the Node 22 that runs this script, not the system Node).
+ */
+export function wranglerDevArgs(options: {
+  port: number;
+  envFile: string;
+  persistTo: string;
+  inspectorPort?: number;
+  testScheduled?: boolean;
+  extra?: readonly string[];
+}): string[] {
+  return [
+    resolve(root, "node_modules/wrangler/bin/wrangler.js"),
+    "dev",
+    "--ip",
+    "127.0.0.1",
+    "--port",
+    String(options.port),
+    "--env-file",
+    options.envFile,
+    "--show-interactive-dev-session=false",
+    "--persist-to",
+    options.persistTo,
+    ...(options.inspectorPort === undefined ? [] : ["--inspector-port", String(options.inspectorPort)]),
+    ...(options.testScheduled ? ["--test-scheduled"] : []),
+    ...(options.extra ?? []),
+  ];
+}

@@ -10,7 +10,7 @@ import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
-import { root, startLocalStack, writeEnvFile } from "./stack.ts";
+import { root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
 
 interface LocalSecrets {
   adminKey: string;
@@ -62,21 +62,13 @@ writeEnvFile(envFile, vars);
 
 const wrangler = spawn(
   process.execPath,
-  [
-    resolve(root, "node_modules/wrangler/bin/wrangler.js"),
-    "dev",
-    "--ip",
-    "127.0.0.1",
-    "--port",
-    String(port),
-    "--test-scheduled",
-    "--env-file",
+  wranglerDevArgs({
+    port,
     envFile,
-    "--show-interactive-dev-session=false",
-    "--persist-to",
-    resolve(stateDir, "wrangler"),
-    ...process.argv.slice(2),
-  ],
+    persistTo: resolve(stateDir, "wrangler"),
+    testScheduled: true,
+    extra: process.argv.slice(2),
+  }),
   { cwd: root, stdio: ["ignore", "pipe", "inherit"] },
 );
 

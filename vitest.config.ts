@@ -35,6 +35,8 @@ function workersProject(name: string, include: string[], globalSetup: string) {
 
 export default defineConfig({
   test: {
+    // A passing run prints the summary; a failing test prints its own logs (src/log).
+    silent: "passed-only",
     projects: [
       {
         test: {

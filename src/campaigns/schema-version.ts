@@ -20,9 +20,10 @@ import {
   recordedAppVersion,
 } from "../core/campaign.ts";
 import type { SqlRequest } from "../core/neon-protocol.ts";
-import { describeFailure, LessorError, logEvent } from "../errors/index.ts";
+import { describeFailure, LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import type { SqlOutcome } from "../tenant-object/index.ts";
+import type { SqlOutcome } from "../rpc/tenant.ts";
 import { appVersionsSeenSince, noteAppVersionSeen } from "./store.ts";
 
 export const schemaVersionHeader = "Lessor-Schema-Version";

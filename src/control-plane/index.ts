@@ -3,12 +3,14 @@
  * Worker cannot hold a pool across requests, and none of this is on the hot path (a tenant's
  * queries never touch the control plane).
  */
+
+import type { Client } from "@neondatabase/serverless";
 import { and, eq, max, sql } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { LessorConfig } from "../config/index.ts";
 import { LessorError } from "../errors/index.ts";
 import { withConnection } from "../postgres/index.ts";
-import type { TenantRecord } from "../tenant-object/record.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
 import {
   controlPlaneSchema,
   generationLedger,
@@ -17,17 +19,23 @@ import {
   tenants,
 } from "./schema.ts";
 
-export type ControlPlane = NeonDatabase<typeof controlPlaneSchema>;
+/** A control-plane session: drizzle over one connection (`$client` for raw SQL). */
+export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: Client };
 
-/** Runs `work` with a control-plane connection; connection failures become `control_plane_unavailable`. */
+/**
+ * Runs `work` with a control-plane connection named `applicationName` (so each job shows up as
+ * itself in `pg_stat_activity`); a failed connect becomes `control_plane_unavailable`. Raw SQL work
+ * uses `db.$client`.
+ */
 export async function withControlPlane<T>(
   config: LessorConfig,
   env: Env,
   work: (db: ControlPlane) => Promise<T>,
+  applicationName = "lessor-control-plane",
 ): Promise<T> {
   let connected = false;
   try {
-    return await withConnection(config, env.LESSOR_CONTROL_PLANE_URL, "lessor-control-plane", (client) => {
+    return await withConnection(config, env.LESSOR_CONTROL_PLANE_URL, applicationName, (client) => {
       connected = true;
       return work(drizzle({ client, schema: controlPlaneSchema }));
     });

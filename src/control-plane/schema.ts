@@ -102,7 +102,7 @@ export const usageDeltas = pgTable(
 );
 
 /**
- * Per-tenant usage totals, written only by the fold (src/maintenance/fold.ts), never on the hot
+ * Per-tenant usage totals, written only by the fold (src/folds/fold.ts), never on the hot
  * path. Exact readers add the deltas above `folded_seq` that have not been folded yet.
  */
 export const usageRollups = pgTable("usage_rollups", {
@@ -120,7 +120,7 @@ export const usageRollups = pgTable("usage_rollups", {
   foldedAt: timestamp("folded_at", { withTimezone: true }).notNull().defaultNow(),
 });
 
-/** Append-only: one row per fold run, whatever it did (see src/maintenance/outcome.ts). */
+/** Append-only: one row per fold run, whatever it did (see src/folds/outcome.ts). */
 export const foldOutcomes = pgTable(
   "fold_outcomes",
   {

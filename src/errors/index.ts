@@ -1,11 +1,12 @@
 /**
  * The one error catalog. Every refusal Lessor makes has a stable `code`, an HTTP status and a
  * public message that is safe to show a caller. The internal message and the cause are for logs
- * only, and even there never carry a credential (see `redact`).
+ * only, and even there never carry a credential (see `redact` in src/log).
  */
+import { redact } from "../log/index.ts";
 
 export interface ErrorSpec {
-  readonly status: 400 | 401 | 403 | 404 | 405 | 409 | 413 | 415 | 423 | 500 | 502 | 503 | 504;
+  readonly status: 400 | 401 | 403 | 404 | 409 | 413 | 423 | 500 | 502 | 503 | 504;
   readonly message: string;
   /** Retryable refusals carry a hint in seconds; it becomes `Retry-After`. */
   readonly retryable?: boolean;
@@ -13,10 +14,8 @@ export interface ErrorSpec {
 
 export const errorCatalog = {
   not_found: { status: 404, message: "No such route." },
-  method_not_allowed: { status: 405, message: "Method not allowed on this route." },
   invalid_json: { status: 400, message: "The request body is not valid JSON." },
   invalid_request: { status: 400, message: "The request is not valid." },
-  unsupported_media_type: { status: 415, message: "Send the body as application/json." },
   payload_too_large: { status: 413, message: "The request body is larger than this deployment accepts." },
   invalid_tenant_id: {
     status: 400,
@@ -34,10 +33,6 @@ export const errorCatalog = {
     status: 409,
     message: "This tenant is being provisioned by another request; retry shortly.",
     retryable: true,
-  },
-  tenant_not_ready: {
-    status: 409,
-    message: "The tenant has not finished provisioning; send the same create request again to resume it.",
   },
   tenant_disabled: { status: 423, message: "The tenant is disabled." },
   unknown_host: { status: 400, message: "No database host with that name is configured." },
@@ -178,34 +173,6 @@ export interface WireError {
 /** Headers an error answer carries. */
 export function errorHeaders(error: LessorError): Record<string, string> {
   return error.retryAfterSeconds === undefined ? {} : { "Retry-After": String(error.retryAfterSeconds) };
-}
-
-const secretPatterns: ReadonlyArray<readonly [RegExp, string]> = [
-  // postgres://user:password@host: keep the user and host, drop the password.
-  [/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^@\s]*@/gi, "$1[redacted]@"],
-  // Lessor keys, wherever they appear.
-  [/\blsk_[A-Za-z0-9_-]{8,}/g, "[redacted]"],
-  // password=... in libpq keyword form or JSON-ish text.
-  [/(password["']?\s*[:=]\s*["']?)[^"'\s,}]+/gi, "$1[redacted]"],
-];
-
-/** Removes anything that looks like a credential from text bound for a log line. */
-export function redact(text: string): string {
-  let out = text;
-  for (const [pattern, replacement] of secretPatterns) out = out.replace(pattern, replacement);
-  return out;
-}
-
-/** One structured log line, credentials redacted. Never pass a stack. */
-export function logEvent(
-  level: "info" | "warn" | "error",
-  event: string,
-  fields: Record<string, unknown>,
-): void {
-  const line = redact(JSON.stringify({ level, event, ...fields }));
-  if (level === "error") console.error(line);
-  else if (level === "warn") console.warn(line);
-  else console.log(line);
 }
 
 /** A short, secret-free description of an unknown failure, for logs. */

@@ -23,6 +23,8 @@ export function configureDriver(config: LessorConfig): void {
   }
 }
 
+export type { Queryable } from "./queryable.ts";
+
 export interface ConnectionTarget {
   host: string;
   port: number;

@@ -1,29 +1,42 @@
 /** Authentication of REST callers: the admin key, or a tenant's own key for its own endpoints. */
-import { bearerAuth } from "hono/bearer-auth";
 import { createMiddleware } from "hono/factory";
 import { parseTenantId } from "../core/tenant-id.ts";
 import { hashKey, secretMatches } from "../crypto/keys.ts";
-import { errorCatalog, LessorError } from "../errors/index.ts";
+import { LessorError } from "../errors/index.ts";
 import type { AppContext, AppEnv } from "./context.ts";
 
-const missing = { code: "missing_credentials", message: errorCatalog.missing_credentials.message };
-const malformed = { code: "invalid_request", message: "Send the key as `Authorization: Bearer <key>`." };
-const invalid = { code: "invalid_credentials", message: "Invalid key." };
+/**
+ * The token of `Authorization: Bearer <token>`: `missing_credentials` without the header,
+ * `invalid_request` for a header of another form (that is a malformed request, not a wrong key).
+ */
+export function bearerToken(c: AppContext): string {
+  const header = c.req.header("Authorization");
+  if (!header) throw new LessorError("missing_credentials");
+  const token = /^Bearer +(\S+)$/i.exec(header.trim())?.[1];
+  if (!token) {
+    throw new LessorError("invalid_request", {
+      publicMessage: "Send the key as `Authorization: Bearer <key>`.",
+    });
+  }
+  return token;
+}
 
 function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
   return c.env.LESSOR_ADMIN_KEY ? secretMatches(token, c.env.LESSOR_ADMIN_KEY) : false;
 }
 
 /** Requires `Authorization: Bearer <LESSOR_ADMIN_KEY>`, compared in constant time. */
-export const requireAdmin = createMiddleware<AppEnv>((c, next) =>
-  bearerAuth<AppEnv>({
-    verifyToken: (token) => isAdminKey(c, token),
-    noAuthenticationHeader: { message: missing },
-    // Hono answers a malformed header with 400: that is an invalid request, not a wrong key.
-    invalidAuthenticationHeader: { message: malformed },
-    invalidToken: { message: invalid },
-  })(c, next),
-);
+export const requireAdmin = createMiddleware<AppEnv>(async (c, next) => {
+  if (!(await isAdminKey(c, bearerToken(c)))) {
+    throw new LessorError("invalid_credentials", { publicMessage: "Invalid key." });
+  }
+  await next();
+});
+
+/** The hex SHA-256 of the bearer token: what a tenant's object compares with its key hash. */
+export async function tenantKeyHash(c: AppContext): Promise<string> {
+  return hashKey(bearerToken(c));
+}
 
 /** Who a tenant-scoped REST call is from. */
 export type Principal = { kind: "admin" } | { kind: "tenant"; tenantId: string };
@@ -34,10 +47,7 @@ export type Principal = { kind: "admin" } | { kind: "tenant"; tenantId: string }
  * the same 404, so a tenant key cannot probe which tenants exist.
  */
 export async function authenticateTenantOrAdmin(c: AppContext): Promise<Principal> {
-  const header = c.req.header("Authorization");
-  const token = header?.match(/^Bearer\s+(\S+)$/i)?.[1];
-  if (!header) throw new LessorError("missing_credentials");
-  if (!token) throw new LessorError("invalid_credentials");
+  const token = bearerToken(c);
   if (await isAdminKey(c, token)) return { kind: "admin" };
   const tenantId = parseTenantId(c.req.param("id"));
   if (!tenantId) throw new LessorError("invalid_tenant_id");

@@ -7,23 +7,16 @@
  *     DELETE /v1/leases/:lease
  */
 import { Hono } from "hono";
+import * as v from "valibot";
 import { parseSqlRequest } from "../core/neon-protocol.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
-import { hashKey } from "../crypto/keys.ts";
 import { LessorError } from "../errors/index.ts";
-import { sessionTokenPrefix } from "../tenant-object/index.ts";
-import { type AppContext, type AppEnv, readJson } from "./context.ts";
+import { sessionTokenPrefix } from "../rpc/tenant.ts";
+import { tenantKeyHash } from "./auth.ts";
+import { type AppEnv, readJson } from "./context.ts";
+import { jsonBody, jsonObject } from "./validation.ts";
 
 export const leaseRoutes = new Hono<AppEnv>();
-
-/** The tenant key from `Authorization: Bearer`, hashed. */
-async function tenantKeyHash(c: AppContext): Promise<string> {
-  const header = c.req.header("Authorization");
-  if (!header) throw new LessorError("missing_credentials");
-  const token = header.match(/^Bearer\s+(\S+)$/i)?.[1];
-  if (!token) throw new LessorError("invalid_credentials");
-  return hashKey(token);
-}
 
 /** `lsl_<tenant>_<random>`: the tenant part routes the call; the object checks the rest. */
 function leaseTenant(token: string): TenantId {
@@ -35,19 +28,23 @@ function leaseTenant(token: string): TenantId {
   return tenantId;
 }
 
-leaseRoutes.post("/v1/tenants/:id/leases", async (c) => {
+const openLeaseBody = jsonObject({
+  ttlMs: v.optional(
+    v.pipe(
+      v.number("ttlMs must be a positive number of milliseconds."),
+      v.finite("ttlMs must be a positive number of milliseconds."),
+      v.gtValue(0, "ttlMs must be a positive number of milliseconds."),
+    ),
+    30_000,
+  ),
+});
+
+leaseRoutes.post("/v1/tenants/:id/leases", jsonBody(openLeaseBody), async (c) => {
   const tenantId = parseTenantId(c.req.param("id"));
   if (!tenantId) throw new LessorError("invalid_tenant_id");
   const keyHash = await tenantKeyHash(c);
-  const body = await readJson(c);
-  const ttlMs =
-    typeof body === "object" && body !== null ? (body as Record<string, unknown>).ttlMs : undefined;
-  if (ttlMs !== undefined && (typeof ttlMs !== "number" || !Number.isFinite(ttlMs) || ttlMs <= 0)) {
-    throw new LessorError("invalid_request", {
-      publicMessage: "ttlMs must be a positive number of milliseconds.",
-    });
-  }
-  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, keyHash, ttlMs ?? 30_000);
+  const { ttlMs } = c.req.valid("json");
+  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, keyHash, ttlMs);
   if (!opened.ok) throw notFoundIfUnauthenticated(opened.error);
   return c.json({ lease: opened.lease, generation: opened.generation, expiresAt: opened.expiresAt }, 201);
 });

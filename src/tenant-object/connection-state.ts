@@ -31,3 +31,27 @@ export function trackTransactionStatus(client: PoolClient, onError: (error: Erro
 export function isIdleOutsideTransaction(client: PoolClient): boolean {
   return (statusOf.get(client) ?? "I") === "I";
 }
+
+/** SQLSTATE classes after which the connection cannot be reused (terminated, protocol trouble). */
+export function isConnectionFatal(error: unknown): boolean {
+  const code = (error as { code?: unknown }).code;
+  return typeof code === "string" && (code.startsWith("57P") || code.startsWith("08"));
+}
+
+/**
+ * Leaves the connection as a fresh one would be: outside any transaction and, where the work may
+ * have set session state, without it. Returns an error if the connection cannot be made clean, so
+ * the pool destroys it instead of reusing it.
+ */
+export async function resetConnection(
+  client: PoolClient,
+  discardSessionState: boolean,
+): Promise<Error | undefined> {
+  try {
+    if (!isIdleOutsideTransaction(client)) await client.query("ROLLBACK");
+    if (discardSessionState) await client.query("DISCARD ALL");
+    return undefined;
+  } catch (error) {
+    return error instanceof Error ? error : new Error("reset failed");
+  }
+}

@@ -14,7 +14,7 @@
 import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { CapacityStatus } from "../../src/budget-object/index.ts";
+import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
 import {
   admin,

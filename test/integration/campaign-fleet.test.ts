@@ -20,6 +20,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { app } from "../../src/app.ts";
 import { type CampaignTickReport, runCampaignTick, type TickOptions } from "../../src/campaigns/runner.ts";
 import worker from "../../src/index.ts";
+import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import {
   admin,
   asSuperuser,
@@ -103,12 +104,36 @@ async function createTenants(prefix: string, count: number): Promise<CreatedTena
  * their objects' cached records (only `Lessor-Schema-Version` reads those; a migration reads the
  * database's own ledger).
  */
+/**
+ * A DDL log in a tenant database, test-only and out of the tenant role's reach: an event trigger
+ * (superuser) records the text of every DDL statement that runs there. It is how the tests count a
+ * migration's side effects rather than trusting the migrator's own ledger.
+ */
+const ddlLogSetup = `
+  CREATE SCHEMA IF NOT EXISTS lessor_test;
+  CREATE TABLE IF NOT EXISTS lessor_test.ddl_log (id serial PRIMARY KEY, tag text NOT NULL, query text NOT NULL);
+  CREATE OR REPLACE FUNCTION lessor_test.log_ddl() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+    BEGIN INSERT INTO lessor_test.ddl_log (tag, query) VALUES (tg_tag, current_query()); END $$;
+  DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lessor_test_ddl_log') THEN
+      CREATE EVENT TRIGGER lessor_test_ddl_log ON ddl_command_end EXECUTE FUNCTION lessor_test.log_ddl();
+    END IF;
+  END $$`;
+
+/** The version each tenant was last rolled back to: the DDL log counts from there. */
+const rolledBackTo = new Map<string, number>();
+
 async function rollBack(tenants: readonly CreatedTenant[], version: number, refresh = false): Promise<void> {
   await mapConcurrent(tenants, 6, (tenant) =>
     asSuperuser(async (client) => {
+      await client.query(ddlLogSetup);
       if (version < 3) await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
       if (version < 2) await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
       await client.query("DELETE FROM lessor.schema_migrations WHERE version > $1", [version]);
+      // The rollback's own DDL is not a migration.
+      await client.query("TRUNCATE lessor_test.ddl_log");
+      rolledBackTo.set(tenant.id, version);
     }, `tenant_${tenant.id}`),
   );
   await asSuperuser(
@@ -127,7 +152,7 @@ async function rollBack(tenants: readonly CreatedTenant[], version: number, refr
   });
 }
 
-/** The tenant database's own ledger: version → how many times it is recorded. */
+/** The tenant database's own ledger: version → how many rows record it (its primary key makes that 1). */
 function ledgerOf(tenantId: string): Promise<Map<number, number>> {
   return asSuperuser(async (client) => {
     const { rows } = await client.query(
@@ -137,14 +162,31 @@ function ledgerOf(tenantId: string): Promise<Map<number, number>> {
   }, `tenant_${tenantId}`);
 }
 
-/** Every version up to `version` recorded exactly once, and nothing beyond. */
+/**
+ * The tenant database is at `version` (its ledger lists 1…`version`), and since its last rollback
+ * every statement of every step up to `version` ran exactly once, by the DDL log: a step applied
+ * twice, or a step re-run below the rollback point, fails this.
+ */
 async function expectMigratedOnce(tenantId: string, version: number): Promise<void> {
   const ledger = await ledgerOf(tenantId);
   expect([...ledger.keys()], tenantId).toEqual(Array.from({ length: version }, (_, i) => i + 1));
-  expect(
-    [...ledger.values()].every((n) => n === 1),
-    tenantId,
-  ).toBe(true);
+  const from = rolledBackTo.get(tenantId);
+  if (from === undefined) return;
+  const ran = await asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT query FROM lessor_test.ddl_log ORDER BY id");
+    return rows.map((row: { query: string }) => row.query.trim());
+  }, `tenant_${tenantId}`);
+  for (const step of tenantMigrations) {
+    for (const statement of step.statements) {
+      const times = ran.filter((query) => query === statement.trim()).length;
+      const expected = step.version > from && step.version <= version ? 1 : 0;
+      expect({ tenantId, step: step.version, times }).toEqual({
+        tenantId,
+        step: step.version,
+        times: expected,
+      });
+    }
+  }
 }
 
 async function createCampaign(body: Record<string, unknown>) {

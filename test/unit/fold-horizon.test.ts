@@ -8,7 +8,7 @@ import {
   type HorizonObservation,
   type PreparedTransaction,
   type ReplicationSlot,
-} from "../../src/maintenance/horizon.ts";
+} from "../../src/folds/horizon.ts";
 
 const now = Date.parse("2026-11-29T12:00:00Z");
 const ownPid = 100;

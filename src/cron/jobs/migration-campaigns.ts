@@ -1,6 +1,7 @@
 /** The campaign runner as a cron job: one bounded tick per cron tick (src/cron). */
-import type { CronJob } from "../cron/fan-out.ts";
-import { runCampaignTick } from "./runner.ts";
+
+import { runCampaignTick } from "../../campaigns/runner.ts";
+import type { CronJob } from "../fan-out.ts";
 
 export const campaignJob: CronJob = {
   name: "migration-campaigns",

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { LessorError } from "../../src/errors/index.ts";
-import { type Queryable, runFold } from "../../src/maintenance/fold.ts";
-import { defaultFoldOptions, foldOptionsFromVars } from "../../src/maintenance/options.ts";
-import { describeFoldOutcome, outcomeColumns } from "../../src/maintenance/outcome.ts";
+import { runFold } from "../../src/folds/fold.ts";
+import { defaultFoldOptions, foldOptionsFromVars } from "../../src/folds/options.ts";
+import { describeFoldOutcome, outcomeColumns } from "../../src/folds/outcome.ts";
 import {
   appendFoldOutcomeSql,
   foldDeltasSql,
@@ -11,8 +11,9 @@ import {
   trimGenerationLedgerSql,
   trimLifecycleEventsSql,
   tryFoldLockSql,
-} from "../../src/maintenance/sql.ts";
-import { outcomeFromRow } from "../../src/maintenance/status.ts";
+} from "../../src/folds/sql.ts";
+import { outcomeFromRow } from "../../src/folds/status.ts";
+import type { Queryable } from "../../src/postgres/queryable.ts";
 
 const now = Date.parse("2026-11-29T12:00:00Z");
 

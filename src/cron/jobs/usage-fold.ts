@@ -1,9 +1,9 @@
 /** The fold as a cron job: one bounded run per tick (src/cron). */
-import { loadConfig } from "../config/index.ts";
-import type { CronJob } from "../cron/fan-out.ts";
-import { foldOnce } from "./index.ts";
-import { foldOptionsFromVars } from "./options.ts";
-import { describeFoldOutcome } from "./outcome.ts";
+import { loadConfig } from "../../config/index.ts";
+import { foldOnce } from "../../folds/index.ts";
+import { foldOptionsFromVars } from "../../folds/options.ts";
+import { describeFoldOutcome } from "../../folds/outcome.ts";
+import type { CronJob } from "../fan-out.ts";
 
 export const usageFoldJob: CronJob = {
   name: "usage-fold",

@@ -9,7 +9,9 @@
  * Safe to run twice, concurrently or killed half way: the advisory lock serializes runs (a busy
  * lock skips the tick), and everything a run changes commits or rolls back together.
  */
+
 import { describeFailure } from "../errors/index.ts";
+import type { Queryable } from "../postgres/queryable.ts";
 import {
   type BackendActivity,
   decideHorizon,
@@ -32,11 +34,6 @@ import {
   trimLifecycleEventsSql,
   tryFoldLockSql,
 } from "./sql.ts";
-
-/** The part of a Postgres client the fold needs (node-postgres and the Neon driver both fit). */
-export interface Queryable {
-  query(text: string, params?: unknown[]): Promise<{ rows: Record<string, unknown>[] }>;
-}
 
 /** One run: the outcome, the id of its `fold_outcomes` row, and what the gate could not see. */
 export interface FoldRun {

@@ -2,11 +2,11 @@
  * Cron job: reconcile every host's budget ledger. An allocation whose tenant no longer confirms its
  * generation (an object that died, a start that never finished) is released. Idempotent.
  */
-import { loadConfig } from "../config/index.ts";
-import type { CronJob } from "../cron/fan-out.ts";
+import { loadConfig } from "../../config/index.ts";
+import type { CronJob } from "../fan-out.ts";
 
 export const budgetReconcileJob: CronJob = {
-  name: "budget_reconcile",
+  name: "budget-reconcile",
   timeoutMs: 30_000,
   async run(env) {
     const hosts = [...loadConfig(env).hosts.keys()];

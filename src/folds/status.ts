@@ -3,7 +3,8 @@
  * retained outcomes, the deltas backlog, and the horizon gate's verdict right now. A horizon
  * pinned for long shows up here as a growing backlog next to a run of `skipped_pinned` outcomes.
  */
-import { checkHorizon, type Queryable } from "./fold.ts";
+import type { Queryable } from "../postgres/queryable.ts";
+import { checkHorizon } from "./fold.ts";
 import { describePin, type HorizonPin } from "./horizon.ts";
 import type { FoldOptions } from "./options.ts";
 import { describeFoldOutcome, type FoldOutcome, type FoldOutcomeKind } from "./outcome.ts";

@@ -20,6 +20,9 @@ function workersProject(name: string, include: string[], globalSetup: string) {
               faulty: { connections: 100, reserve: 4 },
             }),
             LESSOR_SEAL_KEY: testSealKey,
+            // Short enough for the containment tests to watch the bounds act.
+            LESSOR_STATEMENT_TIMEOUT_MS: "5000",
+            LESSOR_LEASE_MAX_LIFETIME_MS: "120000",
             LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
             LESSOR_HOSTS: inject("hostsJson"),
             LESSOR_WS_PROXY: inject("wsProxy"),

@@ -28,6 +28,14 @@ export interface LessorConfig {
   leaseMaxTtlMs: number;
   /** A drain that has waited this long for leases reports them as overdue. */
   maxDrainMs: number;
+  /** Longest any tenant statement (or `/sql` transaction) may run before it is cancelled. */
+  statementTimeoutMs: number;
+  /** A session lease ends this long after it was opened, however often it is renewed. */
+  leaseMaxLifetimeMs: number;
+  /** `temp_file_limit` for tenant roles (superuser-only, so the tenant cannot lift it); null: host default. */
+  tempFileLimit: string | null;
+  /** Largest `/sql` or lease answer; a bigger result stops being read and is answered 507. */
+  maxResponseBytes: number;
 }
 
 /** Largest pool a tenant may hold. */
@@ -59,10 +67,21 @@ function jsonObject(setting: string, raw: string | undefined): Record<string, un
   return parsed as Record<string, unknown>;
 }
 
+/** A Postgres size such as `1GB` or `512MB`; empty means the host's own default. */
+function tempFileLimit(raw: string | undefined): string | null {
+  if (raw === undefined) return "1GB";
+  if (raw === "") return null;
+  if (!/^[1-9][0-9]{0,9}(kB|MB|GB|TB)$/.test(raw))
+    fail("LESSOR_TEMP_FILE_LIMIT", "must be a size such as 1GB");
+  return raw;
+}
+
 /** Reads and validates the configuration. */
 export function loadConfig(env: Env): LessorConfig {
   const cached = cache.get(env);
   if (cached) return cached;
+  // Optional vars that wrangler.toml need not declare.
+  const vars = env as unknown as Record<string, string | undefined>;
 
   const poolSizes = new Map<string, number>();
   for (const [tier, size] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
@@ -110,6 +129,18 @@ export function loadConfig(env: Env): LessorConfig {
     admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),
     maxDrainMs: positiveInt("LESSOR_MAX_DRAIN_MS", env.LESSOR_MAX_DRAIN_MS, 30_000),
+    statementTimeoutMs: positiveInt("LESSOR_STATEMENT_TIMEOUT_MS", vars.LESSOR_STATEMENT_TIMEOUT_MS, 30_000),
+    leaseMaxLifetimeMs: positiveInt(
+      "LESSOR_LEASE_MAX_LIFETIME_MS",
+      vars.LESSOR_LEASE_MAX_LIFETIME_MS,
+      900_000,
+    ),
+    tempFileLimit: tempFileLimit(vars.LESSOR_TEMP_FILE_LIMIT),
+    maxResponseBytes: positiveInt(
+      "LESSOR_MAX_RESPONSE_BYTES",
+      vars.LESSOR_MAX_RESPONSE_BYTES,
+      10 * 1024 * 1024,
+    ),
   };
   cache.set(env, config);
   return config;

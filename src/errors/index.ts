@@ -6,7 +6,7 @@
 import { redact } from "../log/index.ts";
 
 export interface ErrorSpec {
-  readonly status: 400 | 401 | 403 | 404 | 409 | 413 | 423 | 500 | 502 | 503 | 504;
+  readonly status: 400 | 401 | 403 | 404 | 409 | 413 | 423 | 500 | 502 | 503 | 504 | 507;
   readonly message: string;
   /** Retryable refusals carry a hint in seconds; it becomes `Retry-After`. */
   readonly retryable?: boolean;
@@ -72,7 +72,26 @@ export const errorCatalog = {
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",
     retryable: true,
   },
+  statement_timeout: {
+    status: 400,
+    message:
+      "The statement ran longer than this deployment allows (LESSOR_STATEMENT_TIMEOUT_MS) and was stopped; its transaction did not commit.",
+  },
+  response_too_large: {
+    status: 507,
+    message: "The answer is larger than this deployment returns (LESSOR_MAX_RESPONSE_BYTES).",
+  },
+  prepared_transaction_refused: {
+    status: 400,
+    message:
+      "Prepared transactions (PREPARE TRANSACTION) are not supported through Lessor; the transaction was rolled back.",
+  },
   lease_not_found: { status: 404, message: "No such lease." },
+  lease_expired: {
+    status: 409,
+    message:
+      "The lease expired (unused past its TTL, or past LESSOR_LEASE_MAX_LIFETIME_MS) and was reclaimed; its transaction was rolled back. Open a new lease.",
+  },
   lease_lost: {
     status: 409,
     message: "The connection behind this lease was lost; its transaction did not commit. Open a new lease.",

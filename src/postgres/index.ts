@@ -4,9 +4,14 @@
  * In production the driver reaches Neon over its secure WebSocket endpoint with the defaults.
  * Locally `LESSOR_WS_PROXY` points at the loopback WebSocket-to-TCP proxy: plain `ws://`, and no
  * pipelining (pipelined "password" connect breaks SCRAM against a vanilla Postgres).
+ *
+ * A connection as a tenant role is a `TenantClient`: each one mints its own one-time login token
+ * (src/crypto/login-guard.ts) and starts with the session limits, in its startup options.
  */
 import { Client, neonConfig, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
+
+export type { Queryable } from "./queryable.ts";
 
 let configuredProxy: string | null | undefined;
 
@@ -23,8 +28,6 @@ export function configureDriver(config: LessorConfig): void {
   }
 }
 
-export type { Queryable } from "./queryable.ts";
-
 export interface ConnectionTarget {
   host: string;
   port: number;
@@ -33,11 +36,74 @@ export interface ConnectionTarget {
   database: string;
 }
 
+/**
+ * Settings a tenant connection starts with. They are Postgres's own (soft) limits: the tenant can
+ * `SET` them for a statement, so Lessor's timers enforce the hard bounds (src/tenant-object).
+ */
+export interface SessionLimits {
+  statementTimeoutMs: number;
+  lockTimeoutMs: number;
+  idleInTransactionMs: number;
+}
+
+export interface TenantConnectionOptions {
+  applicationName: string;
+  limits: SessionLimits;
+  /** Mints the one-time login token each new connection presents to the tenant database's guard. */
+  loginToken: () => Promise<string>;
+}
+
+/** The libpq `options` startup parameter: `-c name=value` pairs (values here never hold spaces). */
+function startupOptions(limits: SessionLimits, token: string): string {
+  return [
+    `statement_timeout=${limits.statementTimeoutMs}`,
+    `lock_timeout=${limits.lockTimeoutMs}`,
+    `idle_in_transaction_session_timeout=${limits.idleInTransactionMs}`,
+    // A backend whose client vanished notices within a second even while it computes.
+    "client_connection_check_interval=1000",
+    `lessor.login=${token}`,
+  ]
+    .map((setting) => `-c ${setting}`)
+    .join(" ");
+}
+
+interface StartupConfigurable {
+  getStartupConf(): Record<string, string>;
+}
+
+/** A driver `Client` class whose connections carry a fresh login token and the session limits. */
+function tenantClientClass(options: TenantConnectionOptions): typeof Client {
+  const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
+  return class TenantClient extends Client {
+    private loginToken = "";
+
+    override connect(): Promise<void>;
+    override connect(callback: (err?: Error) => void): void;
+    override connect(callback?: (err?: Error) => void): Promise<void> | void {
+      const minted = options.loginToken().then((token) => {
+        this.loginToken = token;
+      });
+      if (!callback) return minted.then(() => super.connect());
+      minted.then(
+        () => super.connect(callback),
+        (error: unknown) => callback(error instanceof Error ? error : new Error("login token failed")),
+      );
+    }
+
+    /** Called by the driver when it sends the startup message, after `connect` minted the token. */
+    override getStartupConf = (): Record<string, string> => {
+      const conf = baseStartupConf.call(this);
+      conf.options = startupOptions(options.limits, this.loginToken);
+      return conf;
+    };
+  };
+}
+
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */
 export function openPool(
   config: LessorConfig,
   target: ConnectionTarget,
-  options: { max: number; applicationName: string; onError: (error: Error) => void },
+  options: TenantConnectionOptions & { max: number; onError: (error: Error) => void },
 ): Pool {
   configureDriver(config);
   const pool = new Pool({
@@ -48,26 +114,14 @@ export function openPool(
     connectionTimeoutMillis: 10_000,
     application_name: options.applicationName,
   });
+  // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
+  pool.Client = tenantClientClass(options);
   pool.on("error", options.onError);
   return pool;
 }
 
-/**
- * Runs `work` on a fresh connection and always closes it. For control-plane and provisioning work,
- * never for a tenant's queries (those go through the tenant's pool).
- */
-export async function withConnection<T>(
-  config: LessorConfig,
-  connectionString: string,
-  applicationName: string,
-  work: (client: Client) => Promise<T>,
-): Promise<T> {
-  configureDriver(config);
-  const client = new Client({
-    connectionString,
-    application_name: applicationName,
-    connectionTimeoutMillis: 10_000,
-  });
+/** Runs `work` on a fresh client and always closes it. */
+async function withClient<T>(client: Client, work: (client: Client) => Promise<T>): Promise<T> {
   client.on("error", () => undefined);
   await client.connect();
   try {
@@ -75,4 +129,89 @@ export async function withConnection<T>(
   } finally {
     await client.end().catch(() => undefined);
   }
+}
+
+/**
+ * Runs `work` on a fresh connection as a tenant role (migrations, provisioning's first migration),
+ * with a login token and the session limits, and always closes it.
+ */
+export function withTenantConnection<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  options: TenantConnectionOptions,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  configureDriver(config);
+  const TenantClient = tenantClientClass(options);
+  return withClient(
+    new TenantClient({
+      ...target,
+      application_name: options.applicationName,
+      connectionTimeoutMillis: 10_000,
+    }),
+    work,
+  );
+}
+
+/**
+ * Runs `work` on a fresh connection and always closes it. For the control plane and a host's admin
+ * role, never for a tenant's queries (those go through the tenant's pool).
+ */
+export function withConnection<T>(
+  config: LessorConfig,
+  connectionString: string,
+  applicationName: string,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  configureDriver(config);
+  return withClient(
+    new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
+    work,
+  );
+}
+
+interface Cancellable {
+  activeQuery?: unknown;
+  processID?: number | null;
+}
+
+/**
+ * Sends Postgres a CancelRequest for whatever `client` is running, on a short connection of its own
+ * (a cancel is no login: it needs no password and no login token). Best effort: a cancel that
+ * arrives after the statement finished may hit the next one, so the caller must not reuse the
+ * connection afterwards.
+ */
+export function sendCancel(config: LessorConfig, target: ConnectionTarget, client: object): void {
+  configureDriver(config);
+  const busy = client as unknown as Cancellable;
+  if (!busy.activeQuery || !busy.processID) return;
+  const canceller = new Client({
+    host: target.host,
+    port: target.port,
+    user: target.user,
+    database: target.database,
+  });
+  canceller.on("error", () => undefined);
+  (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(
+    "error",
+    () => undefined,
+  );
+  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
+}
+
+/** Cuts a connection at once (its socket), whatever it is doing; its pending queries fail. */
+export function cutConnection(client: object): void {
+  (client as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();
+}
+
+/** The backend process of a connection, for `pg_terminate_backend`. */
+export function backendPid(client: object): number | null {
+  return (client as unknown as Cancellable).processID ?? null;
+}
+
+/** The same host's admin connection string, pointed at `database`. */
+export function adminUrlFor(adminUrl: string, database: string): string {
+  const url = new URL(adminUrl.replace(/^postgres(ql)?:/, "http:"));
+  url.pathname = `/${encodeURIComponent(database)}`;
+  return url.toString().replace(/^http:/, "postgres:");
 }

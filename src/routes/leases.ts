@@ -9,6 +9,7 @@
 import { Hono } from "hono";
 import * as v from "valibot";
 import { parseSqlRequest } from "../core/neon-protocol.ts";
+import { driverOutputMode } from "../core/result-shape.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
 import { sessionTokenPrefix } from "../rpc/tenant.ts";
@@ -60,11 +61,15 @@ leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
       publicMessage: "A lease runs one statement per call; use BEGIN and COMMIT across calls.",
     });
   }
+  // Lessor's own route: without Neon's output headers it answers as the driver asks (raw text arrays).
+  const headers = c.req.raw.headers;
+  const asked = headers.has("Neon-Raw-Text-Output") || headers.has("Neon-Array-Mode");
   const outcome = await c.env.TENANTS.getByName(tenantId).sessionSql(
     tenantId,
     keyHash,
     token,
     request.statement,
+    asked ? request.output : driverOutputMode,
   );
   if (outcome.ok) return c.body(outcome.json, 200, { "content-type": "application/json" });
   if ("postgres" in outcome) return c.json(outcome.postgres, 400);

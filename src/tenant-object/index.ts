@@ -20,6 +20,7 @@
 import { DurableObject } from "cloudflare:workers";
 import { recoverAfterRestart } from "../core/lifecycle.ts";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
+import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import type { EvictOutcome } from "../rpc/budget.ts";
 import type {
   MigrateOutcome,
@@ -73,12 +74,14 @@ export class TenantObject extends DurableObject<Env> {
     await rt.storage.open();
     rt.record = rt.storage.read<TenantRecord>("record");
     rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
+    rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
     rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
     const { lifecycle, deadGeneration } = recoverAfterRestart(rt.lifecycle);
     if (deadGeneration !== null || lifecycle.migrating !== rt.lifecycle.migrating) {
       // No pool survives a restart: the persisted generation is dead, whatever it claimed.
       rt.apply(lifecycle, "object_restarted");
     }
+    if (deadGeneration !== null) rt.requireFence();
     if (deadGeneration !== null && rt.record) {
       const { host, tenantId } = rt.record;
       this.ctx.waitUntil(
@@ -133,8 +136,14 @@ export class TenantObject extends DurableObject<Env> {
     return this.sessions.open(tenantId, keyHash, ttlMs);
   }
 
-  sessionSql(tenantId: string, keyHash: string, token: string, statement: Statement): Promise<SqlOutcome> {
-    return this.sessions.sql(tenantId, keyHash, token, statement);
+  sessionSql(
+    tenantId: string,
+    keyHash: string,
+    token: string,
+    statement: Statement,
+    output: OutputMode = driverOutputMode,
+  ): Promise<SqlOutcome> {
+    return this.sessions.sql(tenantId, keyHash, token, statement, output);
   }
 
   closeSession(tenantId: string, keyHash: string, token: string): Promise<Verdict> {

@@ -29,25 +29,30 @@ import {
   startSucceeded,
   stopped,
 } from "../core/lifecycle.ts";
-import { unseal } from "../crypto/seal.ts";
+import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { type ConnectionTarget, openPool, withConnection } from "../postgres/index.ts";
+import { type ConnectionTarget, openPool, withTenantConnection } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
+import { sessionLimits } from "../tenant-db/connect.ts";
 import { trackTransactionStatus } from "./connection-state.ts";
+import { TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 
-/** A lease on the current generation: the pool to check a connection out of. */
+/** A lease on the current generation: the pool to check a connection out of, and where it points. */
 export interface LiveLease {
   generation: number;
   pool: Pool;
+  /** The database the pool connects to (a cancel request goes there too). */
+  target: ConnectionTarget;
 }
 
 export class TenantPool {
   /** The pool of the current generation; null unless the lifecycle is ready or draining. */
   private pool: Pool | null = null;
   private poolGeneration = 0;
+  private poolTarget: ConnectionTarget | null = null;
   /** Generations whose connections are still closing (their budget is not yet released). */
   private readonly closing = new Set<number>();
   private starting: Promise<void> | null = null;
@@ -58,6 +63,9 @@ export class TenantPool {
   /** Set when this pool refused an eviction because it was busy; cleared by the next idle report. */
   private budgetWaitsForIdle = false;
 
+  /** The tenant role's credential and the host-admin work done with it (repair, fence, terminate). */
+  readonly credentials: TenantCredentials;
+
   constructor(
     private readonly rt: TenantRuntime,
     private readonly hooks: {
@@ -66,7 +74,9 @@ export class TenantPool {
       /** The last lease was released. */
       onIdle: () => void;
     },
-  ) {}
+  ) {
+    this.credentials = new TenantCredentials(rt);
+  }
 
   get leases(): number {
     return this.leaseCount;
@@ -114,11 +124,11 @@ export class TenantPool {
       const decision = admitDecision(this.rt.lifecycle, Date.now());
       switch (decision.kind) {
         case "use": {
-          if (!this.pool || this.poolGeneration !== this.rt.lifecycle.generation) break;
+          if (!this.pool || !this.poolTarget || this.poolGeneration !== this.rt.lifecycle.generation) break;
           this.leaseCount++;
           this.idleSince = null;
           this.lastUsed = Date.now();
-          return { generation: this.poolGeneration, pool: this.pool };
+          return { generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":
         case "join_start":
@@ -248,15 +258,13 @@ export class TenantPool {
         return loadSealedPassword(db, record.tenantId);
       });
       if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
-      pool = openPool(rt.config, await this.connectionTarget(record, sealed), {
-        max: record.poolSize,
-        applicationName: `lessor:${record.tenantId}:${generation}`,
-        onError: (error) => this.onPoolError(generation, error),
-      });
+      const credential = await this.credentials.open(record, sealed);
+      pool = this.open(record, generation, credential);
       // One connection proves the credentials and the database before the pool is declared ready.
-      await pool.query("SELECT 1");
+      pool = await this.prove(pool, record, generation, credential);
       this.pool = pool;
       this.poolGeneration = generation;
+      this.poolTarget = credential.target;
       this.idleSince = Date.now();
       rt.usage.poolStarts++;
       rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
@@ -289,33 +297,93 @@ export class TenantPool {
     }
   }
 
-  private async connectionTarget(record: TenantRecord, sealed: string): Promise<ConnectionTarget> {
-    const host = this.rt.config.hosts.get(record.host);
-    if (!host) {
-      throw new LessorError("misconfigured", { internal: `tenant host ${record.host} is not configured` });
+  private open(record: TenantRecord, generation: number, credential: UnsealedCredential): Pool {
+    return openPool(this.rt.config, credential.target, {
+      max: record.poolSize,
+      applicationName: poolApplicationName(record.roleName, generation),
+      limits: sessionLimits(this.rt.config),
+      loginToken: credential.loginToken,
+      onError: (error) => this.onPoolError(generation, error),
+    });
+  }
+
+  /**
+   * Opens the pool's first connection. Two refusals have a cure Lessor applies itself, once: a
+   * password that drifted (28P01: the tenant set its own) is repaired through the admin role, and a
+   * role at its connection limit with no live pool of ours (53300: backends a dead generation left)
+   * is fenced.
+   */
+  private async prove(
+    pool: Pool,
+    record: TenantRecord,
+    generation: number,
+    credential: UnsealedCredential,
+  ): Promise<Pool> {
+    try {
+      await this.firstQuery(pool, record);
+      return pool;
+    } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      if (code !== "28P01" && code !== "53300") throw error;
+      await pool.end().catch(() => undefined);
+      if (code === "28P01") await this.credentials.repair(record, credential, generation);
+      else await this.credentials.fence(record, "role connection limit reached");
+      const retried = this.open(record, generation, credential);
+      try {
+        await this.firstQuery(retried, record);
+      } catch (again) {
+        await retried.end().catch(() => undefined);
+        throw again;
+      }
+      return retried;
     }
-    return {
-      host: host.hostname,
-      port: host.port,
-      user: record.roleName,
-      password: await unseal(this.rt.env.LESSOR_SEAL_KEY, record.tenantId, sealed),
-      database: record.databaseName,
-    };
+  }
+
+  /**
+   * The pool's first query. After a restart with a live generation, that generation's backends may
+   * still be writing: the role ends them itself (a role may terminate its own backends) and waits
+   * for them to go, so none of their writes can commit once this generation serves.
+   */
+  private async firstQuery(pool: Pool, record: TenantRecord): Promise<void> {
+    if (!this.rt.fencePending) {
+      await pool.query("SELECT 1");
+      return;
+    }
+    const { rows } = await pool.query(
+      `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS ended
+         FROM pg_stat_activity
+        WHERE usename = current_user AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM $1`,
+      [tenantMaintenanceApplicationName(record.roleName, "migrate")],
+    );
+    const ended = Number(rows[0]?.ended ?? 0);
+    if (ended > 0) {
+      this.rt.note(`fenced: ${ended} backend(s) of the dead generation ended`);
+      logEvent("warn", "backends_fenced", { tenant: record.tenantId, ended });
+    }
+    this.rt.clearFence();
   }
 
   /** A connection outside the pool, for maintenance (migrations). It draws on the host's reserve. */
   async withDedicatedConnection<T>(
     record: TenantRecord,
-    purpose: string,
+    purpose: "migrate",
     work: (client: Client) => Promise<T>,
   ): Promise<T> {
     const sealed = await withControlPlane(this.rt.config, this.rt.env, (db) =>
       loadSealedPassword(db, record.tenantId),
     );
     if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
-    const target = await this.connectionTarget(record, sealed);
-    const url = `postgres://${encodeURIComponent(target.user)}:${encodeURIComponent(target.password)}@${target.host}:${target.port}/${encodeURIComponent(target.database)}`;
-    return withConnection(this.rt.config, url, `lessor:${record.tenantId}:${purpose}`, work);
+    const credential = await this.credentials.open(record, sealed);
+    return withTenantConnection(
+      this.rt.config,
+      credential.target,
+      {
+        applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
+        limits: sessionLimits(this.rt.config),
+        loginToken: credential.loginToken,
+      },
+      work,
+    );
   }
 
   private onPoolError(generation: number, error: Error): void {

@@ -23,6 +23,11 @@ export class TenantRuntime {
   usage: UsageCounters = { ...zeroUsage };
   /** Session leases reclaimed because their owner went away (for status). */
   reclaimedLeases = 0;
+  /**
+   * The object restarted while a generation was live: that generation's backends may still run.
+   * The next start ends them before it serves (persisted, so a second restart still fences).
+   */
+  fencePending = false;
 
   constructor(
     readonly ctx: DurableObjectState,
@@ -64,6 +69,17 @@ export class TenantRuntime {
   note(reason: string): void {
     const state = TenantRuntime.stateName(this.lifecycle);
     this.storage.appendEvent(this.lifecycle.generation, state, state, reason);
+  }
+
+  /** Records that a dead generation must be fenced before the next one serves. */
+  requireFence(): void {
+    this.fencePending = true;
+    this.storage.write("fence", true);
+  }
+
+  clearFence(): void {
+    this.fencePending = false;
+    this.storage.write("fence", false);
   }
 
   /** The BudgetObject of a database host. */

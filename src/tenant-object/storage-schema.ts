@@ -40,6 +40,7 @@ export const sessionTokens = sqliteTable("session_tokens", {
   tokenHash: text("token_hash").primaryKey(),
   generation: integer("generation").notNull(),
   expiresAt: integer("expires_at").notNull(),
+  /** 0: live (or ended by a stop); 1: its connection died; 2: it expired and was reclaimed. */
   lost: integer("lost").notNull().default(0),
 });
 

@@ -20,8 +20,12 @@ const flushBatch = 500;
 
 export interface SessionTokenRow {
   generation: number;
-  lost: boolean;
+  /** How the lease ended, if it ended in a way its owner must be told about. */
+  ended: "lost" | "expired" | null;
 }
+
+/** `session_tokens.lost`: 0 live (or ended by a stop), 1 the connection died, 2 it expired and was reclaimed. */
+const endedCodes = { lost: 1, expired: 2 } as const;
 
 export class TenantStorage {
   private db: DrizzleSqliteDODatabase<typeof tenantObjectSchema> | null = null;
@@ -130,11 +134,17 @@ export class TenantStorage {
       .from(sessionTokens)
       .where(eq(sessionTokens.tokenHash, tokenHash))
       .get();
-    return row ? { generation: row.generation, lost: row.lost === 1 } : null;
+    if (!row) return null;
+    const ended = row.lost === endedCodes.lost ? "lost" : row.lost === endedCodes.expired ? "expired" : null;
+    return { generation: row.generation, ended };
   }
 
-  markSessionTokenLost(tokenHash: string): void {
-    this.tables.update(sessionTokens).set({ lost: 1 }).where(eq(sessionTokens.tokenHash, tokenHash)).run();
+  markSessionToken(tokenHash: string, ended: "lost" | "expired"): void {
+    this.tables
+      .update(sessionTokens)
+      .set({ lost: endedCodes[ended] })
+      .where(eq(sessionTokens.tokenHash, tokenHash))
+      .run();
   }
 
   forgetSessionToken(tokenHash: string): void {

@@ -251,7 +251,7 @@ describe("/sql credentials", () => {
     const response = await sqlRequest(tenantA.connectionString, { query: "SELECT current_database() AS db" });
     expect(response.status).toBe(200);
     const body = await record("A's query", response);
-    expect(JSON.parse(body)).toMatchObject({ rows: [[`tenant_${tenantA.id}`]] });
+    expect(JSON.parse(body)).toMatchObject({ rows: [[tenantA.database]] });
   });
 });
 
@@ -274,7 +274,7 @@ describe("/sql request bodies", () => {
       "SELECT 1",
       { query: "" },
       { query: 1 },
-      { queries: [] },
+      { queries: "SELECT 1" },
       { query: "SELECT $1", params: "x" },
     ]) {
       await expectError(

@@ -121,6 +121,13 @@ const ddlLogSetup = `
     END IF;
   END $$`;
 
+/** Each fleet tenant's database, by id. */
+function databaseOf(tenantId: string): string {
+  const tenant = fleet.find((t) => t.id === tenantId);
+  if (!tenant) throw new Error(`${tenantId} is not in the fleet`);
+  return tenant.database;
+}
+
 /** The version each tenant was last rolled back to: the DDL log counts from there. */
 const rolledBackTo = new Map<string, number>();
 
@@ -134,7 +141,7 @@ async function rollBack(tenants: readonly CreatedTenant[], version: number, refr
       // The rollback's own DDL is not a migration.
       await client.query("TRUNCATE lessor_test.ddl_log");
       rolledBackTo.set(tenant.id, version);
-    }, `tenant_${tenant.id}`),
+    }, tenant.database),
   );
   await asSuperuser(
     (client) =>
@@ -159,7 +166,7 @@ function ledgerOf(tenantId: string): Promise<Map<number, number>> {
       "SELECT version, count(*)::int AS n FROM lessor.schema_migrations GROUP BY version ORDER BY version",
     );
     return new Map(rows.map((row: { version: number; n: number }) => [Number(row.version), Number(row.n)]));
-  }, `tenant_${tenantId}`);
+  }, databaseOf(tenantId));
 }
 
 /**
@@ -175,7 +182,7 @@ async function expectMigratedOnce(tenantId: string, version: number): Promise<vo
   const ran = await asSuperuser(async (client) => {
     const { rows } = await client.query("SELECT query FROM lessor_test.ddl_log ORDER BY id");
     return rows.map((row: { query: string }) => row.query.trim());
-  }, `tenant_${tenantId}`);
+  }, databaseOf(tenantId));
   for (const step of tenantMigrations) {
     for (const statement of step.statements) {
       const times = ran.filter((query) => query === statement.trim()).length;
@@ -259,7 +266,7 @@ describe("migration campaigns", () => {
     await rollBack([bad], 2);
     await asSuperuser(
       (client) => client.query("INSERT INTO notes (body, slug) VALUES ('a', 'same'), ('b', 'same')"),
-      `tenant_${bad.id}`,
+      bad.database,
     );
     // A long session lease with an open transaction: its tenant cannot drain in time.
     const opened = await leaseRequest(`/v1/tenants/${held.id}/leases`, held.key, { ttlMs: 120_000 });
@@ -355,7 +362,7 @@ describe("migration campaigns", () => {
     expect(failedOnly.tenants.map((t) => t.tenantId)).toEqual([bad.id]);
 
     // Fix the failing tenant's data and run a campaign for it alone.
-    await asSuperuser((client) => client.query("UPDATE notes SET slug = NULL"), `tenant_${bad.id}`);
+    await asSuperuser((client) => client.query("UPDATE notes SET slug = NULL"), bad.database);
     const retry = await createCampaign({ toVersion: latest, force: true, tenants: [bad.id] });
     expect(retry.enrolled).toBe(1);
     await tickUntil(retry.campaign.id, finished);
@@ -373,7 +380,7 @@ describe("migration campaigns", () => {
     await rollBack([bad], 2);
     await asSuperuser(
       (client) => client.query("INSERT INTO notes (body, slug) VALUES ('a', 'dup'), ('b', 'dup')"),
-      `tenant_${bad.id}`,
+      bad.database,
     );
     // continueOnFailure does not open the canary gate.
     const created = await createCampaign({
@@ -395,7 +402,7 @@ describe("migration campaigns", () => {
     expect((await resumed.json<{ code: string }>()).code).toBe("campaign_state_conflict");
 
     // Repaired, a new campaign takes everyone to the latest version.
-    await asSuperuser((client) => client.query("DELETE FROM notes"), `tenant_${bad.id}`);
+    await asSuperuser((client) => client.query("DELETE FROM notes"), bad.database);
     const again = await createCampaign({
       toVersion: latest,
       canary: [bad.id],

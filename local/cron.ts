@@ -39,6 +39,7 @@ export async function triggerScheduled(baseUrl: string, timeoutMs = 55_000): Pro
   }
 }
 
+/** A running self-trigger. */
 export interface LocalCron {
   stop(): void;
 }

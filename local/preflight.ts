@@ -6,8 +6,9 @@ import { closeSync, openSync, readFileSync, unlinkSync, writeSync } from "node:f
 import { createServer } from "node:net";
 import { resolve } from "node:path";
 
-/** Command lines that identify our own processes when /proc can tell (see {@link isRunning}). */
+/** The command line of `npm start`'s own process, when /proc can tell (see {@link isRunning}). */
 export const lessorCommand = /local\/start\.ts/;
+/** The command line of a Postgres postmaster, when /proc can tell. */
 export const postgresCommand = /postgres/;
 
 /** The pid in the first line of a pid file, or undefined if there is no such file or no pid in it. */

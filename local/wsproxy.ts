@@ -75,6 +75,7 @@ export interface WsProxyStats {
   stalled: string[];
 }
 
+/** A running proxy, with its test-only fault injection. */
 export interface WsProxy {
   /** Port the proxy listens on (loopback only). */
   readonly port: number;

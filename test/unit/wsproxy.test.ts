@@ -215,7 +215,7 @@ describe("wsproxy", () => {
     expect(maxBuffered).toBeLessThan(4 * MiB);
     expect(ws.bufferedAmount).toBeGreaterThan(0);
     for (const socket of target.sockets) socket.resume();
-    for (let i = 0; i < 200 && target.received() < total * MiB; i++) await sleep(20);
+    for (let i = 0; i < 1_500 && target.received() < total * MiB; i++) await sleep(20);
     expect(target.received()).toBe(total * MiB);
   });
 
@@ -250,7 +250,7 @@ describe("wsproxy", () => {
     expect(maxBuffered).toBeLessThan(4 * MiB);
     expect(written).toBeLessThan(total);
     ws.resume();
-    for (let i = 0; i < 200 && received < total * MiB; i++) await sleep(20);
+    for (let i = 0; i < 1_500 && received < total * MiB; i++) await sleep(20);
     expect(received).toBe(total * MiB);
   });
 

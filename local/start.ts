@@ -22,6 +22,8 @@ import { type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile }
 interface LocalSecrets {
   adminKey: string;
   sealKey: string;
+  /** The MAC key tenant keys are minted under (added later: older secrets files get one on start). */
+  keyMacKey?: string;
   pgPassword: string;
 }
 
@@ -42,14 +44,17 @@ const stateDir = resolve(root, ".lessor");
 mkdirSync(stateDir, { recursive: true });
 const secretsFile = resolve(stateDir, "secrets.json");
 
-function loadSecrets(): LocalSecrets {
-  if (existsSync(secretsFile)) return JSON.parse(readFileSync(secretsFile, "utf8")) as LocalSecrets;
-  const secrets: LocalSecrets = {
-    adminKey: `lak_${randomBytes(32).toString("base64url")}`,
-    sealKey: randomBytes(32).toString("base64"),
-    pgPassword: randomBytes(24).toString("base64url"),
-  };
-  writeFileSync(secretsFile, JSON.stringify(secrets, null, 2), { mode: 0o600 });
+function loadSecrets(): LocalSecrets & { keyMacKey: string } {
+  const stored: LocalSecrets = existsSync(secretsFile)
+    ? (JSON.parse(readFileSync(secretsFile, "utf8")) as LocalSecrets)
+    : {
+        adminKey: `lak_${randomBytes(32).toString("base64url")}`,
+        sealKey: randomBytes(32).toString("base64"),
+        pgPassword: randomBytes(24).toString("base64url"),
+      };
+  const secrets = { ...stored, keyMacKey: stored.keyMacKey ?? randomBytes(32).toString("base64") };
+  if (stored.keyMacKey === undefined)
+    writeFileSync(secretsFile, JSON.stringify(secrets, null, 2), { mode: 0o600 });
   return secrets;
 }
 
@@ -142,6 +147,7 @@ if (stack && !stopping) {
   writeEnvFile(envFile, {
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: secrets.sealKey,
+    LESSOR_KEY_MAC_KEYS: secrets.keyMacKey,
     LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
     LESSOR_HOSTS: stack.hostsJson,
     LESSOR_WS_PROXY: stack.wsProxy,

@@ -8,6 +8,7 @@ import { logEvent } from "./log/index.ts";
 import { campaignRoutes } from "./routes/campaigns.ts";
 import { capacityRoutes } from "./routes/capacity.ts";
 import type { AppEnv } from "./routes/context.ts";
+import { keyRoutes } from "./routes/keys.ts";
 import { leaseRoutes } from "./routes/leases.ts";
 import { maintenanceRoutes } from "./routes/maintenance.ts";
 import { sqlRoutes } from "./routes/sql.ts";
@@ -38,6 +39,7 @@ app.route("/", usageRoutes);
 app.route("/", maintenanceRoutes);
 app.route("/", tenantRoutes);
 app.route("/", leaseRoutes);
+app.route("/", keyRoutes);
 app.route("/", capacityRoutes);
 app.route("/", campaignRoutes);
 

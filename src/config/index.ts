@@ -3,6 +3,7 @@
  * object; a bad value is a `misconfigured` error that names the setting, never its value.
  */
 import { type BudgetLimits, validateLimits } from "../core/budget.ts";
+import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
 
 export interface DatabaseHost {
@@ -36,6 +37,13 @@ export interface LessorConfig {
   tempFileLimit: string | null;
   /** Largest `/sql` or lease answer; a bigger result stops being read and is answered 507. */
   maxResponseBytes: number;
+  /** The MAC keys tenant keys are minted and checked under. */
+  keyMacRing: KeyMacRing;
+  /** Usable keys a tenant may hold at once. */
+  maxKeysPerTenant: number;
+  /** ControlPlaneObject shards, and the connections each holds at most. */
+  controlPlaneShards: number;
+  controlPlanePoolSize: number;
 }
 
 /** Largest pool a tenant may hold. */
@@ -117,6 +125,8 @@ export function loadConfig(env: Env): LessorConfig {
   }
   const defaultHost = [...hosts.keys()][0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
+  const keyMacRing = parseKeyMacRing(env.LESSOR_KEY_MAC_KEYS);
+  if ("problem" in keyMacRing) fail("LESSOR_KEY_MAC_KEYS", keyMacRing.problem);
 
   const config: LessorConfig = {
     idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 60_000),
@@ -140,6 +150,14 @@ export function loadConfig(env: Env): LessorConfig {
       "LESSOR_MAX_RESPONSE_BYTES",
       vars.LESSOR_MAX_RESPONSE_BYTES,
       10 * 1024 * 1024,
+    ),
+    keyMacRing,
+    maxKeysPerTenant: positiveInt("LESSOR_MAX_KEYS_PER_TENANT", vars.LESSOR_MAX_KEYS_PER_TENANT, 5),
+    controlPlaneShards: positiveInt("LESSOR_CONTROL_PLANE_SHARDS", vars.LESSOR_CONTROL_PLANE_SHARDS, 2),
+    controlPlanePoolSize: positiveInt(
+      "LESSOR_CONTROL_PLANE_POOL_SIZE",
+      vars.LESSOR_CONTROL_PLANE_POOL_SIZE,
+      4,
     ),
   };
   cache.set(env, config);

@@ -1,16 +1,10 @@
 /**
- * API keys: 256 random bits behind a recognisable prefix, stored only as SHA-256 hashes. A
- * high-entropy key needs no slow hash: there is nothing to guess.
+ * Secrets and their hashes: database passwords, and the SHA-256 under which keys are stored (a
+ * high-entropy key needs no slow hash: there is nothing to guess). Tenant keys themselves are
+ * minted in tenant-keys.ts.
  */
 
 import { toBase64Url, toHex } from "./encoding.ts";
-
-const tenantKeyPrefix = "lsk_";
-
-/** A new tenant key, `lsk_` + 43 base64url characters (256 bits). */
-export function generateTenantKey(): string {
-  return tenantKeyPrefix + toBase64Url(crypto.getRandomValues(new Uint8Array(32)));
-}
 
 /** A random password for a tenant's Postgres role (256 bits, URL-safe). */
 export function generateDatabasePassword(): string {

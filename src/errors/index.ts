@@ -6,7 +6,7 @@
 import { redact } from "../log/index.ts";
 
 export interface ErrorSpec {
-  readonly status: 400 | 401 | 403 | 404 | 409 | 413 | 423 | 500 | 502 | 503 | 504 | 507;
+  readonly status: 400 | 401 | 403 | 404 | 409 | 410 | 413 | 423 | 429 | 500 | 502 | 503 | 504 | 507;
   readonly message: string;
   /** Retryable refusals carry a hint in seconds; it becomes `Retry-After`. */
   readonly retryable?: boolean;
@@ -23,6 +23,11 @@ export const errorCatalog = {
   },
   missing_credentials: { status: 401, message: "No credentials were sent." },
   invalid_credentials: { status: 401, message: "Unknown tenant or invalid key." },
+  authentication_rate_limited: {
+    status: 429,
+    message: "Too many failed authentications for this tenant; retry after Retry-After.",
+    retryable: true,
+  },
   invalid_connection_string: {
     status: 400,
     message: "Neon-Connection-String must be postgres://<tenant>:<tenant key>@<host>/<tenant>.",
@@ -87,6 +92,13 @@ export const errorCatalog = {
       "Prepared transactions (PREPARE TRANSACTION) are not supported through Lessor; the transaction was rolled back.",
   },
   lease_not_found: { status: 404, message: "No such lease." },
+  key_not_found: { status: 404, message: "The tenant has no key with this id." },
+  key_limit: { status: 409, message: "The tenant holds as many keys as it may; revoke one first." },
+  last_key: {
+    status: 409,
+    message:
+      "This is the tenant's last usable key; revoking it locks the tenant out. Pass ?force=true to do it anyway.",
+  },
   lease_expired: {
     status: 409,
     message:

@@ -15,6 +15,19 @@ export type { Queryable } from "./queryable.ts";
 
 let configuredProxy: string | null | undefined;
 
+/** What a connection was opened for. */
+export type ConnectionPurpose = "control_plane" | "host_admin" | "tenant";
+
+const opened: Record<ConnectionPurpose, number> = { control_plane: 0, host_admin: 0, tenant: 0 };
+
+/**
+ * Connections this isolate has opened, by purpose, since it started: what proves that a path opens
+ * none (a forged request, a warm query) and what a handshake costs in aggregate.
+ */
+export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>> {
+  return { ...opened };
+}
+
 /** Applies the WebSocket settings for this deployment (idempotent, per isolate). */
 export function configureDriver(config: LessorConfig): void {
   if (configuredProxy === config.wsProxy) return;
@@ -80,6 +93,7 @@ function tenantClientClass(options: TenantConnectionOptions): typeof Client {
     override connect(): Promise<void>;
     override connect(callback: (err?: Error) => void): void;
     override connect(callback?: (err?: Error) => void): Promise<void> | void {
+      opened.tenant++;
       const minted = options.loginToken().then((token) => {
         this.loginToken = token;
       });
@@ -117,6 +131,30 @@ export function openPool(
   // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
   pool.Client = tenantClientClass(options);
   pool.on("error", options.onError);
+  return pool;
+}
+
+/**
+ * The control plane's connection pool, held by a ControlPlaneObject shard: a few connections kept
+ * warm (closed after five idle minutes), each counted as it opens.
+ */
+export function openControlPlanePool(
+  config: LessorConfig,
+  connectionString: string,
+  onError: (error: Error) => void,
+): Pool {
+  configureDriver(config);
+  const pool = new Pool({
+    connectionString,
+    max: config.controlPlanePoolSize,
+    idleTimeoutMillis: 300_000,
+    connectionTimeoutMillis: 10_000,
+    application_name: "lessor-control-plane",
+  });
+  pool.on("connect", () => {
+    opened.control_plane++;
+  });
+  pool.on("error", onError);
   return pool;
 }
 
@@ -162,8 +200,12 @@ export function withConnection<T>(
   connectionString: string,
   applicationName: string,
   work: (client: Client) => Promise<T>,
+  purpose: Exclude<ConnectionPurpose, "tenant"> = applicationName.startsWith("lessor:host:")
+    ? "host_admin"
+    : "control_plane",
 ): Promise<T> {
   configureDriver(config);
+  opened[purpose]++;
   return withClient(
     new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
     work,

@@ -8,17 +8,19 @@
 import { eq, sql } from "drizzle-orm";
 import type { LessorConfig } from "../config/index.ts";
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
-import { tenantCredentials, tenants } from "../control-plane/schema.ts";
+import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import { hostApplicationName, newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
-import { generateDatabasePassword, generateTenantKey, hashKey } from "../crypto/keys.ts";
+import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
 import { scramVerifier } from "../crypto/scram.ts";
 import { seal } from "../crypto/seal.ts";
+import { mintTenantKey } from "../crypto/tenant-keys.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { adminUrlFor, withConnection, withTenantConnection } from "../postgres/index.ts";
+import type { TenantKeyRecord } from "../rpc/tenant.ts";
 import { guardKeyId, roleLimits, sessionLimits, tenantCredential } from "../tenant-db/connect.ts";
 import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
@@ -48,7 +50,9 @@ export function publicTenant(row: CatalogRow) {
 
 export interface Provisioned {
   row: CatalogRow;
+  /** The first key, shown once. */
   key: string;
+  keys: TenantKeyRecord[];
 }
 
 export async function provisionTenant(
@@ -71,7 +75,7 @@ export async function provisionTenant(
   });
   // Tell the tenant's object about its record now, so the first query needs no catalog read.
   // If this fails, the object loads the record from the catalog on its first request instead.
-  const record = tenantRecordFromRow(provisioned.row, config);
+  const record = tenantRecordFromRow(provisioned.row, provisioned.keys, config);
   if (record)
     await env.TENANTS.getByName(input.id)
       .configure(record)
@@ -152,13 +156,20 @@ async function provisionLocked(
     throw new LessorError("provisioning_failed", { cause: error, retryAfterSeconds: 1 });
   }
 
-  const key = generateTenantKey();
-  const [active] = await db
-    .update(tenants)
-    .set({ status: "active", keyHash: await hashKey(key), schemaVersion, updatedAt: sql`now()` })
-    .where(eq(tenants.id, input.id))
-    .returning();
+  // The first key. A create resumed after a crash here mints again; the unseen key goes with it.
+  const minted = await mintTenantKey(config.keyMacRing, input.id);
+  const keyHash = await hashKey(minted.key);
+  const active = await db.transaction(async (tx) => {
+    await tx.delete(tenantKeys).where(eq(tenantKeys.tenantId, input.id));
+    await tx.insert(tenantKeys).values({ tenantId: input.id, keyId: minted.keyId, keyHash });
+    const [updated] = await tx
+      .update(tenants)
+      .set({ status: "active", schemaVersion, updatedAt: sql`now()` })
+      .where(eq(tenants.id, input.id))
+      .returning();
+    return updated;
+  });
   if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });
   logEvent("info", "tenant_provisioned", { tenant: input.id, host: active.host, schemaVersion });
-  return { row: active, key };
+  return { row: active, key: minted.key, keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null }] };
 }

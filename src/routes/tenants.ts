@@ -3,7 +3,7 @@ import { and, asc, eq, gt, sql } from "drizzle-orm";
 import { Hono } from "hono";
 import * as v from "valibot";
 import { loadConfig } from "../config/index.ts";
-import { listLifecycleEvents, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
+import { listLifecycleEvents, loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
@@ -104,15 +104,15 @@ for (const [action, status] of [
   tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
     const id = tenantParam(c);
     const config = loadConfig(c.env);
-    const [row] = await withControlPlane(config, c.env, (db) =>
-      db
+    const { row, record } = await withControlPlane(config, c.env, async (db) => {
+      const [updated] = await db
         .update(tenants)
         .set({ status, updatedAt: sql`now()` })
         .where(and(eq(tenants.id, id), sql`${tenants.status} <> 'provisioning'`))
-        .returning(),
-    );
+        .returning();
+      return { row: updated, record: updated ? await loadTenantRecord(db, config, id) : null };
+    });
     if (!row) throw new LessorError("tenant_not_found");
-    const record = tenantRecordFromRow(row, config);
     if (record) await c.env.TENANTS.getByName(id).configure(record);
     return c.json({ tenant: publicTenant(row) });
   });

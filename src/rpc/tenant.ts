@@ -5,11 +5,29 @@
 import type { PostgresErrorBody } from "../core/neon-protocol.ts";
 import type { WireError } from "../errors/index.ts";
 
+/** One usable key of a tenant (neither revoked nor, at load time, expired). */
+export interface TenantKeyRecord {
+  keyId: string;
+  /** Hex SHA-256 of the key. */
+  hash: string;
+  /** Epoch ms after which the key no longer works; null: never. */
+  expiresAt: number | null;
+}
+
+/**
+ * What a caller proves to a tenant's object: which of the tenant's keys it holds (the Worker has
+ * already checked the key's MAC) and the key's hash, which the object compares.
+ */
+export interface KeyProof {
+  keyId: string;
+  keyHash: string;
+}
+
 /** What a TenantObject knows about its tenant: enough to authenticate and to start its pool. */
 export interface TenantRecord {
   tenantId: string;
   status: "active" | "disabled";
-  keyHash: string;
+  keys: TenantKeyRecord[];
   tier: string;
   poolSize: number;
   host: string;

@@ -5,8 +5,11 @@
 import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { hashesEqual } from "../crypto/keys.ts";
 import { LessorError } from "../errors/index.ts";
-import type { TenantRecord } from "../rpc/tenant.ts";
+import type { KeyProof, TenantRecord } from "../rpc/tenant.ts";
 import type { TenantRuntime } from "./runtime.ts";
+
+/** Compared against when no key matches, so that path costs what a wrong key costs. */
+const unknownKeyHash = "0".repeat(64);
 
 /** How long an unknown tenant is remembered as unknown, so probes do not hammer the control plane. */
 const negativeCacheMs = 5_000;
@@ -40,15 +43,20 @@ export class TenantAuth {
   }
 
   /**
-   * The record, if `keyHash` is the tenant's key. An unknown tenant and a wrong key are
-   * indistinguishable to the caller; a disabled tenant is refused only after the key checks out.
+   * The record, if `proof` names one of the tenant's usable keys and carries its hash. A revoked,
+   * expired or unknown key and an unknown tenant are indistinguishable to the caller; a disabled
+   * tenant is refused only after the key checks out.
    */
-  async authenticate(tenantId: string, keyHash: string): Promise<TenantRecord> {
+  async authenticate(tenantId: string, proof: KeyProof): Promise<TenantRecord> {
     const record = await this.resolve(tenantId);
-    if (!record || record.tenantId !== tenantId || !hashesEqual(record.keyHash, keyHash)) {
+    const key = record?.tenantId === tenantId ? record.keys.find((k) => k.keyId === proof.keyId) : undefined;
+    // The hash is compared whatever happened before, so a known key id answers no faster.
+    const matches = hashesEqual(key?.hash ?? unknownKeyHash, proof.keyHash);
+    if (!record || !key || !matches || (key.expiresAt !== null && Date.now() >= key.expiresAt)) {
       throw new LessorError("invalid_credentials");
     }
     if (record.status === "disabled") throw new LessorError("tenant_disabled");
+    this.rt.noteKeyUse(key.keyId);
     return record;
   }
 

@@ -23,6 +23,7 @@ import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import type { EvictOutcome } from "../rpc/budget.ts";
 import type {
+  KeyProof,
   MigrateOutcome,
   SessionOpened,
   SqlOutcome,
@@ -96,9 +97,10 @@ export class TenantObject extends DurableObject<Env> {
 
   // ── Catalog ────────────────────────────────────────────────────────────────────────────────────
 
-  /** Installs or replaces the catalog record (provisioning, disable, enable). */
+  /** Installs or replaces the catalog record (provisioning, disable, enable, key changes). */
   async configure(record: TenantRecord): Promise<void> {
     await this.auth.install(record);
+    this.sessions.endLeasesOfRemovedKeys(record);
   }
 
   /** Pins or unpins the pool: a pinned pool is never chosen as an eviction victim. */
@@ -111,9 +113,9 @@ export class TenantObject extends DurableObject<Env> {
   }
 
   /** Authenticates a tenant key hash for the tenant's own REST endpoints. */
-  async verifyKey(tenantId: string, keyHash: string): Promise<Verdict> {
+  async verifyKey(tenantId: string, proof: KeyProof): Promise<Verdict> {
     try {
-      await this.auth.authenticate(tenantId, keyHash);
+      await this.auth.authenticate(tenantId, proof);
       return { ok: true };
     } catch (error) {
       return { ok: false, error: asLessorError(this.rt.tenantId, error).toWire() };
@@ -125,29 +127,29 @@ export class TenantObject extends DurableObject<Env> {
   /** Authenticates the key hash and runs one `/sql` request under a lease. */
   sql(
     tenantId: string,
-    keyHash: string,
+    proof: KeyProof,
     request: SqlRequest,
     requiredSchemaVersion: number | null = null,
   ): Promise<SqlOutcome> {
-    return this.queries.sql(tenantId, keyHash, request, requiredSchemaVersion);
+    return this.queries.sql(tenantId, proof, request, requiredSchemaVersion);
   }
 
-  openSession(tenantId: string, keyHash: string, ttlMs: number): Promise<SessionOpened> {
-    return this.sessions.open(tenantId, keyHash, ttlMs);
+  openSession(tenantId: string, proof: KeyProof, ttlMs: number): Promise<SessionOpened> {
+    return this.sessions.open(tenantId, proof, ttlMs);
   }
 
   sessionSql(
     tenantId: string,
-    keyHash: string,
+    proof: KeyProof,
     token: string,
     statement: Statement,
     output: OutputMode = driverOutputMode,
   ): Promise<SqlOutcome> {
-    return this.sessions.sql(tenantId, keyHash, token, statement, output);
+    return this.sessions.sql(tenantId, proof, token, statement, output);
   }
 
-  closeSession(tenantId: string, keyHash: string, token: string): Promise<Verdict> {
-    return this.sessions.close(tenantId, keyHash, token);
+  closeSession(tenantId: string, proof: KeyProof, token: string): Promise<Verdict> {
+    return this.sessions.close(tenantId, proof, token);
   }
 
   // ── Operations ─────────────────────────────────────────────────────────────────────────────────

@@ -3,7 +3,7 @@
  * control plane (docs/adr/005-object-outbox.md). Each append there is idempotent on
  * (tenant, seq), so a flush that dies after the append and before the local delete is harmless.
  */
-import { appendLifecycleEvents, withControlPlane } from "../control-plane/index.ts";
+import { appendLifecycleEvents, recordKeyUses, withControlPlane } from "../control-plane/index.ts";
 import { appendUsageDeltas, isZeroUsage, zeroUsage } from "../usage/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
@@ -20,11 +20,15 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
   stageUsage(rt);
   const events = rt.storage.pendingEvents();
   const usage = rt.storage.pendingUsage();
-  if (!record || (events.length === 0 && usage.length === 0)) return;
+  const keyUses = new Map(rt.keyUses);
+  if (!record || (events.length === 0 && usage.length === 0 && keyUses.size === 0)) return;
   await withControlPlane(rt.config, rt.env, async (db) => {
     await appendLifecycleEvents(db, record.tenantId, events);
     await appendUsageDeltas(db, record.tenantId, usage);
+    await recordKeyUses(db, record.tenantId, keyUses);
   });
+  // Forget only what was written: a use noted meanwhile (a later minute) waits for the next flush.
+  for (const [keyId, minute] of keyUses) if (rt.keyUses.get(keyId) === minute) rt.keyUses.delete(keyId);
   const lastEvent = events.at(-1);
   if (lastEvent) rt.storage.forgetEvents(lastEvent.seq);
   const lastUsage = usage.at(-1);
@@ -33,5 +37,5 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
 
 /** Whether anything waits to be flushed (staged rows, or counters not yet staged). */
 export function hasPendingOutbox(rt: TenantRuntime): boolean {
-  return rt.storage.pendingOutboxRows() > 0 || !isZeroUsage(rt.usage);
+  return rt.storage.pendingOutboxRows() > 0 || !isZeroUsage(rt.usage) || rt.keyUses.size > 0;
 }

@@ -7,7 +7,7 @@ import type { PoolClient } from "@neondatabase/serverless";
 import type { SqlRequest } from "../core/neon-protocol.ts";
 import { shapeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
-import type { SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
+import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
@@ -27,13 +27,13 @@ export class TenantQueries {
   /** Authenticates the key hash and runs one `/sql` request under a lease. */
   async sql(
     tenantId: string,
-    keyHash: string,
+    proof: KeyProof,
     request: SqlRequest,
     requiredSchemaVersion: number | null,
   ): Promise<SqlOutcome> {
     let authenticated = false;
     try {
-      const record = await this.auth.authenticate(tenantId, keyHash);
+      const record = await this.auth.authenticate(tenantId, proof);
       authenticated = true;
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
         throw new LessorError("schema_too_old", {

@@ -28,6 +28,8 @@ export class TenantRuntime {
    * The next start ends them before it serves (persisted, so a second restart still fences).
    */
   fencePending = false;
+  /** Minute (epoch ms, floored) each key was last used in, not yet written to the catalog. */
+  readonly keyUses = new Map<string, number>();
 
   constructor(
     readonly ctx: DurableObjectState,
@@ -69,6 +71,11 @@ export class TenantRuntime {
   note(reason: string): void {
     const state = TenantRuntime.stateName(this.lifecycle);
     this.storage.appendEvent(this.lifecycle.generation, state, state, reason);
+  }
+
+  /** Notes that `keyId` was used now (the catalog keeps last use to the minute). */
+  noteKeyUse(keyId: string): void {
+    this.keyUses.set(keyId, Math.floor(Date.now() / 60_000) * 60_000);
   }
 
   /** Records that a dead generation must be fenced before the next one serves. */

@@ -15,6 +15,7 @@ import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { ConnectionTarget } from "../postgres/index.ts";
 import {
+  type KeyProof,
   type SessionOpened,
   type SqlOutcome,
   sessionTokenPrefix,
@@ -35,6 +36,8 @@ const tokenMemoryMs = 24 * 3600_000;
 
 export interface Session {
   tokenHash: string;
+  /** The key the lease was opened with: revoking it ends the lease. */
+  keyId: string;
   client: PoolClient;
   generation: number;
   target: ConnectionTarget;
@@ -67,10 +70,10 @@ export class SessionLeases {
   }
 
   /** Opens a session lease: one connection of the current generation, pinned until released or expired. */
-  async open(tenantId: string, keyHash: string, ttlMs: number): Promise<SessionOpened> {
+  async open(tenantId: string, proof: KeyProof, ttlMs: number): Promise<SessionOpened> {
     let counted = false;
     try {
-      const record = await this.auth.authenticate(tenantId, keyHash);
+      const record = await this.auth.authenticate(tenantId, proof);
       const ttl = Math.min(Math.max(1_000, Math.floor(ttlMs)), this.rt.config.leaseMaxTtlMs);
       // Checked and counted with no await in between: the limit holds under concurrency.
       if (this.sessions.size + this.opening >= record.poolSize) {
@@ -93,6 +96,7 @@ export class SessionLeases {
       const endsAt = now + this.rt.config.leaseMaxLifetimeMs;
       const session: Session = {
         tokenHash,
+        keyId: proof.keyId,
         client,
         generation: lease.generation,
         target: lease.target,
@@ -121,13 +125,13 @@ export class SessionLeases {
   /** Runs one statement on a session lease's pinned connection, extending its TTL. */
   async sql(
     tenantId: string,
-    keyHash: string,
+    proof: KeyProof,
     token: string,
     statement: Statement,
     output: OutputMode,
   ): Promise<SqlOutcome> {
     try {
-      const record = await this.auth.authenticate(tenantId, keyHash);
+      const record = await this.auth.authenticate(tenantId, proof);
       const session = await this.find(token);
       if (session.busy) {
         throw new LessorError("invalid_request", {
@@ -200,9 +204,9 @@ export class SessionLeases {
   }
 
   /** Releases a session lease: rolls back anything open and returns the connection clean. */
-  async close(tenantId: string, keyHash: string, token: string): Promise<Verdict> {
+  async close(tenantId: string, proof: KeyProof, token: string): Promise<Verdict> {
     try {
-      await this.auth.authenticate(tenantId, keyHash);
+      await this.auth.authenticate(tenantId, proof);
       const session = await this.find(token);
       if (session.busy) {
         throw new LessorError("invalid_request", { publicMessage: "This lease is running a statement." });
@@ -269,6 +273,22 @@ export class SessionLeases {
     );
     session.client.release(broken);
     this.pool.release();
+  }
+
+  /**
+   * Ends every lease opened with a key the record no longer holds (revoked, or expired): revocation
+   * is immediate, for leases too. Their owners learn `lease_lost`.
+   */
+  endLeasesOfRemovedKeys(record: TenantRecord): void {
+    const usable = new Set(record.keys.map((key) => key.keyId));
+    for (const session of this.all()) {
+      if (usable.has(session.keyId)) continue;
+      logEvent("warn", "lease_ended_key_revoked", {
+        tenant: record.tenantId,
+        lease: session.tokenHash.slice(0, 12),
+      });
+      this.end(session, new Error("key revoked"), "lost");
+    }
   }
 
   /** Reclaims session leases whose owner stopped using them (the TTL passed) or that reached their lifetime. */

@@ -252,7 +252,8 @@ describe("faults", () => {
       },
       body: JSON.stringify({ query: "SELECT 1" }),
     });
-    expect(stranger.status).toBe(401);
+    expect(stranger.status).toBe(400);
+    expect(await stranger.json()).toMatchObject({ code: "28P01" });
     expect((await admin(`/v1/tenants/${tenant.id}/enable`, { method: "POST" })).status).toBe(200);
     expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
   });

@@ -90,14 +90,18 @@ describe("session leases", () => {
     const owner = await createTenant(uniqueTenantId("lease-own"));
     const other = await createTenant(uniqueTenantId("lease-oth"));
     const token = await lease(owner);
+    // Another tenant's key on the owner's lease, and a key on a lease of a tenant that never
+    // existed: the same refusal, decided at the edge (the key is not one minted for that tenant).
     const stolen = await leaseSql(token, other.key, "SELECT current_database()");
-    const unknown = await leaseSql(`lsl_${owner.id}_${"0".repeat(48)}`, owner.key, "SELECT 1");
-    expect(stolen.status).toBe(404);
-    expect(unknown.status).toBe(404);
-    expect(await stolen.json()).toEqual(await unknown.json());
-    expect((await release(token, other.key)).status).toBe(404);
-    expect((await leaseSql(token, "lsk_not-a-key", "SELECT 1")).status).toBe(404);
-    expect((await openLease(owner, 1_000, other.key)).status).toBe(404);
+    const nobody = await leaseSql(`lsl_${uniqueTenantId("nobody")}_${"0".repeat(48)}`, other.key, "SELECT 1");
+    expect(stolen.status).toBe(401);
+    expect(nobody.status).toBe(401);
+    expect(await stolen.json()).toEqual(await nobody.json());
+    expect((await release(token, other.key)).status).toBe(401);
+    expect((await leaseSql(token, "lsk_not-a-key", "SELECT 1")).status).toBe(401);
+    expect((await openLease(owner, 1_000, other.key)).status).toBe(401);
+    // The owner asking about a lease that does not exist is told so.
+    expect((await leaseSql(`lsl_${owner.id}_${"0".repeat(48)}`, owner.key, "SELECT 1")).status).toBe(404);
     // The owner's lease is untouched by all of that.
     expect(await leaseRows(token, owner.key, "SELECT 1")).toEqual([["1"]]);
     expect((await release(token, owner.key)).status).toBe(204);

@@ -8,8 +8,10 @@ import { logEvent } from "./log/index.ts";
 import { campaignRoutes } from "./routes/campaigns.ts";
 import { capacityRoutes } from "./routes/capacity.ts";
 import type { AppEnv } from "./routes/context.ts";
+import { fleetRoutes } from "./routes/fleet.ts";
 import { leaseRoutes } from "./routes/leases.ts";
 import { maintenanceRoutes } from "./routes/maintenance.ts";
+import { metricsRoutes } from "./routes/metrics.ts";
 import { sqlRoutes } from "./routes/sql.ts";
 import { tenantRoutes } from "./routes/tenants.ts";
 import { usageRoutes } from "./routes/usage.ts";
@@ -40,6 +42,8 @@ app.route("/", tenantRoutes);
 app.route("/", leaseRoutes);
 app.route("/", capacityRoutes);
 app.route("/", campaignRoutes);
+app.route("/", fleetRoutes);
+app.route("/", metricsRoutes);
 
 app.notFound(() => {
   throw new LessorError("not_found");

@@ -8,6 +8,8 @@ interface LessorSecrets {
   LESSOR_CONTROL_PLANE_URL: string;
   /** JSON object: database host name → admin connection string used to provision tenants on it. */
   LESSOR_HOSTS: string;
+  /** Optional bearer key for `GET /metrics` alone, so a scraper need not hold the admin key. */
+  LESSOR_METRICS_KEY?: string;
 }
 
 interface Env extends LessorSecrets {}

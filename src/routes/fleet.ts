@@ -3,7 +3,8 @@
  *
  *     GET /v1/fleet/overview                     hosts, pools by state, failing tenants, recent
  *                                                events, latest campaigns, folds: one glance
- *     GET /v1/fleet/failing?limit=               tenants whose latest event moved them to failed
+ *     GET /v1/fleet/failing?limit=               tenants whose latest event moved them to failed,
+ *                                                newest first, and how many per host
  *     GET /v1/fleet/events?limit=&cursor=        the fleet's lifecycle events, newest first
  *     GET /v1/fleet/tenants?q=<prefix>&limit=    tenant search by id prefix (never the whole catalog)
  *     GET /v1/capacity/evictions?host=&tier=|size=   the eviction dry run of each host
@@ -15,6 +16,7 @@ import { withControlPlane } from "../control-plane/index.ts";
 import { LessorError } from "../errors/index.ts";
 import { readOverview } from "../fleet/overview.ts";
 import {
+  countFailingByHost,
   defaultFailingWindowMs,
   parseEventCursor,
   readFailingTenants,
@@ -33,13 +35,21 @@ fleetRoutes.get("/v1/fleet/overview", requireAdmin, async (c) => {
 
 fleetRoutes.get("/v1/fleet/failing", requireAdmin, query(v.object({ limit: pageLimit })), async (c) => {
   const { limit } = c.req.valid("query");
-  const failing = await withControlPlane(
+  const { failing, byHost } = await withControlPlane(
     loadConfig(c.env),
     c.env,
-    (db) => readFailingTenants(db, { windowMs: defaultFailingWindowMs, limit }),
+    async (db) => ({
+      failing: await readFailingTenants(db, { windowMs: defaultFailingWindowMs, limit }),
+      byHost: await countFailingByHost(db, defaultFailingWindowMs),
+    }),
     "lessor-operator",
   );
-  return c.json({ windowSeconds: defaultFailingWindowMs / 1000, ...failing });
+  return c.json({
+    windowSeconds: defaultFailingWindowMs / 1000,
+    count: failing.count,
+    byHost: Object.fromEntries(byHost),
+    tenants: failing.tenants,
+  });
 });
 
 const eventsPage = v.object({

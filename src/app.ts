@@ -13,6 +13,7 @@ import { leaseRoutes } from "./routes/leases.ts";
 import { maintenanceRoutes } from "./routes/maintenance.ts";
 import { metricsRoutes } from "./routes/metrics.ts";
 import { sqlRoutes } from "./routes/sql.ts";
+import { statusPageRoutes } from "./routes/status-page.ts";
 import { tenantRoutes } from "./routes/tenants.ts";
 import { usageRoutes } from "./routes/usage.ts";
 
@@ -44,6 +45,7 @@ app.route("/", capacityRoutes);
 app.route("/", campaignRoutes);
 app.route("/", fleetRoutes);
 app.route("/", metricsRoutes);
+app.route("/", statusPageRoutes);
 
 app.notFound(() => {
   throw new LessorError("not_found");

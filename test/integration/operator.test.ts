@@ -169,6 +169,22 @@ describe("GET /metrics", () => {
   });
 });
 
+describe("GET /status", () => {
+  it("serves the page shell without a key, under a strict Content-Security-Policy", async () => {
+    const page = await lessor("/status");
+    expect(page.status).toBe(200);
+    expect(page.headers.get("content-type")).toMatch(/^text\/html/);
+    expect(page.headers.get("content-security-policy")).toContain("script-src 'self'");
+    expect(page.headers.get("content-security-policy")).toContain("connect-src 'self'");
+    expect(await page.text()).toContain('<form id="login-form" method="post"');
+    const script = await lessor("/status/app.js");
+    expect(script.headers.get("content-type")).toMatch(/^text\/javascript/);
+    expect((await lessor("/status/app.css")).status).toBe(200);
+    // The data behind it is not public.
+    expect((await lessor("/v1/fleet/overview")).status).toBe(401);
+  });
+});
+
 describe("GET /v1/capacity/evictions", () => {
   it("says which pool an admission would evict and why every other one is spared", async () => {
     const idle = await createTenant(`${filePrefix}-idle`, { tier: "solo" });

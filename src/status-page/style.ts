@@ -33,5 +33,6 @@ th, td { text-align: left; padding: .2rem .5rem; border-bottom: 1px solid #eef0f
 th { color: #6b7280; font-weight: 500; }
 .campaign { margin-bottom: .7rem; }
 #tenant-detail { white-space: pre-wrap; background: #f6f7f9; padding: .4rem; }
+#tenant-detail:empty { display: none; }
 #search-results button { background: none; border: none; color: var(--allocated); cursor: pointer; padding: 0; font: inherit; }
 `;

@@ -13,6 +13,8 @@ interface LessorSecrets {
    * 32-byte key, or a ring `{"current": n, "keys": {"n": "<base64>", …}}`.
    */
   LESSOR_KEY_MAC_KEYS: string;
+  /** Optional bearer key for `GET /metrics` alone, so a scraper need not hold the admin key. */
+  LESSOR_METRICS_KEY?: string;
 }
 
 interface Env extends LessorSecrets {}

@@ -15,13 +15,14 @@ import { type DatabaseHost, loadConfig } from "../config/index.ts";
 import {
   type AllocationPhase,
   evictionCandidates,
+  evictionDryRun,
   fits,
   planEviction,
   poolCapacity,
 } from "../core/budget.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import type { AdmitResult, CapacityStatus, EvictOutcome, PoolReport } from "../rpc/budget.ts";
+import type { AdmitResult, CapacityStatus, EvictionReport, EvictOutcome, PoolReport } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
 
 interface Waiter {
@@ -65,6 +66,7 @@ export class BudgetObject extends DurableObject<Env> {
     if (this.ledger.find(tenantId, generation)) return { granted: true };
     if (this.waiters.length === 0 && fits(this.ledger.rows(), host.budget, size)) {
       this.ledger.reserve(tenantId, generation, size);
+      this.ledger.bump("admissions");
       return { granted: true };
     }
     if (this.waiters.length >= maxWaiters) {
@@ -140,6 +142,8 @@ export class BudgetObject extends DurableObject<Env> {
       waiters: this.waiters.length,
       evictions: this.ledger.counter("evictions"),
       saturations: this.ledger.counter("saturations"),
+      admissions: this.ledger.counter("admissions"),
+      leases: allocations.reduce((n, a) => n + a.leases, 0),
       candidates: evictionCandidates(allocations)
         .slice(0, candidateLimit)
         .map((a) => ({
@@ -150,6 +154,40 @@ export class BudgetObject extends DurableObject<Env> {
           leases: a.leases,
           pinned: a.pinned,
         })),
+    };
+  }
+
+  /**
+   * What an admission of `size` connections would evict right now, and why every other pool is
+   * spared (`lessorctl evict --dry-run`). Reads the ledger only: nothing is asked to drain.
+   */
+  async evictionReport(hostName: string, size: number): Promise<EvictionReport> {
+    const host = this.host(hostName);
+    const now = Date.now();
+    const report = evictionDryRun(this.ledger.rows(), host.budget, size);
+    return {
+      host: hostName,
+      budget: host.budget.connections,
+      reserve: host.budget.reserve,
+      waiters: this.waiters.length,
+      size: report.size,
+      poolCapacity: report.poolCapacity,
+      used: report.used,
+      draining: report.draining,
+      outcome: report.outcome,
+      pools: report.pools.map((p) => ({
+        tenantId: p.allocation.tenantId,
+        generation: p.allocation.generation,
+        size: p.allocation.size,
+        phase: p.allocation.phase,
+        idleMs: p.allocation.idleSince === null ? null : Math.max(0, now - p.allocation.idleSince),
+        leases: p.allocation.leases,
+        pinned: p.allocation.pinned,
+        migrating: p.allocation.migrating,
+        verdict: p.verdict,
+        order: p.verdict === "evict" ? p.order : null,
+        reason: p.verdict === "not_eligible" ? p.reason : null,
+      })),
     };
   }
 
@@ -196,8 +234,10 @@ export class BudgetObject extends DurableObject<Env> {
       const head = this.waiters[0];
       if (!head || !fits(this.ledger.rows(), host.budget, head.size)) break;
       this.waiters.shift();
-      if (!this.ledger.find(head.tenantId, head.generation))
+      if (!this.ledger.find(head.tenantId, head.generation)) {
         this.ledger.reserve(head.tenantId, head.generation, head.size);
+        this.ledger.bump("admissions");
+      }
       head.settle({ granted: true });
     }
   }

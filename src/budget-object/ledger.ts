@@ -15,7 +15,8 @@ export interface LedgerRow extends Allocation {
   updatedAt: number;
 }
 
-export type CounterName = "evictions" | "saturations";
+/** Monotonic counters: pools evicted, starts refused for want of capacity, starts granted. */
+export type CounterName = "evictions" | "saturations" | "admissions";
 
 export class CapacityLedger {
   private constructor(private readonly db: DrizzleSqliteDODatabase<typeof budgetObjectSchema>) {}

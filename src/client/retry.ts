@@ -26,6 +26,10 @@ export interface RetryOptions {
   retryConnectionLost: boolean;
 }
 
+/**
+ * Up to 3 retries within 10 s of waiting: room for several of Lessor's usual 1 s hints, short
+ * enough for a request path.
+ */
 export const defaultRetryOptions: Readonly<RetryOptions> = {
   maxAttempts: 4,
   maxWaitMs: 10_000,
@@ -64,6 +68,7 @@ export function isRetryable(answer: ErrorAnswer, onLease: boolean, options: Retr
   return false;
 }
 
+/** Give up, or wait `delayMs` and send again. */
 export type RetryDecision = { retry: false } | { retry: true; delayMs: number };
 
 /**
@@ -94,6 +99,7 @@ export interface Clock {
   sleep(ms: number, signal?: AbortSignal): Promise<void>;
 }
 
+/** Real time: `Date.now()` and `setTimeout`, which Workers and Node both have. */
 export const systemClock: Clock = {
   now: () => Date.now(),
   sleep: (ms, signal) =>

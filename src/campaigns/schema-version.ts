@@ -180,6 +180,8 @@ async function upgradeTenantFor(
       });
       return;
     case "skipped":
+      if (answer.reason === "maintenance_busy")
+        throw new LessorError("maintenance_busy", { retryAfterSeconds: 1 });
       // Another upgrade is running, or leases did not drain in time: the usual migrating answer.
       throw new LessorError("tenant_migrating", { retryAfterSeconds: 2 });
     case "failed":

@@ -72,6 +72,12 @@ export const errorCatalog = {
     message: "The tenant's schema is being migrated; retry shortly.",
     retryable: true,
   },
+  maintenance_busy: {
+    status: 503,
+    message:
+      "Every maintenance connection of the database host's reserve is in use (migrations, provisioning); retry shortly.",
+    retryable: true,
+  },
   capacity_saturated: {
     status: 503,
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",

@@ -20,6 +20,7 @@ import {
   maintenanceFits,
   planEviction,
   poolCapacity,
+  rotationFits,
 } from "../core/budget.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
@@ -54,6 +55,8 @@ const maxVictimsPerPass = 8;
 export class BudgetObject extends DurableObject<Env> {
   private ledgerStore: CapacityLedger | null = null;
   private waiters: Waiter[] = [];
+  /** Rotations waiting for room in the rotation reserve (FIFO; never served by eviction). */
+  private rotationWaiters: Waiter[] = [];
   private maintenanceWaiters: MaintenanceWaiter[] = [];
   private expiryTimer: ReturnType<typeof setTimeout> | null = null;
   private expiryAt = 0;
@@ -110,6 +113,49 @@ export class BudgetObject extends DurableObject<Env> {
     });
     this.kickReclaim(host);
     return result;
+  }
+
+  /**
+   * Reserves `size` connections for a credential rotation's new generation of a tenant whose
+   * current generation stays open meanwhile: admitted against the pools' share plus the host's
+   * rotation reserve (core/budget.ts `rotationFits`). It waits up to `waitMs` for a release, in FIFO
+   * order, and never asks a pool to drain for it: a rotation is never worth an eviction.
+   */
+  async admitRotation(
+    hostName: string,
+    tenantId: string,
+    generation: number,
+    size: number,
+    waitMs: number,
+  ): Promise<AdmitResult> {
+    const host = this.host(hostName);
+    if (this.ledger.find(tenantId, generation)) return { granted: true };
+    if (this.rotationWaiters.length === 0 && rotationFits(this.ledger.rows(), host.budget, size)) {
+      this.ledger.reserve(tenantId, generation, size);
+      this.ledger.bump("rotations_admitted");
+      return { granted: true };
+    }
+    if (waitMs <= 0 || this.rotationWaiters.length >= maxWaiters) {
+      this.ledger.bump("rotations_refused");
+      return { granted: false, retryAfterMs: 1_000, waited: false };
+    }
+    return new Promise<AdmitResult>((resolve) => {
+      const waiter: Waiter = {
+        tenantId,
+        generation,
+        size,
+        settle: (r) => {
+          clearTimeout(timer);
+          resolve(r);
+        },
+      };
+      const timer = setTimeout(() => {
+        this.rotationWaiters = this.rotationWaiters.filter((w) => w !== waiter);
+        this.ledger.bump("rotations_refused");
+        resolve({ granted: false, retryAfterMs: 1_000, waited: true });
+      }, waitMs);
+      this.rotationWaiters.push(waiter);
+    });
   }
 
   /** The pool of this generation is open and ready. */
@@ -200,7 +246,13 @@ export class BudgetObject extends DurableObject<Env> {
       host: hostName,
       budget: host.budget.connections,
       reserve: host.budget.reserve,
+      rotationReserve: host.budget.rotationReserve ?? 0,
       poolCapacity: poolCapacity(host.budget),
+      rotations: {
+        admitted: this.ledger.counter("rotations_admitted"),
+        refused: this.ledger.counter("rotations_refused"),
+        waiting: this.rotationWaiters.length,
+      },
       allocated: sum("allocated"),
       reserved: sum("reserved"),
       draining: sum("draining"),
@@ -366,6 +418,16 @@ export class BudgetObject extends DurableObject<Env> {
 
   /** Grants waiters in FIFO order while the head fits, then reclaims for the rest. */
   private serveWaiters(host: DatabaseHost): void {
+    while (this.rotationWaiters.length > 0) {
+      const head = this.rotationWaiters[0];
+      if (!head || !rotationFits(this.ledger.rows(), host.budget, head.size)) break;
+      this.rotationWaiters.shift();
+      if (!this.ledger.find(head.tenantId, head.generation)) {
+        this.ledger.reserve(head.tenantId, head.generation, head.size);
+        this.ledger.bump("rotations_admitted");
+      }
+      head.settle({ granted: true });
+    }
     this.grantFitting(host);
     if (this.waiters.length > 0) this.kickReclaim(host);
   }

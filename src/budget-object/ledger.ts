@@ -24,7 +24,9 @@ export type CounterName =
   | "maintenance_refused"
   | "maintenance_expired"
   | "allocations_released"
-  | "orphans_terminated";
+  | "orphans_terminated"
+  | "rotations_admitted"
+  | "rotations_refused";
 
 /** A maintenance connection's slot of the reserve. */
 export interface MaintenanceRow {

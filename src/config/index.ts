@@ -122,8 +122,16 @@ export function loadConfig(env: Env): LessorConfig {
     if (typeof rawBudget !== "object" || rawBudget === null) {
       fail("LESSOR_BUDGETS", `host ${name} has no budget (give it one, or a "*" default)`);
     }
-    const { connections, reserve = defaultReserve } = rawBudget as Record<string, unknown>;
-    const budget = { connections: Number(connections), reserve: Number(reserve) };
+    const {
+      connections,
+      reserve = defaultReserve,
+      rotationReserve = largestPool,
+    } = rawBudget as Record<string, unknown>;
+    const budget = {
+      connections: Number(connections),
+      reserve: Number(reserve),
+      rotationReserve: Number(rotationReserve),
+    };
     const problem = validateLimits(budget, largestPool);
     if (problem) fail("LESSOR_BUDGETS", `host ${name}: ${problem}`);
     hosts.set(name, { name, adminUrl, hostname: url.hostname, port: Number(url.port || 5432), budget });

@@ -120,6 +120,24 @@ export async function loadSealedPassword(db: ControlPlane, tenantId: string): Pr
   return row?.sealed ?? null;
 }
 
+/** Replaces a tenant's sealed password (a rotation); `sealed_at` is when its credential last changed. */
+export async function resealCredential(db: ControlPlane, tenantId: string, sealed: string): Promise<void> {
+  await db
+    .update(tenantCredentials)
+    .set({ sealedPassword: sealed, sealedAt: sql`now()` })
+    .where(eq(tenantCredentials.tenantId, tenantId));
+}
+
+/** When a tenant's credential was last set (provisioned or rotated); null for an unknown tenant. */
+export async function credentialSetAt(db: ControlPlane, tenantId: string): Promise<Date | null> {
+  const [row] = await db
+    .select({ at: tenantCredentials.sealedAt })
+    .from(tenantCredentials)
+    .where(eq(tenantCredentials.tenantId, tenantId))
+    .limit(1);
+  return row?.at ?? null;
+}
+
 /**
  * Appends a generation to the insert-only ledger. Returns false if the generation was already
  * taken (a lost race), in which case `highestGeneration` tells the loser where to move. A generation

@@ -12,6 +12,11 @@ export interface BudgetLimits {
   connections: number;
   /** Part of `connections` kept for maintenance connections; pools never use it. */
   reserve: number;
+  /**
+   * Connections a credential rotation may hold beyond `connections` while an old and a new
+   * generation of one tenant overlap (docs/adr/013). 0 disables overlapping rotations on the host.
+   */
+  rotationReserve?: number;
 }
 
 export type AllocationPhase = "reserved" | "allocated" | "draining";
@@ -69,6 +74,20 @@ export function evictionCandidates(allocations: readonly Allocation[], excludeTe
 }
 
 /**
+ * Whether a rotation's new generation of `size` fits: pools may then use their share plus the
+ * rotation reserve, so the ledger stays within `connections + rotationReserve` (pools + maintenance
+ * ≤ connections, plus the overlap). Ordinary starts still use `fits`, so an overlap in progress
+ * only ever delays them; it never lets them past `poolCapacity`.
+ */
+export function rotationFits(
+  allocations: readonly Allocation[],
+  limits: BudgetLimits,
+  size: number,
+): boolean {
+  return usedConnections(allocations) + size <= poolCapacity(limits) + (limits.rotationReserve ?? 0);
+}
+
+/**
  * The fewest least-recently-used victims whose release makes room for `size`, or null if even
  * evicting every candidate would not. Draining pools are already on their way out and count as
  * capacity that will come back.
@@ -97,6 +116,12 @@ export function validateLimits(limits: BudgetLimits, largestPool: number): strin
     return "connections must be a positive integer";
   if (!Number.isInteger(limits.reserve) || limits.reserve < 1)
     return "reserve must be a positive integer (maintenance connections draw on it: migrations, provisioning, admin)";
+  if (
+    limits.rotationReserve !== undefined &&
+    (!Number.isInteger(limits.rotationReserve) || limits.rotationReserve < 0)
+  ) {
+    return "rotationReserve must be a whole number ≥ 0 (connections a credential rotation may overlap with)";
+  }
   if (poolCapacity(limits) < largestPool) {
     return `connections minus reserve (${poolCapacity(limits)}) is smaller than the largest pool (${largestPool})`;
   }

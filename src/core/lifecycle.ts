@@ -5,6 +5,11 @@
  *     stopped ──start──▶ starting ──ok──▶ ready ──idle──▶ draining ──leases = 0──▶ stopped
  *                           │                                  ▲
  *                           └──fail──▶ failed (retryAt) ───────┘ (next request after retryAt starts again)
+ *
+ * A credential rotation overlaps two generations of a ready pool (docs/adr/013): `rotatingTo`
+ * names the generation being prepared under the new credential while the current one keeps
+ * serving; at the switch it becomes current and the old one is `retiring`, serving only the
+ * leases it already holds, until it stops.
  */
 
 export type PoolState = "stopped" | "starting" | "ready" | "draining" | "failed";
@@ -29,6 +34,10 @@ export interface Lifecycle {
   retryAt: number | null;
   /** A schema migration holds the tenant: no new lease is granted, and the pool is never evicted. */
   migrating: boolean;
+  /** The generation a credential rotation is preparing (not yet serving), if one is. */
+  rotatingTo: number | null;
+  /** The previous generation after a rotation: serves only the leases it holds, then stops. */
+  retiring: number | null;
 }
 
 export const initialLifecycle: Lifecycle = {
@@ -38,6 +47,8 @@ export const initialLifecycle: Lifecycle = {
   failureReason: null,
   retryAt: null,
   migrating: false,
+  rotatingTo: null,
+  retiring: null,
 };
 
 /** What a request for a lease should do, given the lifecycle. */
@@ -72,9 +83,14 @@ export function admitDecision(lc: Lifecycle, now: number): AdmitDecision {
   }
 }
 
+/** The next unused generation number (past one a rotation may be preparing). */
+export function nextGeneration(lc: Lifecycle): number {
+  return Math.max(lc.generation, lc.rotatingTo ?? 0, lc.retiring ?? 0) + 1;
+}
+
 /** Entering `starting` takes the next generation. */
 export function beginStart(lc: Lifecycle): Lifecycle {
-  return { ...lc, state: "starting", generation: lc.generation + 1 };
+  return { ...lc, state: "starting", generation: nextGeneration(lc) };
 }
 
 /** Moves the generation past `atLeast` (a lost race in the generation ledger). */
@@ -155,14 +171,79 @@ export function migrationFinished(lc: Lifecycle): Lifecycle {
  * An object that restarts has no pool in memory. If its persisted state claims a live pool, that
  * generation is dead: the next request must start a new one.
  */
-export function recoverAfterRestart(lc: Lifecycle): { lifecycle: Lifecycle; deadGeneration: number | null } {
+export function recoverAfterRestart(lc: Lifecycle): {
+  lifecycle: Lifecycle;
+  deadGeneration: number | null;
+  /** Every generation that may still hold budget or backends: current, retiring, being prepared. */
+  deadGenerations: number[];
+} {
   // An interrupted migration is not resumed here: the campaign re-runs it, and the migrator reads
-  // the database's own ledger, so nothing is applied twice.
-  const base = { ...initialLifecycle, ...lc, migrating: false };
+  // the database's own ledger, so nothing is applied twice. An interrupted rotation is not resumed
+  // either: both of its generations died with the object (no two live generations are left), and
+  // the credential is whichever the control plane holds (the next start repairs the role to it).
+  const base = { ...initialLifecycle, ...lc, migrating: false, rotatingTo: null, retiring: null };
+  const side = [lc.retiring, lc.rotatingTo].filter((g): g is number => typeof g === "number");
   if (lc.state === "ready" || lc.state === "starting" || lc.state === "draining") {
-    return { lifecycle: { ...base, state: "stopped" }, deadGeneration: lc.generation };
+    return {
+      lifecycle: { ...base, state: "stopped", generation: Math.max(lc.generation, ...side) },
+      deadGeneration: lc.generation,
+      deadGenerations: [lc.generation, ...side],
+    };
   }
-  return { lifecycle: base, deadGeneration: null };
+  return {
+    lifecycle: { ...base, generation: Math.max(lc.generation, ...side) },
+    deadGeneration: side.length > 0 ? lc.generation : null,
+    deadGenerations: side,
+  };
+}
+
+/** What a credential rotation should do, given the lifecycle. */
+export type RotationDecision =
+  /** No pool runs: set the new credential; the next start uses it. */
+  | { kind: "update_credential" }
+  /** A ready pool: prepare a new generation under the new credential, then switch. */
+  | { kind: "overlap" }
+  | { kind: "refuse"; code: "tenant_migrating" | "tenant_draining" | "tenant_busy" | "rotation_in_progress" };
+
+export function rotationDecision(lc: Lifecycle): RotationDecision {
+  if (lc.rotatingTo !== null || lc.retiring !== null) return { kind: "refuse", code: "rotation_in_progress" };
+  if (lc.migrating) return { kind: "refuse", code: "tenant_migrating" };
+  switch (lc.state) {
+    case "stopped":
+    case "failed":
+      return { kind: "update_credential" };
+    case "ready":
+      return { kind: "overlap" };
+    case "starting":
+      return { kind: "refuse", code: "tenant_busy" };
+    case "draining":
+      return { kind: "refuse", code: "tenant_draining" };
+  }
+}
+
+/** A rotation reserves the next generation for the pool it prepares; the current one keeps serving. */
+export function beginRotation(lc: Lifecycle): Lifecycle {
+  return { ...lc, rotatingTo: nextGeneration(lc) };
+}
+
+/**
+ * The prepared generation is ready: it becomes current, and `from` retires. Null when the pool is
+ * no longer the ready generation `from` (drained, evicted or restarted meanwhile): the rotation
+ * then abandons its new pool rather than resurrect a tenant that stopped.
+ */
+export function rotationSwitched(lc: Lifecycle, from: number): Lifecycle | null {
+  if (lc.rotatingTo === null || lc.state !== "ready" || lc.generation !== from || lc.migrating) return null;
+  return { ...lc, generation: lc.rotatingTo, rotatingTo: null, retiring: from };
+}
+
+/** The rotation gave up before its switch: nothing was prepared that serves. */
+export function rotationAbandoned(lc: Lifecycle): Lifecycle {
+  return lc.rotatingTo === null ? lc : { ...lc, rotatingTo: null };
+}
+
+/** The retiring generation's last lease ended and its pool is closed. */
+export function retired(lc: Lifecycle, generation: number): Lifecycle {
+  return lc.retiring === generation ? { ...lc, retiring: null } : lc;
 }
 
 /** What the idle alarm should do. */

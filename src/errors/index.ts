@@ -78,6 +78,17 @@ export const errorCatalog = {
       "Every maintenance connection of the database host's reserve is in use (migrations, provisioning); retry shortly.",
     retryable: true,
   },
+  rotation_in_progress: {
+    status: 409,
+    message:
+      "A credential rotation of this tenant is still in progress (its previous generation is finishing its leases); retry once it ends.",
+    retryable: true,
+  },
+  tenant_busy: {
+    status: 503,
+    message: "The tenant's pool is starting; retry shortly.",
+    retryable: true,
+  },
   capacity_saturated: {
     status: 503,
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",

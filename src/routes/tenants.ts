@@ -3,7 +3,12 @@ import { and, asc, eq, gt, sql } from "drizzle-orm";
 import { Hono } from "hono";
 import * as v from "valibot";
 import { loadConfig } from "../config/index.ts";
-import { listLifecycleEvents, loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
+import {
+  credentialSetAt,
+  listLifecycleEvents,
+  loadTenantRecord,
+  withControlPlane,
+} from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
@@ -89,12 +94,28 @@ tenantRoutes.get("/v1/tenants", requireAdmin, query(tenantPage), async (c) => {
 tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
-  const [row] = await withControlPlane(config, c.env, (db) =>
-    db.select().from(tenants).where(eq(tenants.id, id)).limit(1),
-  );
+  const { row, credentialAt } = await withControlPlane(config, c.env, async (db) => {
+    const [found] = await db.select().from(tenants).where(eq(tenants.id, id)).limit(1);
+    return { row: found, credentialAt: found ? await credentialSetAt(db, id) : null };
+  });
   if (!row) throw new LessorError("tenant_not_found");
   const runtime = await c.env.TENANTS.getByName(id).status();
-  return c.json({ tenant: publicTenant(row), runtime });
+  return c.json({
+    tenant: { ...publicTenant(row), credentialRotatedAt: credentialAt?.toISOString() ?? null },
+    runtime,
+  });
+});
+
+/**
+ * Rotates the tenant's database credential through overlapping generations: answers once the new
+ * generation serves (202: the old one is still finishing the leases it holds). A stopped tenant's
+ * credential is simply replaced (`overlapped: false`).
+ */
+tenantRoutes.post("/v1/tenants/:id/rotate-credentials", requireAdmin, async (c) => {
+  const id = tenantParam(c);
+  const outcome = await c.env.TENANTS.getByName(id).rotateCredentials(id);
+  if (!outcome.ok) throw LessorError.fromWire(outcome.error);
+  return c.json({ generation: outcome.generation, overlapped: outcome.overlapped }, 202);
 });
 
 for (const [action, status] of [

@@ -36,7 +36,11 @@ export interface CapacityStatus {
   host: string;
   budget: number;
   reserve: number;
+  /** Connections a credential rotation may overlap with beyond `budget` (docs/adr/013). */
+  rotationReserve: number;
   poolCapacity: number;
+  /** Rotations admitted and refused since the ledger was created, and waiting now. */
+  rotations: { admitted: number; refused: number; waiting: number };
   allocated: number;
   reserved: number;
   draining: number;

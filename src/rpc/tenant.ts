@@ -55,7 +55,16 @@ export interface TenantRuntimeStatus {
   /** While draining: leases held longer than the maximum drain time (never killed unless forced). */
   drain: { startedAt: string; overdue: boolean; heldLeases: { lease: string; ageMs: number }[] } | null;
   reclaimedLeases: number;
+  /** A credential rotation's old generation, serving only the leases it still holds. */
+  retiring: { generation: number; leases: number } | null;
+  /** The generation a credential rotation is preparing, if one is. */
+  rotatingTo: number | null;
 }
+
+/** The answer of a credential rotation: the generation now serving, and whether two overlapped. */
+export type RotateOutcome =
+  | { ok: true; generation: number; overlapped: boolean }
+  | { ok: false; error: WireError };
 
 /** The answer to a statement. The answer is serialised once, in the object: the Worker passes the text through. */
 export type SqlOutcome =

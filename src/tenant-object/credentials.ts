@@ -6,13 +6,15 @@
  */
 import type { Client } from "@neondatabase/serverless";
 import { tenantMaintenanceApplicationName } from "../core/names.ts";
+import { loginGuardKey } from "../crypto/login-guard.ts";
 import { scramVerifier } from "../crypto/scram.ts";
 import { unseal } from "../crypto/seal.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
+import { guardKeyId, type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
 import { setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
+import { installLoginGuard } from "../tenant-db/login-guard.ts";
 import { withHostAdmin } from "../tenant-db/maintenance.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
@@ -27,7 +29,58 @@ export class TenantCredentials {
   /** Opens the sealed password of `record` and builds its credential. */
   async open(record: TenantRecord, sealed: string): Promise<UnsealedCredential> {
     const password = await unseal(this.rt.env.LESSOR_SEAL_KEY, record.tenantId, sealed);
+    return this.credentialFor(record, password);
+  }
+
+  /** The credential of `password` (a rotation's new one, before it is sealed anywhere). */
+  async credentialFor(record: TenantRecord, password: string): Promise<UnsealedCredential> {
     return { password, ...(await tenantCredential(this.rt.config, record, password)) };
+  }
+
+  /**
+   * The one path by which the role's password changes after provisioning (a rotation, and the
+   * repair after 28P01): on one admin connection to the tenant's database, the password's guard key
+   * is added to the login guard (old keys stay, so the connections and tokens of a generation still
+   * serving keep working), then the password is set as a SCRAM verifier. Returns the key's id.
+   */
+  async changePassword(
+    record: TenantRecord,
+    password: string,
+    purpose: "rotate" | "repair",
+  ): Promise<string> {
+    const verifier = await scramVerifier(password);
+    const guardKey = await loginGuardKey(password);
+    const keyId = await guardKeyId(guardKey);
+    await this.withHostAdmin(
+      record,
+      purpose,
+      async (admin) => {
+        await installLoginGuard(admin, keyId, guardKey);
+        await setRolePassword(admin, record.roleName, verifier);
+      },
+      undefined,
+      record.databaseName,
+    );
+    return keyId;
+  }
+
+  /**
+   * Removes every guard key but `keepKeyId` (the current password's): called once no generation
+   * under an older password runs, so a rotated-out password can mint no login, even to Lessor.
+   */
+  async retireGuardKeys(record: TenantRecord, keepKeyId: string): Promise<number> {
+    return this.withHostAdmin(
+      record,
+      "rotate",
+      async (admin) => {
+        const { rowCount } = await admin.query("DELETE FROM lessor_guard.keys WHERE key_id <> $1", [
+          keepKeyId,
+        ]);
+        return rowCount ?? 0;
+      },
+      undefined,
+      record.databaseName,
+    );
   }
 
   /**
@@ -39,6 +92,7 @@ export class TenantCredentials {
     purpose: string,
     work: (admin: Client) => Promise<T>,
     waitMs?: number,
+    database?: string,
   ): Promise<T> {
     const host = this.rt.config.hosts.get(record.host);
     if (!host) {
@@ -48,7 +102,12 @@ export class TenantCredentials {
       this.rt.env,
       this.rt.config,
       host,
-      { purpose, tenantId: record.tenantId, ...(waitMs === undefined ? {} : { waitMs }) },
+      {
+        purpose,
+        tenantId: record.tenantId,
+        ...(waitMs === undefined ? {} : { waitMs }),
+        ...(database === undefined ? {} : { database }),
+      },
       work,
     );
   }
@@ -58,8 +117,9 @@ export class TenantCredentials {
    * truth: a password the tenant set for itself is simply overwritten, and the repair is recorded.
    */
   async repair(record: TenantRecord, credential: UnsealedCredential, generation: number): Promise<void> {
-    const verifier = await scramVerifier(credential.password);
-    await this.withHostAdmin(record, "repair", (admin) => setRolePassword(admin, record.roleName, verifier));
+    // The rotation's path: the sealed password's guard key is (re)installed with it, so a repair
+    // also heals a guard that lost its key (a rotation killed between its two steps).
+    await this.changePassword(record, credential.password, "repair");
     this.rt.note("credential_repaired");
     logEvent("warn", "credential_repaired", { tenant: record.tenantId, generation });
   }

@@ -89,13 +89,14 @@ export class TenantDrain {
       this.sessions.size === 0 &&
       !this.rt.pinned &&
       !lc.migrating &&
+      lc.rotatingTo === null &&
       this.pool.isOpen;
     if (!eligible) {
       // Refused because busy: tell the budget the moment the last lease goes, so a waiting start
       // does not wait for the next heartbeat to learn this pool became idle.
       if (lc.generation === generation && this.pool.leases > 0) this.pool.reportWhenIdle();
       // A generation this object no longer runs holds nothing: let the budget release it.
-      const gone = lc.generation !== generation && !this.pool.isClosing(generation);
+      const gone = lc.generation !== generation && !this.pool.holds(generation);
       return { evicted: gone, report: this.pool.report() };
     }
     await this.pool.stop("evicted");

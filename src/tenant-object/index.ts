@@ -14,6 +14,7 @@
  *     sessions.ts   session leases, TTL, reclaim
  *     drain.ts      operator drain and budget eviction
  *     migrate.ts    schema migrations under the object
+ *     rotation.ts   credential rotation through overlapping generations
  *     outbox.ts     lifecycle events and usage to the control plane
  *     heartbeat.ts  the alarm
  */
@@ -25,6 +26,7 @@ import type { EvictOutcome } from "../rpc/budget.ts";
 import type {
   KeyProof,
   MigrateOutcome,
+  RotateOutcome,
   SessionOpened,
   SqlOutcome,
   TenantRecord,
@@ -38,6 +40,7 @@ import { heartbeat } from "./heartbeat.ts";
 import { SchemaMigration } from "./migrate.ts";
 import { TenantPool } from "./pool.ts";
 import { TenantQueries } from "./query.ts";
+import { CredentialRotation } from "./rotation.ts";
 import { TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
 
@@ -49,6 +52,7 @@ export class TenantObject extends DurableObject<Env> {
   private readonly sessions: SessionLeases;
   private readonly drains: TenantDrain;
   private readonly migration: SchemaMigration;
+  private readonly rotation: CredentialRotation;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -60,11 +64,14 @@ export class TenantObject extends DurableObject<Env> {
       onIdle: () => {
         if (rt.lifecycle.state === "draining") void this.drains.finishIfIdle();
       },
+      credentialChange: () => this.rotation.inProgress,
+      onRetired: (generation) => this.rotation.retired(generation),
     });
     this.queries = new TenantQueries(rt, this.auth, this.pool);
     this.sessions = new SessionLeases(rt, this.auth, this.pool);
     this.drains = new TenantDrain(rt, this.pool, this.sessions);
     this.migration = new SchemaMigration(rt, this.auth, this.pool);
+    this.rotation = new CredentialRotation(rt, this.auth, this.pool);
     ctx.blockConcurrencyWhile(() => this.load());
   }
 
@@ -77,20 +84,23 @@ export class TenantObject extends DurableObject<Env> {
     rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
     rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
     rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
-    const { lifecycle, deadGeneration } = recoverAfterRestart(rt.lifecycle);
-    if (deadGeneration !== null || lifecycle.migrating !== rt.lifecycle.migrating) {
-      // No pool survives a restart: the persisted generation is dead, whatever it claimed.
+    const { lifecycle, deadGenerations } = recoverAfterRestart(rt.lifecycle);
+    if (deadGenerations.length > 0 || lifecycle.migrating !== rt.lifecycle.migrating) {
+      // No pool survives a restart: the persisted generations are dead, whatever they claimed (a
+      // rotation's old and new generation included: neither is left running).
       rt.apply(lifecycle, "object_restarted");
     }
-    if (deadGeneration !== null) rt.requireFence();
-    if (deadGeneration !== null && rt.record) {
+    if (deadGenerations.length > 0) rt.requireFence();
+    if (rt.record) {
       const { host, tenantId } = rt.record;
-      this.ctx.waitUntil(
-        rt
-          .budget(host)
-          .release(host, tenantId, deadGeneration)
-          .catch(() => undefined),
-      );
+      for (const dead of deadGenerations) {
+        this.ctx.waitUntil(
+          rt
+            .budget(host)
+            .release(host, tenantId, dead)
+            .catch(() => undefined),
+        );
+      }
     }
     if (rt.storage.pendingOutboxRows() > 0) await rt.ensureAlarm(Date.now() + 1_000);
   }
@@ -185,6 +195,8 @@ export class TenantObject extends DurableObject<Env> {
           }
         : null,
       reclaimedLeases: this.rt.reclaimedLeases,
+      retiring: this.pool.retiringStatus,
+      rotatingTo: lc.rotatingTo,
     };
   }
 
@@ -202,6 +214,11 @@ export class TenantObject extends DurableObject<Env> {
   /** For budget reconciliation: does this object still hold connections of `generation`? */
   async holdsGeneration(generation: number): Promise<boolean> {
     return this.pool.holds(generation);
+  }
+
+  /** Rotates the tenant's database credential through overlapping generations (see rotation.ts). */
+  rotateCredentials(tenantId: string): Promise<RotateOutcome> {
+    return this.rotation.rotate(tenantId);
   }
 
   /** Migrates the tenant's database to `targetVersion` (see migrate.ts). */

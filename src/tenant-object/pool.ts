@@ -23,6 +23,7 @@ import {
   beginStart,
   classifyStartFailure,
   type FailureReason,
+  retired,
   skipGeneration,
   startFailed,
   startRefused,
@@ -63,6 +64,11 @@ export class TenantPool {
   private readonly leasesDrained: (() => void)[] = [];
   /** Set when this pool refused an eviction because it was busy; cleared by the next idle report. */
   private budgetWaitsForIdle = false;
+  /**
+   * The generation a credential rotation replaced: it serves only the leases it held at the switch
+   * (session leases, `/sql` in flight) and stops when the last one ends (docs/adr/013).
+   */
+  private retiring: { pool: Pool; generation: number; leases: number } | null = null;
 
   /** The tenant role's credential and the host-admin work done with it (repair, fence, terminate). */
   readonly credentials: TenantCredentials;
@@ -74,6 +80,10 @@ export class TenantPool {
       migrationDone: () => Promise<void> | null;
       /** The last lease was released. */
       onIdle: () => void;
+      /** A credential change in progress, if one is (a start waits for it, bounded by its deadline). */
+      credentialChange: () => Promise<unknown> | null;
+      /** A retiring generation stopped: its credential's guard key may go. */
+      onRetired: (generation: number) => void;
     },
   ) {
     this.credentials = new TenantCredentials(rt);
@@ -102,13 +112,29 @@ export class TenantPool {
     return this.pool !== null;
   }
 
-  /** Whether this object still holds connections of `generation` (live, or still closing). */
+  /** Whether this object still holds connections (or budget) of `generation`: live, retiring, being prepared, or closing. */
   holds(generation: number): boolean {
     const lc = this.rt.lifecycle;
     const live =
       lc.generation === generation &&
       (lc.state === "starting" || lc.state === "ready" || lc.state === "draining");
-    return live || this.closing.has(generation);
+    return (
+      live ||
+      this.closing.has(generation) ||
+      this.retiring?.generation === generation ||
+      lc.rotatingTo === generation
+    );
+  }
+
+  /** Whether a lease of `generation` may still run: the current open pool's, or the retiring one's. */
+  serves(generation: number): boolean {
+    if (this.pool !== null && this.poolGeneration === generation) return true;
+    return this.retiring?.generation === generation;
+  }
+
+  /** The retiring generation and the leases it still holds (for status). */
+  get retiringStatus(): { generation: number; leases: number } | null {
+    return this.retiring ? { generation: this.retiring.generation, leases: this.retiring.leases } : null;
   }
 
   /** Whether `generation` is still closing its connections. */
@@ -132,12 +158,19 @@ export class TenantPool {
           return { generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":
-        case "join_start":
+        case "join_start": {
+          // A stopped tenant's credential being changed: start under the new one, not a race with it.
+          const change = this.hooks.credentialChange();
+          if (change && decision.kind === "start") {
+            await change.catch(() => undefined);
+            break;
+          }
           this.starting ??= this.start(record).finally(() => {
             this.starting = null;
           });
           await this.starting;
           break;
+        }
         case "wait_migration": {
           const done = this.hooks.migrationDone();
           if (done) await Promise.race([done, sleep(this.rt.config.admissionWaitMs)]);
@@ -161,7 +194,14 @@ export class TenantPool {
     });
   }
 
-  release(): void {
+  /** Ends a lease of `generation` (the current one's, or the retiring one's). */
+  release(generation: number): void {
+    const old = this.retiring;
+    if (old && old.generation === generation) {
+      old.leases--;
+      if (old.leases <= 0) this.rt.ctx.waitUntil(this.retire(old));
+      return;
+    }
     this.leaseCount--;
     if (this.leaseCount > 0) return;
     this.idleSince = Date.now();
@@ -298,6 +338,68 @@ export class TenantPool {
         retryAfterSeconds: (retryAt - Date.now()) / 1000,
       });
     }
+  }
+
+  /**
+   * Opens the pool of a rotation's new generation under its new credential and proves it with one
+   * query. Nothing routes to it until `switchTo`.
+   */
+  async prepare(
+    record: TenantRecord,
+    generation: number,
+    credential: UnsealedCredential,
+  ): Promise<{ pool: Pool; target: ConnectionTarget }> {
+    const pool = this.open(record, generation, credential);
+    try {
+      await pool.query("SELECT 1");
+    } catch (error) {
+      await pool.end().catch(() => undefined);
+      throw error;
+    }
+    return { pool, target: credential.target };
+  }
+
+  /**
+   * Makes a prepared generation current (the caller applies `rotationSwitched` in the same turn):
+   * new leases go to it from now on; the old generation keeps the leases it holds and retires when
+   * the last one ends. No await, so no lease can be taken between the two.
+   */
+  switchTo(prepared: { pool: Pool; target: ConnectionTarget }, generation: number): void {
+    const old = this.pool
+      ? { pool: this.pool, generation: this.poolGeneration, leases: this.leaseCount }
+      : null;
+    this.pool = prepared.pool;
+    this.poolGeneration = generation;
+    this.poolTarget = prepared.target;
+    this.leaseCount = 0;
+    this.idleSince = Date.now();
+    this.lastUsed = Date.now();
+    this.retiring = old;
+    if (old && old.leases <= 0) this.rt.ctx.waitUntil(this.retire(old));
+    // Whoever waited for the old generation's leases (a drain) now watches the new one's.
+    for (const wake of this.leasesDrained.splice(0)) wake();
+  }
+
+  /** Stops a retiring generation: closes its pool, then releases its budget allocation. */
+  private async retire(old: { pool: Pool; generation: number }): Promise<void> {
+    if (this.retiring !== old) return;
+    this.retiring = null;
+    this.closing.add(old.generation);
+    try {
+      await old.pool.end().catch(() => undefined);
+    } finally {
+      this.closing.delete(old.generation);
+    }
+    const rt = this.rt;
+    rt.apply(retired(rt.lifecycle, old.generation), "retired");
+    rt.note(`rotation_retired: generation ${old.generation} stopped`);
+    if (rt.record) {
+      await rt
+        .budget(rt.record.host)
+        .release(rt.record.host, rt.record.tenantId, old.generation)
+        .catch(() => undefined);
+    }
+    this.hooks.onRetired(old.generation);
   }
 
   private open(record: TenantRecord, generation: number, credential: UnsealedCredential): Pool {

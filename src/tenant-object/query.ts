@@ -64,7 +64,7 @@ export class TenantQueries {
       this.auth.refuseIfDisabled();
       client = await this.pool.checkout(lease.pool);
     } catch (error) {
-      this.endLease(leasedAt);
+      this.endLease(lease.generation, leasedAt);
       throw error;
     }
     const watchdog = new StatementWatchdog(this.rt, this.pool.credentials, record, lease.target, client);
@@ -92,6 +92,7 @@ export class TenantQueries {
       this.giveBack(
         client,
         watchdog.connectionSuspect ? (broken ?? new Error("statement stopped")) : broken,
+        lease.generation,
         leasedAt,
       );
     }
@@ -102,8 +103,13 @@ export class TenantQueries {
    * a sound one is reset first, off the caller's path. A stop that comes meanwhile waits for it:
    * the pool ends only once every connection is back, and only then is the budget released.
    */
-  private giveBack(client: PoolClient, broken: Error | undefined, leasedAt: number): void {
-    this.endLease(leasedAt);
+  private giveBack(
+    client: PoolClient,
+    broken: Error | undefined,
+    generation: number,
+    leasedAt: number,
+  ): void {
+    this.endLease(generation, leasedAt);
     if (broken) {
       markEndedOnPurpose(client);
       client.release(broken);
@@ -112,8 +118,8 @@ export class TenantQueries {
     this.rt.ctx.waitUntil(resetConnection(client).then((failed) => client.release(failed)));
   }
 
-  private endLease(leasedAt: number): void {
+  private endLease(generation: number, leasedAt: number): void {
     this.rt.usage.leaseMs += Date.now() - leasedAt;
-    this.pool.release();
+    this.pool.release(generation);
   }
 }

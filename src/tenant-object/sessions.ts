@@ -87,7 +87,7 @@ export class SessionLeases {
         this.auth.refuseIfDisabled();
         client = await this.pool.checkout(lease.pool);
       } catch (error) {
-        this.pool.release();
+        this.pool.release(lease.generation);
         throw error;
       }
       const token = `${sessionTokenPrefix}${tenantId}_${randomHex(24)}`;
@@ -222,7 +222,8 @@ export class SessionLeases {
     const tokenHash = await hashKey(token);
     const session = this.sessions.get(tokenHash);
     if (session) {
-      if (session.generation !== this.rt.lifecycle.generation || !this.pool.isOpen) {
+      // The current generation's, or a retiring one's: a rotation lets a lease finish where it began.
+      if (!this.pool.serves(session.generation)) {
         this.end(session, new Error("stale generation"), "stale");
         throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
       }
@@ -252,7 +253,7 @@ export class SessionLeases {
     if (remember === "lost") this.rt.storage.markSessionToken(session.tokenHash, "lost");
     markEndedOnPurpose(session.client);
     session.client.release(destroyWith);
-    this.pool.release();
+    this.pool.release(session.generation);
   }
 
   /**
@@ -272,7 +273,7 @@ export class SessionLeases {
       () => resetConnection(session.client),
     );
     session.client.release(broken);
-    this.pool.release();
+    this.pool.release(session.generation);
   }
 
   /**

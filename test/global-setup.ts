@@ -60,6 +60,9 @@ async function startTestStack(
       small: superuser,
       // Another small host, for the maintenance tests (each file's budgets are its own, but Postgres is shared).
       tiny: superuser,
+      // Hosts for the rotation tests: one with a rotation reserve that fits an overlap, one without room.
+      rot: superuser,
+      rotfull: superuser,
       faulty: superuser.replace("@127.0.0.1:", "@127.0.0.2:"),
     }),
   );

@@ -1,0 +1,317 @@
+/**
+ * Credential rotation through overlapping generations (issue 14, docs/adr/013): the seed's trace
+ * (two session leases hold open transactions while a load generator keeps sending `/sql`), a
+ * rotation with no room in the rotation reserve, a stopped tenant's rotation, and an object killed
+ * in the middle of one. Budget and `pg_stat_activity` are sampled throughout.
+ */
+import { runInDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import {
+  admin,
+  asSuperuser,
+  type CreatedTenant,
+  createTenant,
+  eventsOf,
+  lessor,
+  pollUntil,
+  runtimeOf,
+  sqlRequest,
+  tenantBackends,
+  uniqueTenantId,
+} from "./harness.ts";
+
+interface QueryResult {
+  rows: (string | null)[][];
+}
+
+function leaseSql(token: string, key: string, query: string): Promise<Response> {
+  return lessor(`/v1/leases/${token}/sql`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${key}`, "content-type": "application/json" },
+    body: JSON.stringify({ query, params: [] }),
+  });
+}
+
+async function leaseRows(token: string, key: string, query: string): Promise<(string | null)[][]> {
+  const response = await leaseSql(token, key, query);
+  if (response.status !== 200) throw new Error(`${query}: ${response.status} ${await response.text()}`);
+  return (await response.json<QueryResult>()).rows;
+}
+
+async function openLease(tenant: CreatedTenant): Promise<{ token: string; generation: number }> {
+  const response = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
+    body: JSON.stringify({ ttlMs: 60_000 }),
+  });
+  expect(response.status).toBe(201);
+  const body = await response.json<{ lease: string; generation: number }>();
+  return { token: body.lease, generation: body.generation };
+}
+
+async function sqlRows(tenant: CreatedTenant, query: string): Promise<(string | null)[][]> {
+  const response = await sqlRequest(tenant.connectionString, { query, params: [] });
+  if (response.status !== 200) throw new Error(`${query}: ${response.status} ${await response.text()}`);
+  return (await response.json<QueryResult>()).rows;
+}
+
+function rotate(id: string): Promise<Response> {
+  return admin(`/v1/tenants/${id}/rotate-credentials`, { method: "POST" });
+}
+
+/** Connections the ledger of `host` holds for pools (reserved, allocated, draining) and maintenance. */
+async function ledgerTotal(host: string): Promise<number> {
+  const status = await env.BUDGETS.getByName(host).status(host, 0);
+  return status.allocated + status.reserved + status.draining + status.maintenance.inUse;
+}
+
+/** Backends on the cluster that belong to `host`: its tenants' pools and its admin connections. */
+async function hostBackends(host: string, tenants: CreatedTenant[]): Promise<number> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      `SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE starts_with(application_name, $1) OR split_part(application_name, ':', 2) = ANY($2)`,
+      [`lessor:host:${host}:`, tenants.map((t) => t.role)],
+    );
+    return Number(rows[0]?.n ?? 0);
+  });
+}
+
+async function guardKeys(tenant: CreatedTenant): Promise<number> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT count(*)::int AS n FROM lessor_guard.keys");
+    return Number(rows[0]?.n ?? 0);
+  }, tenant.database);
+}
+
+describe("credential rotation through overlapping generations", () => {
+  it("seed trace: two leased transactions commit on the old generation, /sql never fails, the old generation goes when they end", async () => {
+    const host = "rot";
+    const tenant = await createTenant(uniqueTenantId("rot"), { host, tier: "standard" });
+    const filler = await createTenant(uniqueTenantId("rotfill"), { host, tier: "standard" });
+    // The host's pool share is full: the overlap can only come from the rotation reserve.
+    await sqlRows(filler, "SELECT 1");
+    await sqlRows(tenant, "CREATE TABLE trace (who text NOT NULL)");
+    const before = await runtimeOf(tenant.id);
+    expect(before.state).toBe("ready");
+    const oldGeneration = before.generation;
+
+    const first = await openLease(tenant);
+    const second = await openLease(tenant);
+    for (const [name, lease] of [
+      ["first", first],
+      ["second", second],
+    ] as const) {
+      expect(lease.generation).toBe(oldGeneration);
+      await leaseRows(lease.token, tenant.key, "BEGIN");
+      await leaseRows(lease.token, tenant.key, `INSERT INTO trace VALUES ('${name}')`);
+    }
+
+    const status = await env.BUDGETS.getByName(host).status(host, 0);
+    const ceiling = status.budget + status.rotationReserve;
+    let stop = false;
+    const statuses: number[] = [];
+    const served = new Set<string>();
+    const load = (async () => {
+      for (let i = 0; i < 2_000 && !stop; i++) {
+        const response = await sqlRequest(tenant.connectionString, {
+          query: "SELECT current_setting('application_name')",
+          params: [],
+        });
+        statuses.push(response.status);
+        if (response.status === 200) served.add(String((await response.json<QueryResult>()).rows[0]?.[0]));
+        else await response.text();
+      }
+    })();
+    const samples: { ledger: number; backends: number }[] = [];
+    const sampler = (async () => {
+      for (let i = 0; i < 2_000 && !stop; i++) {
+        samples.push({ ledger: await ledgerTotal(host), backends: await hostBackends(host, [tenant, filler]) });
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    })();
+
+    await pollUntil(
+      async () => statuses.length,
+      (n) => n >= 5,
+    );
+    const response = await rotate(tenant.id);
+    expect(response.status).toBe(202);
+    const { generation } = await response.json<{ generation: number }>();
+    expect(generation).toBeGreaterThan(oldGeneration);
+    const during = await runtimeOf(tenant.id);
+    expect(during).toMatchObject({ state: "ready", generation });
+
+    // New work goes to the new generation while the old one still holds both transactions.
+    const seen = await pollUntil(
+      async () => served,
+      (s) => [...s].some((app) => app.endsWith(`:${generation}`)),
+    );
+    expect([...seen].some((app) => app.endsWith(`:${generation}`))).toBe(true);
+    expect((await sqlRows(tenant, "SELECT current_setting('application_name')"))[0]?.[0]).toBe(
+      `lessor:${tenant.role}:${generation}`,
+    );
+    expect((await tenantBackends(tenant)).some((app) => app.endsWith(`:${oldGeneration}`))).toBe(true);
+
+    // Both transactions finish on the old generation: Postgres keeps a session that logged in with
+    // the old password.
+    for (const [name, lease] of [
+      ["first", first],
+      ["second", second],
+    ] as const) {
+      expect((await leaseRows(lease.token, tenant.key, "SELECT current_setting('application_name')"))[0]?.[0]).toBe(
+        `lessor:${tenant.role}:${oldGeneration}`,
+      );
+      await leaseRows(lease.token, tenant.key, `INSERT INTO trace VALUES ('${name}-2')`);
+      await leaseRows(lease.token, tenant.key, "COMMIT");
+      const closed = await lessor(`/v1/leases/${lease.token}`, {
+        method: "DELETE",
+        headers: { Authorization: `Bearer ${tenant.key}` },
+      });
+      expect(closed.status).toBe(204);
+    }
+
+    // The old generation's backends go once both leases have ended; its guard key with it.
+    const left = await pollUntil(
+      () => tenantBackends(tenant),
+      (apps) => !apps.some((app) => app.endsWith(`:${oldGeneration}`)),
+    );
+    expect(left.filter((app) => app.endsWith(`:${oldGeneration}`))).toEqual([]);
+    expect(await pollUntil(() => guardKeys(tenant), (n) => n === 1)).toBe(1);
+    expect(await pollUntil(() => runtimeOf(tenant.id), (r) => (r as unknown as { retiring: unknown }).retiring === null)).toMatchObject({
+      retiring: null,
+    });
+
+    stop = true;
+    await Promise.all([load, sampler]);
+    expect(statuses.length).toBeGreaterThan(10);
+    expect(statuses.filter((s) => s !== 200)).toEqual([]);
+    expect((await sqlRows(tenant, "SELECT who FROM trace ORDER BY who")).map((r) => r[0])).toEqual([
+      "first",
+      "first-2",
+      "second",
+      "second-2",
+    ]);
+
+    // Sampled throughout: within budget + rotation reserve, in the ledger and in Postgres.
+    expect(samples.length).toBeGreaterThan(3);
+    expect(Math.max(...samples.map((s) => s.ledger))).toBeLessThanOrEqual(ceiling);
+    expect(Math.max(...samples.map((s) => s.backends))).toBeLessThanOrEqual(ceiling);
+    // The overlap really used the reserve: the ledger went past the pools' share at some point.
+    expect(Math.max(...samples.map((s) => s.ledger))).toBeGreaterThan(status.poolCapacity);
+    const after = await env.BUDGETS.getByName(host).status(host, 0);
+    expect(after.allocated + after.reserved + after.draining).toBeLessThanOrEqual(status.poolCapacity);
+
+    const events = await pollUntil(
+      () => eventsOf(tenant.id),
+      (list) => list.some((e) => e.reason.startsWith("rotation_retired")),
+    );
+    expect(events.map((e) => e.reason)).toEqual(
+      expect.arrayContaining(["credential_rotated", `rotation_retired: generation ${oldGeneration} stopped`]),
+    );
+    const shown = await (await admin(`/v1/tenants/${tenant.id}`)).json<{ tenant: { credentialRotatedAt: string } }>();
+    expect(Date.parse(shown.tenant.credentialRotatedAt)).toBeGreaterThan(0);
+  });
+
+  it("no room in the rotation reserve: waits, then refuses 503 capacity_saturated and leaves the pool serving", async () => {
+    const host = "rotfull";
+    const big = await createTenant(uniqueTenantId("rotbig"), { host, tier: "standard" });
+    const small = await createTenant(uniqueTenantId("rotsmall"), { host, tier: "free" });
+    await sqlRows(big, "SELECT 1");
+    await sqlRows(small, "SELECT 1");
+    const generation = (await runtimeOf(big.id)).generation;
+
+    const refused = await rotate(big.id);
+    expect(refused.status).toBe(503);
+    expect(refused.headers.get("Retry-After")).not.toBeNull();
+    expect((await refused.json<{ code: string }>()).code).toBe("capacity_saturated");
+    // Nothing changed: the same generation serves, with the same credential.
+    expect(await runtimeOf(big.id)).toMatchObject({ state: "ready", generation });
+    expect((await sqlRows(big, "SELECT current_setting('application_name')"))[0]?.[0]).toBe(
+      `lessor:${big.role}:${generation}`,
+    );
+    const status = await env.BUDGETS.getByName(host).status(host, 0);
+    expect(status.rotations.refused).toBeGreaterThanOrEqual(1);
+    expect(status.allocated + status.reserved + status.draining).toBe(7);
+
+    // The small tenant's rotation waits for room; a release (the big pool drained) lets it through.
+    const pending = rotate(small.id);
+    await pollUntil(
+      async () => (await env.BUDGETS.getByName(host).status(host, 0)).rotations.waiting,
+      (n) => n === 1,
+      { attempts: 40, intervalMs: 25 },
+    );
+    const drained = await admin(`/v1/tenants/${big.id}/drain`, { method: "POST", json: {} });
+    expect(drained.status).toBe(202);
+    const granted = await pending;
+    expect(granted.status).toBe(202);
+    expect(
+      (await sqlRows(small, "SELECT current_setting('application_name')"))[0]?.[0],
+    ).toBe(`lessor:${small.role}:${(await granted.json<{ generation: number }>()).generation}`);
+  });
+
+  it("a stopped tenant's rotation only updates the credential; the next start uses it", async () => {
+    const tenant = await createTenant(uniqueTenantId("rotstop"), { host: "local", tier: "free" });
+    await sqlRows(tenant, "SELECT 1");
+    await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: {} });
+    const stopped = await pollUntil(() => runtimeOf(tenant.id), (r) => r.state === "stopped");
+    expect(stopped.state).toBe("stopped");
+    const sealedBefore = await sealedOf(tenant.id);
+
+    const response = await rotate(tenant.id);
+    expect(response.status).toBe(202);
+    expect(await response.json()).toEqual({ generation: stopped.generation, overlapped: false });
+    expect(await runtimeOf(tenant.id)).toMatchObject({ state: "stopped", generation: stopped.generation });
+    expect(await sealedOf(tenant.id)).not.toBe(sealedBefore);
+    expect(await guardKeys(tenant)).toBe(1);
+    // The next start logs in with the new credential, with no repair needed.
+    expect((await sqlRows(tenant, "SELECT 1"))[0]?.[0]).toBe("1");
+    const events = await eventsOf(tenant.id);
+    expect(events.map((e) => e.reason)).not.toContain("credential_repaired");
+  });
+
+  it("an object killed mid-rotation leaves no live generation behind and the tenant serves again", async () => {
+    const tenant = await createTenant(uniqueTenantId("rotkill"), { host: "local", tier: "free" });
+    await sqlRows(tenant, "SELECT 1");
+    const from = (await runtimeOf(tenant.id)).generation;
+    const pending = rotate(tenant.id).then((r) => r.status);
+    // Kill the object as soon as the new generation has a backend (its pool is being proved or has switched).
+    await pollUntil(
+      () => tenantBackends(tenant),
+      (apps) => apps.some((app) => app.endsWith(`:${from + 1}`)),
+      { attempts: 200, intervalMs: 10 },
+    );
+    await runInDurableObject(env.TENANTS.getByName(tenant.id), (_instance, state) => {
+      state.abort("test: killed mid-rotation");
+    }).catch(() => undefined);
+    await pending.catch(() => 0);
+
+    const restarted = await runtimeOf(tenant.id);
+    expect(restarted.state).toBe("stopped");
+    expect((restarted as unknown as { retiring: unknown; rotatingTo: unknown }).retiring).toBeNull();
+    expect((restarted as unknown as { rotatingTo: unknown }).rotatingTo).toBeNull();
+    // The next request starts one generation (fencing whatever the dead ones left) and serves.
+    const app = (await sqlRows(tenant, "SELECT current_setting('application_name')"))[0]?.[0];
+    const serving = (await runtimeOf(tenant.id)).generation;
+    expect(serving).toBeGreaterThan(from + 1);
+    expect(app).toBe(`lessor:${tenant.role}:${serving}`);
+    const backends = await pollUntil(
+      () => tenantBackends(tenant),
+      (apps) => apps.every((a) => a.endsWith(`:${serving}`)),
+    );
+    expect(backends.every((a) => a.endsWith(`:${serving}`))).toBe(true);
+    // The ledger holds only the serving generation for this tenant.
+    const ledger = await env.BUDGETS.getByName("local").evictionReport("local", 1);
+    expect(ledger.pools.filter((p) => p.tenantId === tenant.id).map((p) => p.generation)).toEqual([serving]);
+  });
+});
+
+async function sealedOf(id: string): Promise<string> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT sealed_password FROM tenant_credentials WHERE tenant_id = $1", [
+      id,
+    ]);
+    return String(rows[0]?.sealed_password);
+  }, "lessor");
+}

@@ -225,13 +225,26 @@ export class TenantPool {
     });
   }
 
-  /** A connection of the lease's pool, tracked so it is never returned inside a transaction. */
+  /**
+   * A connection of the lease's pool, tracked so it is never returned inside a transaction. A pool
+   * that must open a connection while a rotation has already set the new password is refused
+   * (28P01); that checkout throws `CredentialMoved` once the rotation is over, so the caller can
+   * take a lease on the generation now current: nothing ran, so nothing runs twice.
+   */
   async checkout(pool: Pool): Promise<PoolClient> {
     try {
+      const generation = pool === this.pool ? this.poolGeneration : (this.retiring?.generation ?? -1);
       const client = await pool.connect();
-      trackTransactionStatus(client, (error) => this.onPoolError(this.poolGeneration, error));
+      trackTransactionStatus(client, (error) => this.onPoolError(generation, error));
       return client;
     } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      const change = this.hooks.credentialChange();
+      if ((code === "28P01" || code === "28000") && (change !== null || pool !== this.pool)) {
+        if (change)
+          await Promise.race([change.catch(() => undefined), sleep(this.rt.config.admissionWaitMs)]);
+        if (this.pool !== null && this.pool !== pool) throw new CredentialMoved();
+      }
       throw new LessorError(/timeout/i.test(String(error)) ? "lease_timeout" : "connection_lost", {
         internal: "pool checkout failed",
         cause: error,
@@ -393,6 +406,8 @@ export class TenantPool {
     const rt = this.rt;
     rt.apply(retired(rt.lifecycle, old.generation), "retired");
     rt.note(`rotation_retired: generation ${old.generation} stopped`);
+    // The alarm flushes the events soon rather than at the next heartbeat.
+    await rt.ensureAlarm(Date.now() + 1_000).catch(() => undefined);
     if (rt.record) {
       await rt
         .budget(rt.record.host)
@@ -570,6 +585,13 @@ export class TenantPool {
   /** The budget asked to evict while leases were held: report the moment the last one goes. */
   reportWhenIdle(): void {
     this.budgetWaitsForIdle = true;
+  }
+}
+
+/** A checkout refused because a rotation moved the credential: retry on the current generation. */
+export class CredentialMoved extends Error {
+  constructor() {
+    super("the credential moved to a new generation during checkout");
   }
 }
 

@@ -13,7 +13,7 @@ import { sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
 import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
-import type { LiveLease, TenantPool } from "./pool.ts";
+import { CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 
@@ -40,8 +40,15 @@ export class TenantQueries {
           publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
         });
       }
-      const lease = await this.pool.acquire(record);
-      const results = await this.run(record, lease, request);
+      let results: RawResult[];
+      try {
+        results = await this.run(record, await this.pool.acquire(record), request);
+      } catch (error) {
+        // A rotation switched generations while this request waited for a connection of the old
+        // one: nothing ran, so it runs once on the new generation (docs/adr/013).
+        if (!(error instanceof CredentialMoved)) throw error;
+        results = await this.run(record, await this.pool.acquire(record), request);
+      }
       const shaped = results.map((result) => shapeResult(result, request.output));
       this.rt.usage.queries++;
       this.rt.usage.rowsReturned += results.reduce((n, r) => n + r.rows.length, 0);

@@ -112,6 +112,7 @@ describe("credential rotation through overlapping generations", () => {
     const ceiling = status.budget + status.rotationReserve;
     let stop = false;
     const statuses: number[] = [];
+    const failures: string[] = [];
     const served = new Set<string>();
     const load = (async () => {
       for (let i = 0; i < 2_000 && !stop; i++) {
@@ -121,13 +122,16 @@ describe("credential rotation through overlapping generations", () => {
         });
         statuses.push(response.status);
         if (response.status === 200) served.add(String((await response.json<QueryResult>()).rows[0]?.[0]));
-        else await response.text();
+        else failures.push(await response.text());
       }
     })();
     const samples: { ledger: number; backends: number }[] = [];
     const sampler = (async () => {
       for (let i = 0; i < 2_000 && !stop; i++) {
-        samples.push({ ledger: await ledgerTotal(host), backends: await hostBackends(host, [tenant, filler]) });
+        samples.push({
+          ledger: await ledgerTotal(host),
+          backends: await hostBackends(host, [tenant, filler]),
+        });
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
     })();
@@ -160,9 +164,9 @@ describe("credential rotation through overlapping generations", () => {
       ["first", first],
       ["second", second],
     ] as const) {
-      expect((await leaseRows(lease.token, tenant.key, "SELECT current_setting('application_name')"))[0]?.[0]).toBe(
-        `lessor:${tenant.role}:${oldGeneration}`,
-      );
+      expect(
+        (await leaseRows(lease.token, tenant.key, "SELECT current_setting('application_name')"))[0]?.[0],
+      ).toBe(`lessor:${tenant.role}:${oldGeneration}`);
       await leaseRows(lease.token, tenant.key, `INSERT INTO trace VALUES ('${name}-2')`);
       await leaseRows(lease.token, tenant.key, "COMMIT");
       const closed = await lessor(`/v1/leases/${lease.token}`, {
@@ -178,14 +182,25 @@ describe("credential rotation through overlapping generations", () => {
       (apps) => !apps.some((app) => app.endsWith(`:${oldGeneration}`)),
     );
     expect(left.filter((app) => app.endsWith(`:${oldGeneration}`))).toEqual([]);
-    expect(await pollUntil(() => guardKeys(tenant), (n) => n === 1)).toBe(1);
-    expect(await pollUntil(() => runtimeOf(tenant.id), (r) => (r as unknown as { retiring: unknown }).retiring === null)).toMatchObject({
+    expect(
+      await pollUntil(
+        () => guardKeys(tenant),
+        (n) => n === 1,
+      ),
+    ).toBe(1);
+    expect(
+      await pollUntil(
+        () => runtimeOf(tenant.id),
+        (r) => (r as unknown as { retiring: unknown }).retiring === null,
+      ),
+    ).toMatchObject({
       retiring: null,
     });
 
     stop = true;
     await Promise.all([load, sampler]);
     expect(statuses.length).toBeGreaterThan(10);
+    expect(failures).toEqual([]);
     expect(statuses.filter((s) => s !== 200)).toEqual([]);
     expect((await sqlRows(tenant, "SELECT who FROM trace ORDER BY who")).map((r) => r[0])).toEqual([
       "first",
@@ -210,7 +225,9 @@ describe("credential rotation through overlapping generations", () => {
     expect(events.map((e) => e.reason)).toEqual(
       expect.arrayContaining(["credential_rotated", `rotation_retired: generation ${oldGeneration} stopped`]),
     );
-    const shown = await (await admin(`/v1/tenants/${tenant.id}`)).json<{ tenant: { credentialRotatedAt: string } }>();
+    const shown = await (await admin(`/v1/tenants/${tenant.id}`)).json<{
+      tenant: { credentialRotatedAt: string };
+    }>();
     expect(Date.parse(shown.tenant.credentialRotatedAt)).toBeGreaterThan(0);
   });
 
@@ -246,16 +263,19 @@ describe("credential rotation through overlapping generations", () => {
     expect(drained.status).toBe(202);
     const granted = await pending;
     expect(granted.status).toBe(202);
-    expect(
-      (await sqlRows(small, "SELECT current_setting('application_name')"))[0]?.[0],
-    ).toBe(`lessor:${small.role}:${(await granted.json<{ generation: number }>()).generation}`);
+    expect((await sqlRows(small, "SELECT current_setting('application_name')"))[0]?.[0]).toBe(
+      `lessor:${small.role}:${(await granted.json<{ generation: number }>()).generation}`,
+    );
   });
 
   it("a stopped tenant's rotation only updates the credential; the next start uses it", async () => {
     const tenant = await createTenant(uniqueTenantId("rotstop"), { host: "local", tier: "free" });
     await sqlRows(tenant, "SELECT 1");
     await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: {} });
-    const stopped = await pollUntil(() => runtimeOf(tenant.id), (r) => r.state === "stopped");
+    const stopped = await pollUntil(
+      () => runtimeOf(tenant.id),
+      (r) => r.state === "stopped",
+    );
     expect(stopped.state).toBe("stopped");
     const sealedBefore = await sealedOf(tenant.id);
 
@@ -309,9 +329,10 @@ describe("credential rotation through overlapping generations", () => {
 
 async function sealedOf(id: string): Promise<string> {
   return asSuperuser(async (client) => {
-    const { rows } = await client.query("SELECT sealed_password FROM tenant_credentials WHERE tenant_id = $1", [
-      id,
-    ]);
+    const { rows } = await client.query(
+      "SELECT sealed_password FROM tenant_credentials WHERE tenant_id = $1",
+      [id],
+    );
     return String(rows[0]?.sealed_password);
   }, "lessor");
 }

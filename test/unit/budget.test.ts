@@ -206,10 +206,11 @@ describe("loadConfig and the budget", () => {
 
   it("accepts a budget that holds exactly one largest pool", () => {
     const config = loadConfig(fakeEnv({ main: { connections: 8, reserve: 2 } }));
-    expect(config.hosts.get("main")?.budget).toEqual({ connections: 8, reserve: 2 });
+    // No rotation reserve named: the largest pool (6), so any one tenant's rotation can overlap.
+    expect(config.hosts.get("main")?.budget).toEqual({ connections: 8, reserve: 2, rotationReserve: 6 });
     // A smaller tier set shrinks the largest pool: the same budget is then fine.
     // No reserve named: the default reserve of 2 is kept back.
     const small = loadConfig(fakeEnv({ "*": { connections: 7 } }, { free: 2, standard: 5 }));
-    expect(small.hosts.get("main")?.budget).toEqual({ connections: 7, reserve: 2 });
+    expect(small.hosts.get("main")?.budget).toEqual({ connections: 7, reserve: 2, rotationReserve: 5 });
   });
 });

@@ -112,6 +112,40 @@ describe("tenant keys", () => {
     expect(keys).toHaveLength(5);
   });
 
+  it("concurrent issue and revoke never exceed the limit, and a key kept works throughout", async () => {
+    const tenant = await createTenant(uniqueTenantId("keyrace"));
+    const extra: { keyId: string; key: string }[] = [];
+    for (let i = 0; i < 4; i++) extra.push(await (await issue(tenant, tenant.key)).json());
+    // Five keys: the limit. Revoke two while six issues race them; the first key keeps working.
+    const revokes = extra
+      .slice(0, 2)
+      .map((k) => asTenant(tenant.key, `/v1/tenants/${tenant.id}/keys/${k.keyId}`, { method: "DELETE" }));
+    const issues = Array.from({ length: 6 }, () => issue(tenant, tenant.key));
+    const queries = Array.from({ length: 4 }, () =>
+      sqlRequest(tenant.connectionString, { query: "SELECT 1" }),
+    );
+    const [revoked, issued, served] = await Promise.all([
+      Promise.all(revokes),
+      Promise.all(issues),
+      Promise.all(queries),
+    ]);
+    expect(revoked.map((r) => r.status)).toEqual([204, 204]);
+    expect(served.map((r) => r.status)).toEqual([200, 200, 200, 200]);
+    const granted = issued.filter((r) => r.status === 201).length;
+    expect(issued.every((r) => r.status === 201 || r.status === 409)).toBe(true);
+    // At most the two freed places were taken, whatever the interleaving.
+    expect(granted).toBeLessThanOrEqual(2);
+    const keys = (await (await admin(`/v1/tenants/${tenant.id}/keys`)).json<{ keys: KeyView[] }>()).keys;
+    expect(keys.length).toBe(3 + granted);
+    expect(keys.length).toBeLessThanOrEqual(5);
+    // The revoked keys fail at once on every route.
+    for (const gone of extra.slice(0, 2)) {
+      expect((await sqlRequest(withKey(tenant, gone.key), { query: "SELECT 1" })).status).toBe(400);
+      expect((await asTenant(gone.key, `/v1/tenants/${tenant.id}/usage`)).status).toBe(401);
+    }
+    expect((await sqlRequest(tenant.connectionString, { query: "SELECT 1" })).status).toBe(200);
+  });
+
   it("a key issued with an expiry stops working then", async () => {
     const tenant = await createTenant(uniqueTenantId("expiry"));
     const expiresAt = new Date(Date.now() + 60_000).toISOString();

@@ -46,6 +46,10 @@ export interface LessorConfig {
   /** ControlPlaneObject shards, and the connections each holds at most. */
   controlPlaneShards: number;
   controlPlanePoolSize: number;
+  /** Rotate a tenant's database credential once it is this many days old; null: no scheduled rotation. */
+  credentialRotationDays: number | null;
+  /** Tenants the scheduled rotation rotates per cron tick at most. */
+  credentialRotationBatch: number;
 }
 
 /** Maintenance connections a host keeps back when its budget names no reserve. */
@@ -172,6 +176,15 @@ export function loadConfig(env: Env): LessorConfig {
       "LESSOR_CONTROL_PLANE_POOL_SIZE",
       vars.LESSOR_CONTROL_PLANE_POOL_SIZE,
       4,
+    ),
+    credentialRotationDays:
+      vars.LESSOR_CREDENTIAL_ROTATION_DAYS && vars.LESSOR_CREDENTIAL_ROTATION_DAYS !== "0"
+        ? positiveInt("LESSOR_CREDENTIAL_ROTATION_DAYS", vars.LESSOR_CREDENTIAL_ROTATION_DAYS, 90)
+        : null,
+    credentialRotationBatch: positiveInt(
+      "LESSOR_CREDENTIAL_ROTATION_BATCH",
+      vars.LESSOR_CREDENTIAL_ROTATION_BATCH,
+      10,
     ),
   };
   cache.set(env, config);

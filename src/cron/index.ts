@@ -5,13 +5,19 @@
  */
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
 import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
+import { credentialRotationJob } from "./jobs/credential-rotation.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
 
 export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
 
 /** Every job, in no particular order: they run concurrently and independently. */
-export const cronJobs: readonly CronJob[] = [usageFoldJob, budgetReconcileJob, campaignJob];
+export const cronJobs: readonly CronJob[] = [
+  usageFoldJob,
+  budgetReconcileJob,
+  campaignJob,
+  credentialRotationJob,
+];
 
 /** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */
 export function runScheduled(

@@ -9,6 +9,7 @@ import { Hono } from "hono";
 import * as v from "valibot";
 import { loadConfig } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
+import { rotationProgress } from "../cron/jobs/credential-rotation.ts";
 import { foldOptionsFromVars } from "../folds/options.ts";
 import { readMaintenanceStatus } from "../folds/status.ts";
 import { requireAdmin } from "./auth.ts";
@@ -46,5 +47,7 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), a
       };
     }),
   );
-  return c.json({ ...status, hosts });
+  // The scheduled rotation's progress across the fleet (a count, never a list of tenants).
+  const credentials = await withControlPlane(config, c.env, (db) => rotationProgress(db, config));
+  return c.json({ ...status, hosts, credentials });
 });

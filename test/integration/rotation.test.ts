@@ -7,6 +7,7 @@
 import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
+import { credentialRotationJob } from "../../src/cron/jobs/credential-rotation.ts";
 import {
   admin,
   asSuperuser,
@@ -324,6 +325,49 @@ describe("credential rotation through overlapping generations", () => {
     // The ledger holds only the serving generation for this tenant.
     const ledger = await env.BUDGETS.getByName("local").evictionReport("local", 1);
     expect(ledger.pools.filter((p) => p.tenantId === tenant.id).map((p) => p.generation)).toEqual([serving]);
+  });
+});
+
+describe("scheduled rotation", () => {
+  it("rotates credentials older than the policy in bounded batches and shows the progress", async () => {
+    const old = await createTenant(uniqueTenantId("rotold"), { host: "local", tier: "free" });
+    const fresh = await createTenant(uniqueTenantId("rotnew"), { host: "local", tier: "free" });
+    await sqlRows(old, "SELECT 1");
+    // The old tenant's credential is 400 days old, older than anything other test files create.
+    await asSuperuser(
+      (client) =>
+        client.query(
+          "UPDATE tenant_credentials SET sealed_at = now() - interval '400 days' WHERE tenant_id = $1",
+          [old.id],
+        ),
+      "lessor",
+    );
+    const policyEnv = {
+      ...env,
+      LESSOR_CREDENTIAL_ROTATION_DAYS: "365",
+      LESSOR_CREDENTIAL_ROTATION_BATCH: "1",
+    } as Env;
+    const before = await sealedOf(fresh.id);
+    const report = await credentialRotationJob.run(policyEnv, {
+      cron: "* * * * *",
+      scheduledTime: Date.now(),
+    });
+    expect(report.fields).toMatchObject({ due: 1, rotated: 1, deferred: 0 });
+    const shown = await (await admin(`/v1/tenants/${old.id}`)).json<{
+      tenant: { credentialRotatedAt: string };
+    }>();
+    expect(Date.now() - Date.parse(shown.tenant.credentialRotatedAt)).toBeLessThan(3_600_000);
+    // Nothing else was due: the fresh tenant kept its credential; a second run finds nothing.
+    expect(await sealedOf(fresh.id)).toBe(before);
+    const again = await credentialRotationJob.run(policyEnv, {
+      cron: "* * * * *",
+      scheduledTime: Date.now(),
+    });
+    expect(again.fields).toMatchObject({ due: 0, rotated: 0 });
+    // The rotated tenant serves on its new generation.
+    expect((await sqlRows(old, "SELECT 1"))[0]?.[0]).toBe("1");
+    const maintenance = await (await admin("/v1/maintenance")).json<{ credentials: unknown }>();
+    expect(maintenance.credentials).toEqual({ policyDays: null, due: 0 });
   });
 });
 

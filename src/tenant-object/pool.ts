@@ -240,6 +240,13 @@ export class TenantPool {
     } catch (error) {
       const code = (error as { code?: unknown }).code;
       const change = this.hooks.credentialChange();
+      logEvent("warn", "pool_checkout_failed", {
+        tenant: this.rt.tenantId,
+        current: pool === this.pool,
+        rotating: change !== null,
+        code: typeof code === "string" ? code : null,
+        failure: describeFailure(error),
+      });
       if ((code === "28P01" || code === "28000") && (change !== null || pool !== this.pool)) {
         if (change)
           await Promise.race([change.catch(() => undefined), sleep(this.rt.config.admissionWaitMs)]);

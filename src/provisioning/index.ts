@@ -11,6 +11,7 @@ import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../con
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import { hostApplicationName, newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
+import { hmacPads, jwtClaimsKey } from "../crypto/jwt-claims.ts";
 import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
 import { scramVerifier } from "../crypto/scram.ts";
@@ -23,6 +24,7 @@ import { adminUrlFor, withConnection, withTenantConnection } from "../postgres/i
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
 import { guardKeyId, roleLimits, sessionLimits, tenantCredential } from "../tenant-db/connect.ts";
 import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
+import { installAuthFunctions } from "../tenant-db/jwt-install.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
 import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
 
@@ -136,7 +138,12 @@ async function provisionLocked(
       config,
       adminUrlFor(host.adminUrl, databaseName),
       hostApplicationName("provision"),
-      async (admin) => installLoginGuard(admin, await guardKeyId(guardKey), guardKey),
+      async (admin) => {
+        const keyId = await guardKeyId(guardKey);
+        await installLoginGuard(admin, keyId, guardKey);
+        // auth.session() and friends: readable before JWT mode is on (they answer null until then).
+        await installAuthFunctions(admin, keyId, hmacPads(await jwtClaimsKey(password)));
+      },
     );
     const credential = await tenantCredential(config, row, password);
     const run = await withTenantConnection(
@@ -171,5 +178,9 @@ async function provisionLocked(
   });
   if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });
   logEvent("info", "tenant_provisioned", { tenant: input.id, host: active.host, schemaVersion });
-  return { row: active, key: minted.key, keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null }] };
+  return {
+    row: active,
+    key: minted.key,
+    keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null, scope: "full" }],
+  };
 }

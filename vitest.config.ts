@@ -30,6 +30,7 @@ function workersProject(name: string, include: string[], globalSetup: string) {
             LESSOR_WS_PROXY: inject("wsProxy"),
             TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
+            TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
           },
         },
       })),

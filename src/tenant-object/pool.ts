@@ -37,11 +37,16 @@ import {
 import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { type ConnectionTarget, openPool, withTenantConnection } from "../postgres/index.ts";
+import {
+  type ConnectionTarget,
+  openPool,
+  terminateAndWait,
+  withTenantConnection,
+} from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
-import { markEndedOnPurpose, trackTransactionStatus } from "./connection-state.ts";
+import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 
@@ -72,6 +77,10 @@ export class TenantPool {
   private jwtFenced = false;
   /** The end-user login role's credential and the claims signer, derived at start. */
   private jwtCredential: JwtCredential | null = null;
+  /** Checkouts waiting for an idle connection the driver pool hands over on its next tick. */
+  private readonly idleClaims = new WeakMap<Pool, number>();
+  /** Connections closed to make room for the other kind whose close has not completed. */
+  private closingForRoom = 0;
   /** Checkouts waiting for a connection of either kind to come back. */
   private readonly capacityWaiters: (() => void)[] = [];
   /** Generations whose connections are still closing (their budget is not yet released). */
@@ -217,17 +226,27 @@ export class TenantPool {
     const deadline = Date.now() + checkoutWaitMs;
     // Bounded: every pass takes a connection, closes one, or waits until the deadline.
     for (;;) {
-      if (own.idleCount > 0 || own.totalCount + other.totalCount < this.poolMax) {
-        const client = await this.checkoutFrom(own).catch((error: unknown) =>
+      // A driver pool hands an idle connection over on the next tick: until then it is claimed, so
+      // two checkouts never count on the same idle one (the second would open a connection).
+      const used = own.totalCount + other.totalCount + this.closingForRoom;
+      if (own.idleCount - this.claimsOn(own) > 0 || (own.idleCount === 0 && used < this.poolMax)) {
+        const client = await this.claiming(own, () => this.checkoutFrom(own)).catch((error: unknown) =>
           this.repairJwt(kind, own, error),
         );
         if (kind === "jwt" && !this.jwtFenced) await this.fenceJwt(client, lease);
         return client;
       }
-      if (other.idleCount > 0) {
-        const idle = await other.connect();
+      if (other.idleCount - this.claimsOn(other) > 0) {
+        // Counted until its backend has exited, so the two kinds never hold more than the pool size.
+        const idle = await this.claiming(other, () => other.connect());
         markEndedOnPurpose(idle);
-        idle.release(new Error("closed to make room for the other kind"));
+        this.closingForRoom++;
+        try {
+          await terminateAndWait(idle);
+        } finally {
+          this.closingForRoom--;
+          idle.release(new Error("closed to make room for the other kind"));
+        }
         continue;
       }
       if (!(await this.capacityReturned(deadline))) {
@@ -235,6 +254,21 @@ export class TenantPool {
           internal: "no connection of the shared capacity came back",
         });
       }
+    }
+  }
+
+  private claimsOn(pool: Pool): number {
+    return this.idleClaims.get(pool) ?? 0;
+  }
+
+  /** Runs a checkout from `pool` counted as a claim on one of its idle connections until it settles. */
+  private async claiming<T>(pool: Pool, checkout: () => Promise<T>): Promise<T> {
+    const claimsIdle = pool.idleCount > 0;
+    if (claimsIdle) this.idleClaims.set(pool, this.claimsOn(pool) + 1);
+    try {
+      return await checkout();
+    } finally {
+      if (claimsIdle) this.idleClaims.set(pool, this.claimsOn(pool) - 1);
     }
   }
 
@@ -301,7 +335,9 @@ export class TenantPool {
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
-      onError: (error) => this.onPoolError(generation, error),
+      onError: (error, client) => {
+        if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
+      },
     });
     for (const pool of [lease.pool, jwtPool]) {
       pool.on("release", this.wakeCapacityWaiters);
@@ -446,7 +482,9 @@ export class TenantPool {
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
-      onError: (error) => this.onPoolError(generation, error),
+      onError: (error, client) => {
+        if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
+      },
     });
   }
 

@@ -1,16 +1,16 @@
 /**
  * Switching a tenant's end-user JWT mode on, changing it, and off (docs/adr/012-end-user-jwts.md).
- * Setting it installs, through the host's admin role and idempotently, what the tenant database
+ * Setting it installs, through the host's admin role (each connection within a maintenance slot of
+ * the host's reserve) and idempotently, what the tenant database
  * needs (the `auth` functions and their claims key, the end-user role, the tenant's end-user login
  * role), then writes the catalog row and hands the tenant's object its new record, so the next
  * request sees it. Sending the same request again finishes one that failed half way.
  */
 import { eq, sql } from "drizzle-orm";
-import type { LessorConfig } from "../config/index.ts";
+import type { DatabaseHost, LessorConfig } from "../config/index.ts";
 import { loadSealedPassword, loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { tenantJwt, tenants } from "../control-plane/schema.ts";
 import { type JwtConfig, jwtLoginRoleName } from "../core/jwt-config.ts";
-import { hostApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
 import { hmacPads, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
@@ -18,7 +18,6 @@ import { scramVerifier } from "../crypto/scram.ts";
 import { unseal } from "../crypto/seal.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { adminUrlFor, withConnection } from "../postgres/index.ts";
 import { guardKeyId } from "../tenant-db/connect.ts";
 import {
   disableJwtLogin,
@@ -26,6 +25,7 @@ import {
   installAuthFunctions,
   jwtRoleConflict,
 } from "../tenant-db/jwt-install.ts";
+import { withHostAdmin } from "../tenant-db/maintenance.ts";
 
 /** The catalog row of a tenant that may be configured (it exists and is not being provisioned). */
 async function placementOf(env: Env, config: LessorConfig, tenantId: TenantId) {
@@ -51,18 +51,21 @@ async function refreshObject(env: Env, config: LessorConfig, tenantId: TenantId)
  * The `auth` functions and their claims key, in the tenant database: at provisioning, and again
  * whenever JWT mode is set (which brings a tenant provisioned before JWT mode existed up to date).
  */
-export async function installTenantAuth(
+async function installTenantAuth(
+  env: Env,
   config: LessorConfig,
-  adminUrl: string,
+  host: DatabaseHost,
+  tenantId: TenantId,
   databaseName: string,
   password: string,
 ): Promise<void> {
   const guardKey = await loginGuardKey(password);
   const pads = hmacPads(await jwtClaimsKey(password));
-  await withConnection(
+  await withHostAdmin(
+    env,
     config,
-    adminUrlFor(adminUrl, databaseName),
-    hostApplicationName("jwt"),
+    host,
+    { purpose: "jwt", tenantId, database: databaseName },
     async (admin) => installAuthFunctions(admin, await guardKeyId(guardKey), pads),
   );
 }
@@ -80,7 +83,9 @@ export async function setTenantJwt(
   try {
     const verifier = await scramVerifier(await jwtLoginPassword(password));
     const poolSize = config.poolSizes.get(row.tier) ?? 1;
-    await withConnection(config, host.adminUrl, hostApplicationName("jwt"), async (admin) => {
+    await withHostAdmin(env, config, host, { purpose: "jwt", tenantId }, async (admin) => {
+      // Host catalog edits are serialised with provisioning's (same lock, released at close).
+      await admin.query("SELECT pg_advisory_lock(hashtext('lessor:host-admin'))");
       const conflict = await jwtRoleConflict(admin, jwt.role);
       if (conflict) throw new LessorError("jwt_role_unavailable", { publicMessage: conflict });
       await ensureJwtRoles(admin, {
@@ -91,7 +96,7 @@ export async function setTenantJwt(
         role: jwt.role,
       });
     });
-    await installTenantAuth(config, host.adminUrl, row.databaseName, password);
+    await installTenantAuth(env, config, host, tenantId, row.databaseName, password);
   } catch (error) {
     if (error instanceof LessorError) throw error;
     logEvent("error", "jwt_setup_failed", { tenant: tenantId, failure: describeFailure(error) });
@@ -136,7 +141,7 @@ export async function removeTenantJwt(env: Env, config: LessorConfig, tenantId: 
   await withControlPlane(config, env, (db) => db.delete(tenantJwt).where(eq(tenantJwt.tenantId, tenantId)));
   // The object first: from its next request on, a token is refused (jwt_not_configured).
   await refreshObject(env, config, tenantId);
-  await withConnection(config, host.adminUrl, hostApplicationName("jwt"), (admin) =>
+  await withHostAdmin(env, config, host, { purpose: "jwt", tenantId }, (admin) =>
     disableJwtLogin(admin, row.databaseName, jwtLoginRoleName(row.roleName)),
   );
   logEvent("info", "tenant_jwt_removed", { tenant: tenantId });

@@ -12,6 +12,7 @@ import type { PoolClient } from "@neondatabase/serverless";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { shapeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
+import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { backendPid } from "../postgres/index.ts";
 import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
@@ -56,6 +57,11 @@ export class TenantQueries {
       const { record, scope } = await this.auth.authenticateAny(tenantId, proof);
       authenticated = true;
       const endUser = await this.endUserOf(record, scope, bearer);
+      if (requiredSchemaVersion !== null && requiredSchemaVersion > tenantMigrations.length) {
+        throw new LessorError("schema_version_unknown", {
+          publicMessage: `This request needs schema version ${requiredSchemaVersion}; this deployment bundles versions up to ${tenantMigrations.length}.`,
+        });
+      }
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
         throw new LessorError("schema_too_old", {
           publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,

@@ -35,6 +35,7 @@ function workersProject(name: string, include: string[], globalSetup: string) {
             LESSOR_WS_PROXY: inject("wsProxy"),
             TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
+            TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
           },
         },
       })),
@@ -53,6 +54,9 @@ export default defineConfig({
           name: "unit",
           include: ["test/unit/**/*.test.ts"],
           environment: "node",
+          // A few unit tests drive real sockets (the WebSocket proxy's backpressure) and take seconds
+          // on a loaded machine; their own loops are bounded.
+          testTimeout: 60_000,
         },
       },
       workersProject("workers", ["test/integration/**/*.test.ts"], "./test/global-setup.ts"),

@@ -332,7 +332,9 @@ export class TenantPool {
         code: typeof code === "string" ? code : null,
         failure: describeFailure(error),
       });
-      if ((code === "28P01" || code === "28000") && (change !== null || pool !== this.pool)) {
+      // Only the tenant role's pools move with a rotation (an end-user pool has its own repair).
+      const movable = (pool === this.pool && change !== null) || pool === this.retiring?.pool;
+      if ((code === "28P01" || code === "28000") && movable) {
         if (change)
           await Promise.race([change.catch(() => undefined), sleep(this.rt.config.admissionWaitMs)]);
         if (this.pool !== null && this.pool !== pool) throw new CredentialMoved();

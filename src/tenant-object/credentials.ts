@@ -15,7 +15,7 @@ import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { guardKeyId, type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
-import { setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
+import { quoteIdent, setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
 import { withHostAdmin } from "../tenant-db/maintenance.ts";
 import type { TenantRuntime } from "./runtime.ts";
@@ -85,6 +85,8 @@ export class TenantCredentials {
     record: TenantRecord,
     password: string,
     purpose: "rotate" | "repair",
+    /** A rotation's overlap: the role's CONNECTION LIMIT must hold both generations meanwhile. */
+    connectionLimit?: number,
   ): Promise<string> {
     const verifier = await scramVerifier(password);
     const guardKey = await loginGuardKey(password);
@@ -94,6 +96,11 @@ export class TenantCredentials {
       purpose,
       async (admin) => {
         await installLoginGuard(admin, keyId, guardKey);
+        if (connectionLimit !== undefined) {
+          await admin.query(
+            `ALTER ROLE ${quoteIdent(record.roleName)} CONNECTION LIMIT ${Math.floor(connectionLimit)}`,
+          );
+        }
         await setRolePassword(admin, record.roleName, verifier);
       },
       undefined,
@@ -111,6 +118,10 @@ export class TenantCredentials {
       record,
       "rotate",
       async (admin) => {
+        // The overlap is over: the role's limit is one pool and its migration connection again.
+        await admin.query(
+          `ALTER ROLE ${quoteIdent(record.roleName)} CONNECTION LIMIT ${record.poolSize + 1}`,
+        );
         const { rowCount } = await admin.query("DELETE FROM lessor_guard.keys WHERE key_id <> $1", [
           keepKeyId,
         ]);

@@ -114,7 +114,12 @@ export class CredentialRotation {
     }
     let prepared: Awaited<ReturnType<TenantPool["prepare"]>> | null = null;
     try {
-      const keyId = await this.pool.credentials.changePassword(record, password, "rotate");
+      const keyId = await this.pool.credentials.changePassword(
+        record,
+        password,
+        "rotate",
+        2 * record.poolSize + 1,
+      );
       await withControlPlane(rt.config, rt.env, async (db) => {
         if (!(await appendGeneration(db, record.tenantId, to, record.poolSize))) {
           throw new LessorError("internal", { internal: "rotation generation already taken" });

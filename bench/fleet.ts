@@ -781,6 +781,30 @@ async function main(): Promise<number> {
       at: new Date().toISOString(),
       figures: await warmFigures(),
     };
+    // Autovacuum visits every tenant database once a minute: with a thousand of them it keeps most
+    // of a core busy on this 2-core machine. The same figures with it paused on every host tell
+    // the fleet's background load apart from anything on the hot path.
+    progress("the same, with autovacuum paused on every host (ALTER SYSTEM, reload; restored after)");
+    const autovacuum = (on: boolean) =>
+      Promise.all(
+        [...hosts.values()].map((host) =>
+          asSuperuser(host.adminUrl, async (client) => {
+            await client.query(on ? "ALTER SYSTEM RESET autovacuum" : "ALTER SYSTEM SET autovacuum = off");
+            await client.query("SELECT pg_reload_conf()");
+          }),
+        ),
+      );
+    await autovacuum(false);
+    try {
+      await sleep(5_000);
+      state.results.warmAllAutovacuumPaused = {
+        measuredAt: new Date().toISOString(),
+        catalogTenants: catalog.length,
+        figures: await warmFigures(),
+      };
+    } finally {
+      await autovacuum(true);
+    }
     state.done.push("warmAll");
     saveState(state);
   }
@@ -1158,6 +1182,14 @@ async function campaignPhase(
     }
   }
   if (!id) {
+    // A campaign an earlier run left unfinished would go on claiming tenants alongside the new one.
+    const earlier = (await admin(base, adminKey, "/v1/campaigns?limit=200")) as {
+      campaigns: { id: string; state: string }[];
+    };
+    for (const old of earlier.campaigns.filter((c) => !["done", "failed", "cancelled"].includes(c.state))) {
+      progress(`  cancelling campaign ${old.id} (${old.state}), left unfinished by an earlier run`);
+      await admin(base, adminKey, `/v1/campaigns/${old.id}/cancel`, {});
+    }
     // Every tenant back to schema version 1, by hand (as bench/campaign.ts does): undo the example
     // steps and their ledger rows in each database, and the catalog's recorded version.
     const all = ids.slice(0, catalogTenants);
@@ -1323,6 +1355,7 @@ function fleetReport(r: Record<string, unknown>): string {
   const warmAll = get<{ figures?: LoadFigure[]; catalogTenants?: number }>("warmAll");
   if (warm10?.figures || warmAll?.figures) {
     out.push("## Warm /sql: req/s (p50 / p99 ms)", "");
+    const paused = get<{ figures?: LoadFigure[] }>("warmAllAutovacuumPaused");
     const labels = (warmAll?.figures ?? warm10?.figures ?? []).map((f) => f.label);
     out.push(
       mdTable(
@@ -1330,6 +1363,7 @@ function fleetReport(r: Record<string, unknown>): string {
           "load",
           `${warm10?.catalogTenants ?? "?"} tenants in the catalog`,
           `${warmAll?.catalogTenants ?? "?"} tenants`,
+          "the same, autovacuum paused",
         ],
         labels.map((label) => {
           const cell = (f: LoadFigure | undefined) =>
@@ -1338,6 +1372,7 @@ function fleetReport(r: Record<string, unknown>): string {
             label,
             cell(warm10?.figures?.find((f) => f.label === label)),
             cell(warmAll?.figures?.find((f) => f.label === label)),
+            cell(paused?.figures?.find((f) => f.label === label)),
           ];
         }),
       ),

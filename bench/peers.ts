@@ -98,6 +98,11 @@ const roomyMaxConnections = 1_700;
 /** Lessor's budget for the warm and idle phases: no pool is ever evicted for room. */
 const roomyBudget = { connections: 2_600, reserve: 4 };
 const provisionConcurrency = setting("PEERS_PROVISION_CONCURRENCY", 6, 1, 16);
+/** Which parts run (`PEERS_PHASES=storm` to repeat only the storm); all three by default. */
+const phases = new Set((process.env.PEERS_PHASES ?? "warm,idle,storm").split(",").map((p) => p.trim()));
+for (const phase of phases) {
+  if (!["warm", "idle", "storm"].includes(phase)) throw new Error(`PEERS_PHASES: unknown phase ${phase}`);
+}
 
 const hostName = "pg";
 const warmTenantId = "peerwarm";
@@ -1158,16 +1163,15 @@ async function main(): Promise<number> {
       .map(([k, v]) => `${k} ${num(v * 1000, 1)} ms/s`)
       .join(", ")}`,
   );
-  const warmMeasurements = await warmPath(
-    groupsFor([main600], worker),
-    warm,
-    main600,
-    baselineUrl,
-    background,
-  );
-  progress("profiles of the Worker's isolate (SELECT 1, c=8; not part of the throughput numbers)");
+  const warmMeasurements = phases.has("warm")
+    ? await warmPath(groupsFor([main600], worker), warm, main600, baselineUrl, background)
+    : [];
   const mapPath = `${script}.map`;
-  const isolateProfiles = await profiles(worker, warm, existsSync(mapPath) ? new SourceMap(mapPath) : null);
+  let isolateProfiles: Record<string, Breakdown> = {};
+  if (phases.has("warm")) {
+    progress("profiles of the Worker's isolate (SELECT 1, c=8; not part of the throughput numbers)");
+    isolateProfiles = await profiles(worker, warm, existsSync(mapPath) ? new SourceMap(mapPath) : null);
+  }
 
   // ── 3. Idle fleet (before the storm: it needs the roomy Postgres) ──
   const second = await startBouncer(
@@ -1177,18 +1181,20 @@ async function main(): Promise<number> {
     }),
   );
   running.bouncers.push(second);
-  const idle = await idleFleet(worker, superuserUrl, groupsFor([main600, second], worker), fleet, [
-    {
-      name: `pgbouncer, server_idle_timeout ${bouncerIdleTimeouts[0]} s`,
-      bouncer: main600,
-      idleTimeoutS: bouncerIdleTimeouts[0],
-    },
-    {
-      name: `pgbouncer, server_idle_timeout ${bouncerIdleTimeouts[1]} s`,
-      bouncer: second,
-      idleTimeoutS: bouncerIdleTimeouts[1],
-    },
-  ]);
+  const idle = !phases.has("idle")
+    ? null
+    : await idleFleet(worker, superuserUrl, groupsFor([main600, second], worker), fleet, [
+        {
+          name: `pgbouncer, server_idle_timeout ${bouncerIdleTimeouts[0]} s`,
+          bouncer: main600,
+          idleTimeoutS: bouncerIdleTimeouts[0],
+        },
+        {
+          name: `pgbouncer, server_idle_timeout ${bouncerIdleTimeouts[1]} s`,
+          bouncer: second,
+          idleTimeoutS: bouncerIdleTimeouts[1],
+        },
+      ]);
   // Every pool must have stopped by its idle timeout before wrangler stops: a pool that dies with
   // workerd stays in the BudgetObject's ledger until its object is next woken or the cron reconciles.
   await waitForEmptyLedger(worker.direct, adminKey);
@@ -1198,127 +1204,164 @@ async function main(): Promise<number> {
   await waitForNoBackends(superuserUrl, "after the idle phase");
 
   // ── 2. Budget storm ──
-  progress(`restarting the tenant host with max_connections ${stormMaxConnections}`);
-  host.postmasterPid = await stack.restartHost(hostName, stormMaxConnections);
-  progress(`starting wrangler dev with a host budget of ${JSON.stringify(stormBudget)}`);
-  worker = await startWorker(script, envFor(stormBudget));
-  const before = (await admin(worker.direct, adminKey, "/v1/capacity")) as {
-    hosts: { allocated: number; reserved: number; draining: number; poolCapacity: number }[];
-  };
-  const ledger = before.hosts[0];
-  if (
-    !ledger ||
-    ledger.allocated + ledger.reserved + ledger.draining !== 0 ||
-    ledger.poolCapacity !== stormBudget.connections
-  )
-    throw new Error(`the budget is not empty before the storm: ${JSON.stringify(before)}`);
   const storms: StormResult[] = [];
-  const lessorStorm = await storm(
-    "lessor",
-    `host budget ${stormBudget.connections}, reserve ${stormBudget.reserve} (pools of ${poolSize}: ${stormBudget.connections / poolSize} at once), admission wait ${vars.LESSOR_ADMISSION_WAIT_MS ?? "2000"} ms, idle timeout ${lessorIdleTimeoutMs} ms`,
-    superuserUrl,
-    groupsFor([], worker),
-    stack,
-    stormDeadlineMs,
-    lessorAttempt(worker.direct, keys),
-  );
-  const capacityAfterStorm = (await admin(worker.direct, adminKey, "/v1/capacity")) as {
-    hosts: { evictions: number; saturations: number }[];
-  };
-  lessorStorm.notes.push(
-    `BudgetObject counters after the storm: ${capacityAfterStorm.hosts[0]?.evictions ?? "?"} evictions, ${capacityAfterStorm.hosts[0]?.saturations ?? "?"} saturations (refused admissions)`,
-  );
-  storms.push(lessorStorm);
-  await stopWorker(worker);
-  await waitForNoBackends(superuserUrl, "after Lessor's storm");
-
-  const bouncerStorm = async (
-    name: string,
-    system: string,
-    setup: string,
-    config: BouncerConfig,
-    deadlineMs: number,
-    login?: (tenant: string) => string,
-  ): Promise<StormResult> => {
-    const bouncer = await startBouncer(install.path, config);
-    running.bouncers.push(bouncer);
-    try {
-      const result = await storm(
-        system,
-        setup,
-        superuserUrl,
-        groupsFor([bouncer], null),
-        stack,
-        deadlineMs,
-        bouncerAttempt(bouncer.port, login),
-      );
-      // Isolation check: may tenant a's login reach tenant b's database?
-      const [a, b] = stormIds;
-      let crossTenant = "not checked";
-      if (a && b) {
-        const who = (login ?? roleOf)(a);
-        const client = new pg.Client({
-          host: "127.0.0.1",
-          port: bouncer.port,
-          user: who,
-          password: passwordOf(who),
-          database: databaseOf(b),
-        });
-        client.on("error", () => undefined);
-        try {
-          await client.connect();
-          await client.query("SELECT 1");
-          crossTenant = `ALLOWED: the login ${who} reached ${databaseOf(b)}`;
-        } catch (error) {
-          crossTenant = `refused (${kindOf(error)})`;
-        } finally {
-          await client.end().catch(() => undefined);
-        }
+  const stormPhase = async (): Promise<void> => {
+    progress(`restarting the tenant host with max_connections ${stormMaxConnections}`);
+    host.postmasterPid = await stack.restartHost(hostName, stormMaxConnections);
+    progress(`starting wrangler dev with a host budget of ${JSON.stringify(stormBudget)}`);
+    worker = await startWorker(script, envFor(stormBudget));
+    const before = (await admin(worker.direct, adminKey, "/v1/capacity")) as {
+      hosts: { allocated: number; reserved: number; draining: number; poolCapacity: number }[];
+    };
+    const ledger = before.hosts[0];
+    if (
+      !ledger ||
+      ledger.allocated + ledger.reserved + ledger.draining !== 0 ||
+      ledger.poolCapacity !== stormBudget.connections
+    )
+      throw new Error(`the budget is not empty before the storm: ${JSON.stringify(before)}`);
+    // What the Worker logged during the storm, by event (and reason or code): why starts failed.
+    const workerEvents: Record<string, number> = {};
+    const countEvents = (chunk: Buffer) => {
+      for (const match of chunk.toString().matchAll(/\{"level":"\w+","event":"([a-z_]+)"[^\n]*/g)) {
+        const line = match[0];
+        const detail = /"(?:reason|code)":"([a-z_]+)"/.exec(line)?.[1];
+        const key = detail ? `${match[1]}: ${detail}` : (match[1] ?? "?");
+        workerEvents[key] = (workerEvents[key] ?? 0) + 1;
       }
-      progress(`  ${name}: may tenant ${a}'s login reach tenant ${b}'s database? ${crossTenant}`);
-      result.notes.push(`cross-tenant login through this config: ${crossTenant}`);
-      return result;
-    } finally {
-      await bouncer.stop();
-      running.bouncers.splice(running.bouncers.indexOf(bouncer), 1);
-      await waitForNoBackends(superuserUrl, `after ${name}`);
-    }
+    };
+    worker.wrangler.child.stdout?.on("data", countEvents);
+    worker.wrangler.child.stderr?.on("data", countEvents);
+    const lessorStorm = await storm(
+      "lessor",
+      `host budget ${stormBudget.connections}, reserve ${stormBudget.reserve} (pools of ${poolSize}: ${stormBudget.connections / poolSize} at once), admission wait ${vars.LESSOR_ADMISSION_WAIT_MS ?? "2000"} ms, idle timeout ${lessorIdleTimeoutMs} ms`,
+      superuserUrl,
+      groupsFor([], worker),
+      stack,
+      stormDeadlineMs,
+      lessorAttempt(worker.direct, keys),
+    );
+    worker.wrangler.child.stdout?.off("data", countEvents);
+    worker.wrangler.child.stderr?.off("data", countEvents);
+    lessorStorm.notes.push(`Worker log events during the storm: ${JSON.stringify(workerEvents)}`);
+    // The Worker may still be working through requests whose clients gave up: ask, bounded.
+    const capacityAfterStorm = await within(
+      admin(worker.direct, adminKey, "/v1/capacity") as Promise<{
+        hosts: { evictions: number; saturations: number }[];
+      }>,
+      120_000,
+      "GET /v1/capacity after the storm",
+    ).catch((error: unknown) => {
+      lessorStorm.notes.push(
+        `GET /v1/capacity after the storm: ${error instanceof Error ? error.message : String(error)}`,
+      );
+      return null;
+    });
+    if (capacityAfterStorm)
+      lessorStorm.notes.push(
+        `BudgetObject counters after the storm: ${capacityAfterStorm.hosts[0]?.evictions ?? "?"} evictions, ${capacityAfterStorm.hosts[0]?.saturations ?? "?"} saturations (refused admissions)`,
+      );
+    storms.push(lessorStorm);
+    await stopWorker(worker);
+    await waitForNoBackends(superuserUrl, "after Lessor's storm");
+
+    const bouncerStorm = async (
+      name: string,
+      system: string,
+      setup: string,
+      config: BouncerConfig,
+      deadlineMs: number,
+      login?: (tenant: string) => string,
+    ): Promise<StormResult> => {
+      const bouncer = await startBouncer(install.path, config);
+      running.bouncers.push(bouncer);
+      try {
+        const result = await storm(
+          system,
+          setup,
+          superuserUrl,
+          groupsFor([bouncer], null),
+          stack,
+          deadlineMs,
+          bouncerAttempt(bouncer.port, login),
+        );
+        // Isolation check: may tenant a's login reach tenant b's database?
+        const [a, b] = stormIds;
+        let crossTenant = "not checked";
+        if (a && b) {
+          const who = (login ?? roleOf)(a);
+          const client = new pg.Client({
+            host: "127.0.0.1",
+            port: bouncer.port,
+            user: who,
+            password: passwordOf(who),
+            database: databaseOf(b),
+          });
+          client.on("error", () => undefined);
+          try {
+            await client.connect();
+            await client.query("SELECT 1");
+            crossTenant = `ALLOWED: the login ${who} reached ${databaseOf(b)}`;
+          } catch (error) {
+            crossTenant = `refused (${kindOf(error)})`;
+          } finally {
+            await client.end().catch(() => undefined);
+          }
+        }
+        progress(`  ${name}: may tenant ${a}'s login reach tenant ${b}'s database? ${crossTenant}`);
+        result.notes.push(`cross-tenant login through this config: ${crossTenant}`);
+        return result;
+      } finally {
+        await bouncer.stop();
+        running.bouncers.splice(running.bouncers.indexOf(bouncer), 1);
+        await waitForNoBackends(superuserUrl, `after ${name}`);
+      }
+    };
+    storms.push(
+      await bouncerStorm(
+        "per-tenant",
+        "pgbouncer, a login per tenant",
+        `default_pool_size ${poolSize}, max_db_connections ${poolSize}; no total cap (nothing in 1.18 caps pools of different users); server_idle_timeout 600 s, server_login_retry 15 s, query_wait_timeout 120 s`,
+        perTenantConfig(bouncerDir("storm-per-tenant"), await freePort(), host.port, stormIds, {}),
+        stormDeadlineMs,
+      ),
+    );
+    storms.push(
+      await bouncerStorm(
+        "forced-shared",
+        "pgbouncer, a login per tenant, one forced server role, max_user_connections 50",
+        `as above, but every [databases] entry logs in to Postgres as ${sharedRole} (user=/password=), auth_type hba (each tenant's login to its own database only), max_user_connections ${stormBudget.connections}; deadline shortened to ${forcedSharedDeadlineMs / 1000} s: the point is whether the cap holds`,
+        forcedSharedConfig(bouncerDir("storm-forced"), await freePort(), host.port, stormIds),
+        forcedSharedDeadlineMs,
+      ),
+    );
+    storms.push(
+      await bouncerStorm(
+        "one-login",
+        "pgbouncer, one login for every tenant, max_user_connections 50",
+        `every client logs in as ${sharedRole}; max_user_connections ${stormBudget.connections} caps that role across all databases (idle connections of other pools are closed to make room); server_idle_timeout 600 s`,
+        oneLoginConfig(bouncerDir("storm-one-login"), await freePort(), host.port, stormIds),
+        stormDeadlineMs,
+        () => sharedRole,
+      ),
+    );
   };
-  storms.push(
-    await bouncerStorm(
-      "per-tenant",
-      "pgbouncer, a login per tenant",
-      `default_pool_size ${poolSize}, max_db_connections ${poolSize}; no total cap (nothing in 1.18 caps pools of different users); server_idle_timeout 600 s, server_login_retry 15 s, query_wait_timeout 120 s`,
-      perTenantConfig(bouncerDir("storm-per-tenant"), await freePort(), host.port, stormIds, {}),
-      stormDeadlineMs,
-    ),
-  );
-  storms.push(
-    await bouncerStorm(
-      "forced-shared",
-      "pgbouncer, a login per tenant, one forced server role, max_user_connections 50",
-      `as above, but every [databases] entry logs in to Postgres as ${sharedRole} (user=/password=), auth_type hba (each tenant's login to its own database only), max_user_connections ${stormBudget.connections}; deadline shortened to ${forcedSharedDeadlineMs / 1000} s: the point is whether the cap holds`,
-      forcedSharedConfig(bouncerDir("storm-forced"), await freePort(), host.port, stormIds),
-      forcedSharedDeadlineMs,
-    ),
-  );
-  storms.push(
-    await bouncerStorm(
-      "one-login",
-      "pgbouncer, one login for every tenant, max_user_connections 50",
-      `every client logs in as ${sharedRole}; max_user_connections ${stormBudget.connections} caps that role across all databases (idle connections of other pools are closed to make room); server_idle_timeout 600 s`,
-      oneLoginConfig(bouncerDir("storm-one-login"), await freePort(), host.port, stormIds),
-      stormDeadlineMs,
-      () => sharedRole,
-    ),
-  );
+  // A storm that breaks the run (a process that stops answering) must not lose what was measured.
+  let stormFailure: string | null = null;
+  if (phases.has("storm")) {
+    await stormPhase().catch((error: unknown) => {
+      stormFailure = error instanceof Error ? (error.stack ?? error.message) : String(error);
+      progress(`the storm phase failed: ${stormFailure}`);
+    });
+  }
 
   await cleanup();
   const finishedAt = new Date();
 
   const errors =
     warmMeasurements.reduce((n, m) => n + m.errors, 0) +
-    idle.systems.reduce((n, sys) => n + sys.touchErrors, 0);
+    (idle?.systems.reduce((n, sys) => n + sys.touchErrors, 0) ?? 0) +
+    (stormFailure ? 1 : 0);
   const date = startedAt.toISOString().slice(0, 10);
   const results = {
     benchmark: "peers",
@@ -1367,6 +1410,7 @@ async function main(): Promise<number> {
     profiles: isolateProfiles,
     idle,
     storms,
+    stormFailure,
     notes,
     errors,
   };
@@ -1388,7 +1432,7 @@ async function main(): Promise<number> {
 interface Results {
   warm: WarmMeasurement[];
   profiles: Record<string, Breakdown>;
-  idle: IdleResult;
+  idle: IdleResult | null;
   storms: StormResult[];
   machine: { loadavgAtStart: number[]; loadavgAtEnd: number[]; cores: number; cpuModel: string };
   versions: Record<string, string>;
@@ -1468,7 +1512,7 @@ function report(r: Results): string {
     kinds(s.errorsByKind),
     kinds(s.backends.refusedByPostgres),
   ]);
-  const idleRows = r.idle.systems.map((sys) => [
+  const idleRows = (r.idle?.systems ?? []).map((sys) => [
     sys.name,
     `${num(sys.idleTimeoutS)} s`,
     `${num((sys.touchEndMs - sys.touchStartMs) / 1000, 1)} s`,
@@ -1537,7 +1581,7 @@ function report(r: Results): string {
       stormRows,
     ),
     "",
-    `## Idle fleet: backends held after touching ${r.idle.tenants} tenants once`,
+    `## Idle fleet: backends held after touching ${r.idle?.tenants ?? 0} tenants once`,
     "",
     mdTable(
       [

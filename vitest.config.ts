@@ -3,6 +3,7 @@ import { defineConfig } from "vitest/config";
 
 /** Test-only secrets: never used outside this suite. */
 const testSealKey = "dGVzdC1zZWFsLWtleS0zMi1ieXRlcy1sb25nLi4uLi4="; // 32 bytes
+const testKeyMacKey = "dGVzdC1rZXktbWFjLWtleS0zMi1ieXRlcy1sb25nLi4="; // 32 bytes
 
 /** A project whose tests run inside workerd against the real Postgres its global setup starts. */
 function workersProject(name: string, include: string[], globalSetup: string) {
@@ -20,6 +21,10 @@ function workersProject(name: string, include: string[], globalSetup: string) {
               faulty: { connections: 100, reserve: 4 },
             }),
             LESSOR_SEAL_KEY: testSealKey,
+            LESSOR_KEY_MAC_KEYS: testKeyMacKey,
+            // Short enough for the containment tests to watch the bounds act.
+            LESSOR_STATEMENT_TIMEOUT_MS: "5000",
+            LESSOR_LEASE_MAX_LIFETIME_MS: "120000",
             LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
             LESSOR_HOSTS: inject("hostsJson"),
             LESSOR_WS_PROXY: inject("wsProxy"),
@@ -35,6 +40,8 @@ function workersProject(name: string, include: string[], globalSetup: string) {
 
 export default defineConfig({
   test: {
+    // A passing run prints the summary; a failing test prints its own logs (src/log).
+    silent: "passed-only",
     projects: [
       {
         test: {

@@ -6,7 +6,7 @@
  *    one batch) and 500 rows per statement (a full outbox flush), with the statement the
  *    TenantObject sends (src/usage/index.ts, written out here because drizzle builds it there);
  * 2. fold throughput in rows/s at 10⁵ and 10⁶ waiting deltas, running the Worker's own fold
- *    (src/maintenance/fold.ts, the same SQL text) from Node with node-postgres, until drained.
+ *    (src/folds/fold.ts, the same SQL text) from Node with node-postgres, until drained.
  *
  * Everything runs over loopback TCP from Node, not through the Worker and the Neon WebSocket, so
  * it measures Postgres work, not network round trips. Prints a table and writes
@@ -16,8 +16,8 @@ import { mkdir, writeFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import pg from "pg";
 import { freePort, startLocalStack } from "../local/stack.ts";
-import { runFold } from "../src/maintenance/fold.ts";
-import { defaultFoldOptions } from "../src/maintenance/options.ts";
+import { runFold } from "../src/folds/fold.ts";
+import { defaultFoldOptions } from "../src/folds/options.ts";
 
 const root = resolve(import.meta.dirname, "..");
 const tenants = 1_000;

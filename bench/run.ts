@@ -1076,6 +1076,7 @@ async function main(): Promise<number> {
     ...vars,
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
+    LESSOR_KEY_MAC_KEYS: randomBytes(32).toString("base64"),
     LESSOR_CONTROL_PLANE_URL: controlPlaneUrl,
     // A second host name on the same Postgres, with a budget of exactly two pools (admission phase).
     LESSOR_HOSTS: JSON.stringify(withTightHost(stack.info.hostsJson)),

@@ -223,6 +223,7 @@ async function startStack(): Promise<void> {
   const vars: Record<string, string> = {
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
+    LESSOR_KEY_MAC_KEYS: randomBytes(32).toString("base64"),
     LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
     LESSOR_HOSTS: stack.hostsJson,
     LESSOR_WS_PROXY: stack.wsProxy,

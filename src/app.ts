@@ -3,13 +3,18 @@ import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { loadConfig } from "./config/index.ts";
-import { describeFailure, errorHeaders, LessorError, logEvent } from "./errors/index.ts";
+import { describeFailure, errorHeaders, LessorError } from "./errors/index.ts";
+import { logEvent } from "./log/index.ts";
 import { campaignRoutes } from "./routes/campaigns.ts";
 import { capacityRoutes } from "./routes/capacity.ts";
 import type { AppEnv } from "./routes/context.ts";
+import { fleetRoutes } from "./routes/fleet.ts";
+import { keyRoutes } from "./routes/keys.ts";
 import { leaseRoutes } from "./routes/leases.ts";
 import { maintenanceRoutes } from "./routes/maintenance.ts";
+import { metricsRoutes } from "./routes/metrics.ts";
 import { sqlRoutes } from "./routes/sql.ts";
+import { statusPageRoutes } from "./routes/status-page.ts";
 import { tenantRoutes } from "./routes/tenants.ts";
 import { usageRoutes } from "./routes/usage.ts";
 
@@ -37,8 +42,12 @@ app.route("/", usageRoutes);
 app.route("/", maintenanceRoutes);
 app.route("/", tenantRoutes);
 app.route("/", leaseRoutes);
+app.route("/", keyRoutes);
 app.route("/", capacityRoutes);
 app.route("/", campaignRoutes);
+app.route("/", fleetRoutes);
+app.route("/", metricsRoutes);
+app.route("/", statusPageRoutes);
 
 app.notFound(() => {
   throw new LessorError("not_found");

@@ -8,6 +8,13 @@ interface LessorSecrets {
   LESSOR_CONTROL_PLANE_URL: string;
   /** JSON object: database host name → admin connection string used to provision tenants on it. */
   LESSOR_HOSTS: string;
+  /**
+   * The MAC keys tenant keys are minted and checked under (src/crypto/tenant-keys.ts): a base64
+   * 32-byte key, or a ring `{"current": n, "keys": {"n": "<base64>", …}}`.
+   */
+  LESSOR_KEY_MAC_KEYS: string;
+  /** Optional bearer key for `GET /metrics` alone, so a scraper need not hold the admin key. */
+  LESSOR_METRICS_KEY?: string;
 }
 
 interface Env extends LessorSecrets {}

@@ -3,6 +3,7 @@ import { app } from "./app.ts";
 import { runScheduled } from "./cron/index.ts";
 
 export { BudgetObject } from "./budget-object/index.ts";
+export { ControlPlaneObject } from "./control-plane-object/index.ts";
 export { TenantObject } from "./tenant-object/index.ts";
 
 export default {

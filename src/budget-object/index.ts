@@ -13,46 +13,17 @@
 import { DurableObject } from "cloudflare:workers";
 import { type DatabaseHost, loadConfig } from "../config/index.ts";
 import {
-  type Allocation,
   type AllocationPhase,
   evictionCandidates,
+  evictionDryRun,
   fits,
   planEviction,
   poolCapacity,
 } from "../core/budget.ts";
-import { describeFailure, logEvent } from "../errors/index.ts";
-
-export type AdmitResult = { granted: true } | { granted: false; retryAfterMs: number; waited: boolean };
-
-/** What a tenant reports about its pool, for victim selection. */
-export interface PoolReport {
-  leases: number;
-  idleSince: number | null;
-  pinned: boolean;
-  migrating: boolean;
-}
-
-export interface CapacityStatus {
-  host: string;
-  budget: number;
-  reserve: number;
-  poolCapacity: number;
-  allocated: number;
-  reserved: number;
-  draining: number;
-  pools: Record<AllocationPhase, number>;
-  waiters: number;
-  evictions: number;
-  saturations: number;
-  candidates: {
-    tenantId: string;
-    generation: number;
-    size: number;
-    idleMs: number;
-    leases: number;
-    pinned: boolean;
-  }[];
-}
+import { describeFailure } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import type { AdmitResult, CapacityStatus, EvictionReport, EvictOutcome, PoolReport } from "../rpc/budget.ts";
+import { CapacityLedger } from "./ledger.ts";
 
 interface Waiter {
   tenantId: string;
@@ -66,34 +37,22 @@ const maxWaiters = 1_000;
 /** Victims asked per reclaim pass; bounds the work one admission can trigger. */
 const maxVictimsPerPass = 8;
 
-type AllocationRow = {
-  tenant_id: string;
-  generation: number;
-  size: number;
-  phase: AllocationPhase;
-  idle_since: number | null;
-  leases: number;
-  pinned: number;
-  migrating: number;
-  updated_at: number;
-};
-
 export class BudgetObject extends DurableObject<Env> {
+  private ledgerStore: CapacityLedger | null = null;
   private waiters: Waiter[] = [];
   private reclaiming: Promise<void> | null = null;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
     ctx.blockConcurrencyWhile(async () => {
-      ctx.storage.sql.exec(`CREATE TABLE IF NOT EXISTS allocations (
-        tenant_id TEXT NOT NULL, generation INTEGER NOT NULL, size INTEGER NOT NULL, phase TEXT NOT NULL,
-        idle_since INTEGER, leases INTEGER NOT NULL DEFAULT 0, pinned INTEGER NOT NULL DEFAULT 0,
-        migrating INTEGER NOT NULL DEFAULT 0, updated_at INTEGER NOT NULL,
-        PRIMARY KEY (tenant_id, generation))`);
-      ctx.storage.sql.exec(
-        `CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)`,
-      );
+      this.ledgerStore = await CapacityLedger.open(ctx.storage);
     });
+  }
+
+  private get ledger(): CapacityLedger {
+    // blockConcurrencyWhile runs before any call reaches the object.
+    if (!this.ledgerStore) throw new Error("budget ledger used before it was opened");
+    return this.ledgerStore;
   }
 
   // ── RPC ────────────────────────────────────────────────────────────────────────────────────────
@@ -104,13 +63,14 @@ export class BudgetObject extends DurableObject<Env> {
    */
   async admit(hostName: string, tenantId: string, generation: number, size: number): Promise<AdmitResult> {
     const host = this.host(hostName);
-    if (this.find(tenantId, generation)) return { granted: true };
-    if (this.waiters.length === 0 && fits(this.allocations(), host.budget, size)) {
-      this.insert(tenantId, generation, size);
+    if (this.ledger.find(tenantId, generation)) return { granted: true };
+    if (this.waiters.length === 0 && fits(this.ledger.rows(), host.budget, size)) {
+      this.ledger.reserve(tenantId, generation, size);
+      this.ledger.bump("admissions");
       return { granted: true };
     }
     if (this.waiters.length >= maxWaiters) {
-      this.bump("saturations");
+      this.ledger.bump("saturations");
       return { granted: false, retryAfterMs: 1_000, waited: false };
     }
     const wait = loadConfig(this.env).admissionWaitMs;
@@ -126,7 +86,7 @@ export class BudgetObject extends DurableObject<Env> {
       };
       const timer = setTimeout(() => {
         this.waiters = this.waiters.filter((w) => w !== waiter);
-        this.bump("saturations");
+        this.ledger.bump("saturations");
         resolve({ granted: false, retryAfterMs: 1_000, waited: true });
       }, wait);
       this.waiters.push(waiter);
@@ -137,39 +97,35 @@ export class BudgetObject extends DurableObject<Env> {
 
   /** The pool of this generation is open and ready. */
   async confirm(hostName: string, tenantId: string, generation: number, report: PoolReport): Promise<void> {
-    this.setPhase(tenantId, generation, "allocated", report);
+    this.ledger.setPhase(tenantId, generation, "allocated", report);
     // Starts that found only starting pools to evict can now be served by this one, once idle.
     if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
   }
 
   /** Fresh facts about a pool, for victim selection (sent from the tenant's heartbeat). */
   async report(hostName: string, tenantId: string, generation: number, report: PoolReport): Promise<void> {
-    const current = this.find(tenantId, generation);
-    if (current) this.setPhase(tenantId, generation, current.phase, report);
+    const current = this.ledger.find(tenantId, generation);
+    if (current) this.ledger.setPhase(tenantId, generation, current.phase, report);
     // A pool that just became idle may be the victim a waiter needs.
     if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
   }
 
   /** The pool is draining: its connections still count until `release`. */
   async draining(tenantId: string, generation: number): Promise<void> {
-    const current = this.find(tenantId, generation);
-    if (current) this.setPhase(tenantId, generation, "draining", null);
+    const current = this.ledger.find(tenantId, generation);
+    if (current) this.ledger.setPhase(tenantId, generation, "draining", null);
   }
 
   /** The pool's connections are closed (or were never opened). Idempotent. */
   async release(hostName: string, tenantId: string, generation: number): Promise<void> {
-    this.ctx.storage.sql.exec(
-      "DELETE FROM allocations WHERE tenant_id = ? AND generation = ?",
-      tenantId,
-      generation,
-    );
+    this.ledger.remove(tenantId, generation);
     this.serveWaiters(this.host(hostName));
   }
 
   /** Per-host capacity for `GET /v1/capacity`: counts, and only the first few eviction candidates. */
   async status(hostName: string, candidateLimit = 5): Promise<CapacityStatus> {
     const host = this.host(hostName);
-    const allocations = this.allocations();
+    const allocations = this.ledger.rows();
     const sum = (phase: AllocationPhase) =>
       allocations.filter((a) => a.phase === phase).reduce((n, a) => n + a.size, 0);
     const count = (phase: AllocationPhase) => allocations.filter((a) => a.phase === phase).length;
@@ -184,8 +140,10 @@ export class BudgetObject extends DurableObject<Env> {
       draining: sum("draining"),
       pools: { reserved: count("reserved"), allocated: count("allocated"), draining: count("draining") },
       waiters: this.waiters.length,
-      evictions: this.counter("evictions"),
-      saturations: this.counter("saturations"),
+      evictions: this.ledger.counter("evictions"),
+      saturations: this.ledger.counter("saturations"),
+      admissions: this.ledger.counter("admissions"),
+      leases: allocations.reduce((n, a) => n + a.leases, 0),
       candidates: evictionCandidates(allocations)
         .slice(0, candidateLimit)
         .map((a) => ({
@@ -200,27 +158,61 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /**
+   * What an admission of `size` connections would evict right now, and why every other pool is
+   * spared (`lessorctl evict --dry-run`). Reads the ledger only: nothing is asked to drain.
+   */
+  async evictionReport(hostName: string, size: number): Promise<EvictionReport> {
+    const host = this.host(hostName);
+    const now = Date.now();
+    const report = evictionDryRun(this.ledger.rows(), host.budget, size);
+    return {
+      host: hostName,
+      budget: host.budget.connections,
+      reserve: host.budget.reserve,
+      waiters: this.waiters.length,
+      size: report.size,
+      poolCapacity: report.poolCapacity,
+      used: report.used,
+      draining: report.draining,
+      outcome: report.outcome,
+      pools: report.pools.map((p) => ({
+        tenantId: p.allocation.tenantId,
+        generation: p.allocation.generation,
+        size: p.allocation.size,
+        phase: p.allocation.phase,
+        idleMs: p.allocation.idleSince === null ? null : Math.max(0, now - p.allocation.idleSince),
+        leases: p.allocation.leases,
+        pinned: p.allocation.pinned,
+        migrating: p.allocation.migrating,
+        verdict: p.verdict,
+        order: p.verdict === "evict" ? p.order : null,
+        reason: p.verdict === "not_eligible" ? p.reason : null,
+      })),
+    };
+  }
+
+  /**
    * Releases allocations whose tenant no longer confirms the generation (a tenant object that
    * died, a start that never finished). Run by the cron trigger; safe to run at any time.
    */
   async reconcile(hostName: string, olderThanMs = 30_000): Promise<{ checked: number; released: number }> {
     const cutoff = Date.now() - olderThanMs;
-    const stale = this.allocationRows().filter((row) => row.updated_at < cutoff);
+    const stale = this.ledger.rows().filter((row) => row.updatedAt < cutoff);
     let released = 0;
     for (const row of stale) {
       let live = true;
       try {
-        live = await this.env.TENANTS.getByName(row.tenant_id).holdsGeneration(row.generation);
+        live = await this.env.TENANTS.getByName(row.tenantId).holdsGeneration(row.generation);
       } catch (error) {
         logEvent("warn", "budget_reconcile_probe_failed", {
           host: hostName,
-          tenant: row.tenant_id,
+          tenant: row.tenantId,
           failure: describeFailure(error),
         });
         continue;
       }
       if (!live) {
-        await this.release(hostName, row.tenant_id, row.generation);
+        await this.release(hostName, row.tenantId, row.generation);
         released++;
       }
     }
@@ -240,9 +232,12 @@ export class BudgetObject extends DurableObject<Env> {
   private grantFitting(host: DatabaseHost): void {
     while (this.waiters.length > 0) {
       const head = this.waiters[0];
-      if (!head || !fits(this.allocations(), host.budget, head.size)) break;
+      if (!head || !fits(this.ledger.rows(), host.budget, head.size)) break;
       this.waiters.shift();
-      if (!this.find(head.tenantId, head.generation)) this.insert(head.tenantId, head.generation, head.size);
+      if (!this.ledger.find(head.tenantId, head.generation)) {
+        this.ledger.reserve(head.tenantId, head.generation, head.size);
+        this.ledger.bump("admissions");
+      }
       head.settle({ granted: true });
     }
   }
@@ -264,118 +259,40 @@ export class BudgetObject extends DurableObject<Env> {
       const head = this.waiters[0];
       if (!head) return;
       // Refused victims still hold their connections: they stay in the count, marked not evictable.
-      const allocations = this.allocations().map((a) =>
-        refused.has(`${a.tenantId}:${a.generation}`) ? { ...a, leases: Math.max(1, a.leases) } : a,
-      );
+      const allocations = this.ledger
+        .rows()
+        .map((a) =>
+          refused.has(`${a.tenantId}:${a.generation}`) ? { ...a, leases: Math.max(1, a.leases) } : a,
+        );
       const plan = planEviction(allocations, host.budget, head.size, head.tenantId);
       const victim = plan?.[0];
       if (!victim) return; // nothing evictable now: wait for a release or the deadline
-      let outcome: { evicted: boolean; report: PoolReport };
+      let outcome: EvictOutcome;
       try {
-        this.setPhase(victim.tenantId, victim.generation, "draining", null);
+        this.ledger.setPhase(victim.tenantId, victim.generation, "draining", null);
         outcome = await this.env.TENANTS.getByName(victim.tenantId).evictIfIdle(victim.generation);
       } catch (error) {
         logEvent("warn", "budget_evict_failed", { tenant: victim.tenantId, failure: describeFailure(error) });
         outcome = { evicted: false, report: { leases: 1, idleSince: null, pinned: false, migrating: false } };
       }
       if (outcome.evicted) {
-        this.bump("evictions");
-        this.ctx.storage.sql.exec(
-          "DELETE FROM allocations WHERE tenant_id = ? AND generation = ?",
-          victim.tenantId,
-          victim.generation,
-        );
+        this.ledger.bump("evictions");
+        this.ledger.remove(victim.tenantId, victim.generation);
       } else {
         refused.add(`${victim.tenantId}:${victim.generation}`);
-        if (this.find(victim.tenantId, victim.generation)) {
-          this.setPhase(victim.tenantId, victim.generation, "allocated", outcome.report);
+        if (this.ledger.find(victim.tenantId, victim.generation)) {
+          this.ledger.setPhase(victim.tenantId, victim.generation, "allocated", outcome.report);
         }
       }
     }
     this.grantFitting(host);
   }
 
-  // ── Ledger ─────────────────────────────────────────────────────────────────────────────────────
+  // ── Hosts ──────────────────────────────────────────────────────────────────────────────────────
 
   private host(hostName: string): DatabaseHost {
     const host = loadConfig(this.env).hosts.get(hostName);
     if (!host) throw new Error(`unknown host ${hostName}`);
     return host;
-  }
-
-  private allocationRows(): AllocationRow[] {
-    return this.ctx.storage.sql.exec<AllocationRow>("SELECT * FROM allocations").toArray();
-  }
-
-  private allocations(): Allocation[] {
-    return this.allocationRows().map((row) => ({
-      tenantId: row.tenant_id,
-      generation: row.generation,
-      size: row.size,
-      phase: row.phase,
-      idleSince: row.idle_since,
-      leases: row.leases,
-      pinned: row.pinned === 1,
-      migrating: row.migrating === 1,
-    }));
-  }
-
-  private find(tenantId: string, generation: number): Allocation | undefined {
-    return this.allocations().find((a) => a.tenantId === tenantId && a.generation === generation);
-  }
-
-  private insert(tenantId: string, generation: number, size: number): void {
-    this.ctx.storage.sql.exec(
-      "INSERT INTO allocations (tenant_id, generation, size, phase, updated_at) VALUES (?, ?, ?, 'reserved', ?)",
-      tenantId,
-      generation,
-      size,
-      Date.now(),
-    );
-  }
-
-  private setPhase(
-    tenantId: string,
-    generation: number,
-    phase: AllocationPhase,
-    report: PoolReport | null,
-  ): void {
-    if (report) {
-      this.ctx.storage.sql.exec(
-        `UPDATE allocations SET phase = ?, leases = ?, idle_since = ?, pinned = ?, migrating = ?, updated_at = ?
-         WHERE tenant_id = ? AND generation = ?`,
-        phase,
-        report.leases,
-        report.idleSince,
-        report.pinned ? 1 : 0,
-        report.migrating ? 1 : 0,
-        Date.now(),
-        tenantId,
-        generation,
-      );
-    } else {
-      this.ctx.storage.sql.exec(
-        "UPDATE allocations SET phase = ?, updated_at = ? WHERE tenant_id = ? AND generation = ?",
-        phase,
-        Date.now(),
-        tenantId,
-        generation,
-      );
-    }
-  }
-
-  private counter(name: string): number {
-    return (
-      this.ctx.storage.sql
-        .exec<{ value: number }>("SELECT value FROM counters WHERE name = ?", name)
-        .toArray()[0]?.value ?? 0
-    );
-  }
-
-  private bump(name: string): void {
-    this.ctx.storage.sql.exec(
-      "INSERT INTO counters (name, value) VALUES (?, 1) ON CONFLICT (name) DO UPDATE SET value = value + 1",
-      name,
-    );
   }
 }

@@ -30,7 +30,8 @@ import {
   selectNextBatch,
   type TenantResult,
 } from "../core/campaign.ts";
-import { describeFailure, logEvent, redact } from "../errors/index.ts";
+import { describeFailure } from "../errors/index.ts";
+import { logEvent, redact } from "../log/index.ts";
 import {
   activeCampaigns,
   appVersionsSeenSince,

@@ -20,18 +20,19 @@ import {
   recordedAppVersion,
 } from "../core/campaign.ts";
 import type { SqlRequest } from "../core/neon-protocol.ts";
-import { describeFailure, LessorError, logEvent } from "../errors/index.ts";
+import { describeFailure, LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import type { SqlOutcome } from "../tenant-object/index.ts";
+import type { KeyProof, SqlOutcome } from "../rpc/tenant.ts";
 import { appVersionsSeenSince, noteAppVersionSeen } from "./store.ts";
 
 export const schemaVersionHeader = "Lessor-Schema-Version";
 
 /** An isolate reports each version at most this often. */
 const reportIntervalMs = 60_000;
-/** Versions one isolate remembers having reported (bounded: header values are clamped anyway). */
-const maxRemembered = 64;
-const reportedAt = new Map<number, number>();
+/** (tenant, version) pairs one isolate remembers having reported; bounded, cleared when full. */
+const maxRemembered = 4_096;
+const reportedAt = new Map<string, number>();
 
 /** Hands `promise` to the request's `waitUntil`, or lets it run on its own where there is none. */
 export function waitUntil(
@@ -62,28 +63,42 @@ export function upgradeOnDemand(env: Env): boolean {
 }
 
 /**
- * Records that an app needing `required` was seen, unless this isolate did so within the last
- * minute. The write is handed to `waitUntil`; a failed write is forgotten so a later request
- * reports again.
+ * Records that an authenticated app of `tenantId` needing `required` was seen, unless this isolate
+ * did so for that tenant and version within the last minute. Only a caller the tenant's object
+ * authenticated gets here: a made-up connection string records nothing (it could otherwise hold
+ * back every contract step of the fleet). The write is handed to `waitUntil`; a failed write is
+ * forgotten so a later request reports again.
  */
 export function noteAppSchemaVersion(
   env: Env,
+  tenantId: string,
   required: number,
   waitUntil: (promise: Promise<unknown>) => void,
   now: number = Date.now(),
 ): void {
   const version = recordedAppVersion(required, tenantMigrations.length);
-  const last = reportedAt.get(version);
+  const seen = `${tenantId}:${version}`;
+  const last = reportedAt.get(seen);
   if (last !== undefined && now - last < reportIntervalMs) return;
   if (reportedAt.size >= maxRemembered) reportedAt.clear();
-  reportedAt.set(version, now);
+  reportedAt.set(seen, now);
   const write = withControlPlane(loadConfig(env), env, (db) => noteAppVersionSeen(db, version)).catch(
     (error: unknown) => {
-      reportedAt.delete(version);
+      reportedAt.delete(seen);
       logEvent("warn", "app_schema_version_report_failed", { version, failure: describeFailure(error) });
     },
   );
   waitUntil(write);
+}
+
+/** Whether this isolate has reported `tenantId` needing `version` within the last minute. */
+export function appSchemaVersionReported(
+  tenantId: string,
+  version: number,
+  now: number = Date.now(),
+): boolean {
+  const last = reportedAt.get(`${tenantId}:${version}`);
+  return last !== undefined && now - last < reportIntervalMs;
 }
 
 /**
@@ -94,14 +109,15 @@ export async function sqlWithSchemaVersion(
   env: Env,
   waitUntil: (promise: Promise<unknown>) => void,
   tenantId: string,
-  keyHash: string,
+  proof: KeyProof,
   request: SqlRequest,
   rawHeader: string | undefined,
 ): Promise<SqlOutcome> {
   const required = requiredSchemaVersion(rawHeader);
-  if (required !== null) noteAppSchemaVersion(env, required, waitUntil);
   const tenant = env.TENANTS.getByName(tenantId);
-  const outcome = await tenant.sql(tenantId, keyHash, request, required);
+  const outcome = await tenant.sql(tenantId, proof, request, required);
+  const authenticated = outcome.ok || !("error" in outcome) || outcome.error.code !== "invalid_credentials";
+  if (required !== null && authenticated) noteAppSchemaVersion(env, tenantId, required, waitUntil);
   if (
     required === null ||
     outcome.ok ||
@@ -113,7 +129,7 @@ export async function sqlWithSchemaVersion(
   }
   // Only an authenticated caller gets `schema_too_old`, so only it can trigger an upgrade.
   await upgradeTenantFor(env, tenantId, required, outcome.error.message);
-  return tenant.sql(tenantId, keyHash, request, required);
+  return tenant.sql(tenantId, proof, request, required);
 }
 
 /**

@@ -3,6 +3,7 @@
  * object; a bad value is a `misconfigured` error that names the setting, never its value.
  */
 import { type BudgetLimits, validateLimits } from "../core/budget.ts";
+import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
 
 export interface DatabaseHost {
@@ -28,6 +29,21 @@ export interface LessorConfig {
   leaseMaxTtlMs: number;
   /** A drain that has waited this long for leases reports them as overdue. */
   maxDrainMs: number;
+  /** Longest any tenant statement (or `/sql` transaction) may run before it is cancelled. */
+  statementTimeoutMs: number;
+  /** A session lease ends this long after it was opened, however often it is renewed. */
+  leaseMaxLifetimeMs: number;
+  /** `temp_file_limit` for tenant roles (superuser-only, so the tenant cannot lift it); null: host default. */
+  tempFileLimit: string | null;
+  /** Largest `/sql` or lease answer; a bigger result stops being read and is answered 507. */
+  maxResponseBytes: number;
+  /** The MAC keys tenant keys are minted and checked under. */
+  keyMacRing: KeyMacRing;
+  /** Usable keys a tenant may hold at once. */
+  maxKeysPerTenant: number;
+  /** ControlPlaneObject shards, and the connections each holds at most. */
+  controlPlaneShards: number;
+  controlPlanePoolSize: number;
 }
 
 /** Largest pool a tenant may hold. */
@@ -59,10 +75,21 @@ function jsonObject(setting: string, raw: string | undefined): Record<string, un
   return parsed as Record<string, unknown>;
 }
 
+/** A Postgres size such as `1GB` or `512MB`; empty means the host's own default. */
+function tempFileLimit(raw: string | undefined): string | null {
+  if (raw === undefined) return "1GB";
+  if (raw === "") return null;
+  if (!/^[1-9][0-9]{0,9}(kB|MB|GB|TB)$/.test(raw))
+    fail("LESSOR_TEMP_FILE_LIMIT", "must be a size such as 1GB");
+  return raw;
+}
+
 /** Reads and validates the configuration. */
 export function loadConfig(env: Env): LessorConfig {
   const cached = cache.get(env);
   if (cached) return cached;
+  // Optional vars that wrangler.toml need not declare.
+  const vars = env as unknown as Record<string, string | undefined>;
 
   const poolSizes = new Map<string, number>();
   for (const [tier, size] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
@@ -98,6 +125,8 @@ export function loadConfig(env: Env): LessorConfig {
   }
   const defaultHost = [...hosts.keys()][0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
+  const keyMacRing = parseKeyMacRing(env.LESSOR_KEY_MAC_KEYS);
+  if ("problem" in keyMacRing) fail("LESSOR_KEY_MAC_KEYS", keyMacRing.problem);
 
   const config: LessorConfig = {
     idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 60_000),
@@ -110,6 +139,26 @@ export function loadConfig(env: Env): LessorConfig {
     admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),
     maxDrainMs: positiveInt("LESSOR_MAX_DRAIN_MS", env.LESSOR_MAX_DRAIN_MS, 30_000),
+    statementTimeoutMs: positiveInt("LESSOR_STATEMENT_TIMEOUT_MS", vars.LESSOR_STATEMENT_TIMEOUT_MS, 30_000),
+    leaseMaxLifetimeMs: positiveInt(
+      "LESSOR_LEASE_MAX_LIFETIME_MS",
+      vars.LESSOR_LEASE_MAX_LIFETIME_MS,
+      900_000,
+    ),
+    tempFileLimit: tempFileLimit(vars.LESSOR_TEMP_FILE_LIMIT),
+    maxResponseBytes: positiveInt(
+      "LESSOR_MAX_RESPONSE_BYTES",
+      vars.LESSOR_MAX_RESPONSE_BYTES,
+      10 * 1024 * 1024,
+    ),
+    keyMacRing,
+    maxKeysPerTenant: positiveInt("LESSOR_MAX_KEYS_PER_TENANT", vars.LESSOR_MAX_KEYS_PER_TENANT, 5),
+    controlPlaneShards: positiveInt("LESSOR_CONTROL_PLANE_SHARDS", vars.LESSOR_CONTROL_PLANE_SHARDS, 2),
+    controlPlanePoolSize: positiveInt(
+      "LESSOR_CONTROL_PLANE_POOL_SIZE",
+      vars.LESSOR_CONTROL_PLANE_POOL_SIZE,
+      4,
+    ),
   };
   cache.set(env, config);
   return config;

@@ -3,42 +3,60 @@
  * Worker cannot hold a pool across requests, and none of this is on the hot path (a tenant's
  * queries never touch the control plane).
  */
-import { and, eq, max, sql } from "drizzle-orm";
+
+import type { Client } from "@neondatabase/serverless";
+import { and, eq, gt, isNull, max, or, sql } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { LessorConfig } from "../config/index.ts";
 import { LessorError } from "../errors/index.ts";
-import { withConnection } from "../postgres/index.ts";
-import type { TenantRecord } from "../tenant-object/record.ts";
+import type { Queryable } from "../postgres/queryable.ts";
+import type { TenantKeyRecord, TenantRecord } from "../rpc/tenant.ts";
+import { answerError, RemoteClient } from "./remote-client.ts";
 import {
   controlPlaneSchema,
   generationLedger,
   lifecycleEvents,
   tenantCredentials,
+  tenantKeys,
   tenants,
 } from "./schema.ts";
 
-export type ControlPlane = NeonDatabase<typeof controlPlaneSchema>;
+/** A control-plane session: drizzle over one pooled connection (`$client` for raw SQL). */
+export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: Queryable };
 
-/** Runs `work` with a control-plane connection; connection failures become `control_plane_unavailable`. */
+/**
+ * Runs `work` on a control-plane session: one warm connection of a ControlPlaneObject shard,
+ * checked out for `work` and returned after it (reset), with drizzle over it exactly as over a
+ * direct connection, transactions included. No handshake happens here: the shard keeps its
+ * connections open (docs/adr/009-control-plane-through-a-pooled-object.md). `applicationName`
+ * names the session in `pg_stat_activity` while it lasts. If no connection can be had, this throws
+ * `control_plane_unavailable`. Raw SQL work uses `db.$client`.
+ */
 export async function withControlPlane<T>(
   config: LessorConfig,
   env: Env,
   work: (db: ControlPlane) => Promise<T>,
+  applicationName = "lessor-control-plane",
 ): Promise<T> {
-  let connected = false;
+  const shard = env.CONTROL_PLANE.getByName(`shard-${Math.floor(Math.random() * config.controlPlaneShards)}`);
+  let opened: Awaited<ReturnType<typeof shard.open>>;
   try {
-    return await withConnection(config, env.LESSOR_CONTROL_PLANE_URL, "lessor-control-plane", (client) => {
-      connected = true;
-      return work(drizzle({ client, schema: controlPlaneSchema }));
-    });
+    opened = await shard.open(applicationName);
   } catch (error) {
-    if (!connected && !(error instanceof LessorError)) {
-      throw new LessorError("control_plane_unavailable", {
-        internal: "control-plane connect failed",
-        cause: error,
-      });
-    }
-    throw error;
+    throw new LessorError("control_plane_unavailable", {
+      internal: "control-plane object unreachable",
+      cause: error,
+      retryAfterSeconds: 1,
+    });
+  }
+  if (!opened.ok) throw answerError(opened);
+  const client = new RemoteClient(shard, opened.value);
+  try {
+    return await work(
+      drizzle({ client: client as unknown as Client, schema: controlPlaneSchema }) as ControlPlane,
+    );
+  } finally {
+    await shard.close(opened.value).catch(() => undefined);
   }
 }
 
@@ -49,19 +67,41 @@ export async function loadTenantRecord(
   tenantId: string,
 ): Promise<TenantRecord | null> {
   const [row] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
-  return row ? tenantRecordFromRow(row, config) : null;
+  if (!row || row.status === "provisioning") return null;
+  return tenantRecordFromRow(row, await loadUsableKeys(db, tenantId), config);
 }
 
-/** The TenantObject's view of a catalog row; null while the tenant is still being provisioned. */
+/** A tenant's keys that still work: not revoked, not expired. */
+export async function loadUsableKeys(db: ControlPlane, tenantId: string): Promise<TenantKeyRecord[]> {
+  const rows = await db
+    .select({ keyId: tenantKeys.keyId, hash: tenantKeys.keyHash, expiresAt: tenantKeys.expiresAt })
+    .from(tenantKeys)
+    .where(
+      and(
+        eq(tenantKeys.tenantId, tenantId),
+        isNull(tenantKeys.revokedAt),
+        or(isNull(tenantKeys.expiresAt), gt(tenantKeys.expiresAt, sql`now()`)),
+      ),
+    )
+    .orderBy(tenantKeys.createdAt);
+  return rows.map((row) => ({
+    keyId: row.keyId,
+    hash: row.hash,
+    expiresAt: row.expiresAt?.getTime() ?? null,
+  }));
+}
+
+/** The TenantObject's view of a catalog row and its usable keys. */
 export function tenantRecordFromRow(
   row: typeof tenants.$inferSelect,
+  keys: TenantKeyRecord[],
   config: LessorConfig,
 ): TenantRecord | null {
-  if (row.status === "provisioning" || !row.keyHash) return null;
+  if (row.status === "provisioning") return null;
   return {
     tenantId: row.id,
     status: row.status,
-    keyHash: row.keyHash,
+    keys,
     tier: row.tier,
     poolSize: config.poolSizes.get(row.tier) ?? config.poolSizes.get(config.defaultTier) ?? 1,
     host: row.host,
@@ -150,4 +190,28 @@ export async function listLifecycleEvents(
     )
     .orderBy(sql`${lifecycleEvents.seq} DESC`)
     .limit(options.limit);
+}
+
+/**
+ * Records when keys were last used, to the minute. At most one UPDATE per key per flush, and
+ * only forwards: a flush that arrives late never moves a newer time back.
+ */
+export async function recordKeyUses(
+  db: ControlPlane,
+  tenantId: string,
+  uses: ReadonlyMap<string, number>,
+): Promise<void> {
+  for (const [keyId, minute] of uses) {
+    const at = new Date(minute);
+    await db
+      .update(tenantKeys)
+      .set({ lastUsedAt: at })
+      .where(
+        and(
+          eq(tenantKeys.tenantId, tenantId),
+          eq(tenantKeys.keyId, keyId),
+          or(isNull(tenantKeys.lastUsedAt), sql`${tenantKeys.lastUsedAt} < ${at}`),
+        ),
+      );
+  }
 }

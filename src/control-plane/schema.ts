@@ -26,13 +26,36 @@ export const tenants = pgTable("tenants", {
   host: text("host").notNull(),
   databaseName: text("database_name").notNull(),
   roleName: text("role_name").notNull(),
-  /** Hex SHA-256 of the tenant key; the key itself is shown once and never stored. */
+  /**
+   * Hex SHA-256 of the tenant's first-format key. No longer written: keys live in `tenant_keys`
+   * (keys of the first format fail the edge check and must be reissued; README, "Tenant keys").
+   */
   keyHash: text("key_hash"),
   /** Schema version recorded when Lessor last applied tenant migrations. The database's own ledger is the truth. */
   schemaVersion: integer("schema_version").notNull().default(0),
   createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
   updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
 });
+
+/**
+ * A tenant's keys (several, so a key rotates with no gap). Only the SHA-256 of each key is kept;
+ * the key itself is shown once. A key is usable while it is neither revoked nor expired.
+ * `last_used_at` is written at most once a minute per key, off the hot path (the object's alarm).
+ */
+export const tenantKeys = pgTable(
+  "tenant_keys",
+  {
+    tenantId: text("tenant_id").notNull(),
+    /** Public name of the key (`k_` + 16 hex), part of the key itself. */
+    keyId: text("key_id").notNull(),
+    keyHash: text("key_hash").notNull(),
+    createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
+    expiresAt: timestamp("expires_at", { withTimezone: true }),
+    revokedAt: timestamp("revoked_at", { withTimezone: true }),
+    lastUsedAt: timestamp("last_used_at", { withTimezone: true }),
+  },
+  (t) => [primaryKey({ columns: [t.tenantId, t.keyId] })],
+);
 
 /** The tenant role's password, sealed with AES-GCM (tenant id as associated data). */
 export const tenantCredentials = pgTable("tenant_credentials", {
@@ -102,7 +125,7 @@ export const usageDeltas = pgTable(
 );
 
 /**
- * Per-tenant usage totals, written only by the fold (src/maintenance/fold.ts), never on the hot
+ * Per-tenant usage totals, written only by the fold (src/folds/fold.ts), never on the hot
  * path. Exact readers add the deltas above `folded_seq` that have not been folded yet.
  */
 export const usageRollups = pgTable("usage_rollups", {
@@ -120,7 +143,7 @@ export const usageRollups = pgTable("usage_rollups", {
   foldedAt: timestamp("folded_at", { withTimezone: true }).notNull().defaultNow(),
 });
 
-/** Append-only: one row per fold run, whatever it did (see src/maintenance/outcome.ts). */
+/** Append-only: one row per fold run, whatever it did (see src/folds/outcome.ts). */
 export const foldOutcomes = pgTable(
   "fold_outcomes",
   {
@@ -249,6 +272,7 @@ export const appSchemaVersionsSeen = pgTable(
 
 export const controlPlaneSchema = {
   tenants,
+  tenantKeys,
   tenantCredentials,
   generationLedger,
   lifecycleEvents,

@@ -94,3 +94,78 @@ export function validateLimits(limits: BudgetLimits, largestPool: number): strin
   }
   return null;
 }
+
+/** Why a pool holding capacity may not be evicted right now. */
+export type NotEvictableReason = "starting" | "draining" | "pinned" | "migrating" | "leased" | "not_idle";
+
+/** One pool in an eviction dry run. */
+export type EvictionVerdict =
+  | { allocation: Allocation; verdict: "evict"; order: number }
+  | { allocation: Allocation; verdict: "eligible_not_needed" }
+  | { allocation: Allocation; verdict: "not_eligible"; reason: NotEvictableReason };
+
+/** What an admission of `size` connections would do to the host right now, without doing it. */
+export interface EvictionDryRun {
+  size: number;
+  /** Connections pools may use (`connections − reserve`) and what they hold now. */
+  poolCapacity: number;
+  used: number;
+  /** Connections of draining pools: on their way back, so the admission does not evict for them. */
+  draining: number;
+  /** `fits`: no eviction needed; `evicts`: the victims in `pools` with verdict `evict` make room;
+   * `saturated`: even evicting every eligible pool would not, so the start would wait, then be refused. */
+  outcome: "fits" | "evicts" | "saturated";
+  /** Every pool holding capacity: victims first (in eviction order), then eligible pools not
+   * needed, then the rest with the reason each one may not be evicted. */
+  pools: EvictionVerdict[];
+}
+
+/**
+ * Why `a` may not be evicted now, or null if it is an eviction candidate. The order matters: a
+ * starting or draining pool is reported as such whatever else holds it, and a pinned pool as
+ * pinned even if it is also leased, because that is the fact an operator can change.
+ */
+export function notEvictableReason(a: Allocation): NotEvictableReason | null {
+  if (a.phase === "reserved") return "starting";
+  if (a.phase === "draining") return "draining";
+  if (a.pinned) return "pinned";
+  if (a.migrating) return "migrating";
+  if (a.leases > 0) return "leased";
+  if (a.idleSince === null) return "not_idle";
+  return null;
+}
+
+/**
+ * The eviction dry run behind `lessorctl evict --dry-run`: the victims `planEviction` would pick
+ * for an admission of `size` (by a tenant holding nothing on the host), in order, and for every
+ * other pool why it is spared. It uses the same functions as a real admission, so the report
+ * cannot drift from what the BudgetObject does.
+ */
+export function evictionDryRun(
+  allocations: readonly Allocation[],
+  limits: BudgetLimits,
+  size: number,
+): EvictionDryRun {
+  const plan = planEviction(allocations, limits, size);
+  const victims = plan ?? [];
+  const victimKeys = new Set(victims.map((a) => `${a.tenantId}:${a.generation}`));
+  const candidates = evictionCandidates(allocations);
+  const pools: EvictionVerdict[] = [
+    ...victims.map((allocation, index) => ({ allocation, verdict: "evict" as const, order: index + 1 })),
+    ...candidates
+      .filter((a) => !victimKeys.has(`${a.tenantId}:${a.generation}`))
+      .map((allocation) => ({ allocation, verdict: "eligible_not_needed" as const })),
+  ];
+  for (const allocation of allocations) {
+    const reason = notEvictableReason(allocation);
+    if (reason) pools.push({ allocation, verdict: "not_eligible", reason });
+  }
+  return {
+    size,
+    poolCapacity: poolCapacity(limits),
+    used: usedConnections(allocations),
+    draining: allocations.filter((a) => a.phase === "draining").reduce((sum, a) => sum + a.size, 0),
+    outcome: plan === null ? "saturated" : plan.length === 0 ? "fits" : "evicts",
+    pools,
+  };
+}

@@ -16,6 +16,7 @@
  *                          │  └─leases held / busy──▶ skipped (retryAt) ──due──▶ running …
  *                          └─claim went stale (runner killed)──▶ running (reclaimed)
  */
+import * as v from "valibot";
 
 export const campaignStates = [
   "pending",
@@ -81,135 +82,152 @@ export interface CampaignSpec {
   tenants: string[] | null;
 }
 
+/** The fields a campaign request may carry; anything else is refused, so a typo is never ignored. */
+const campaignFields = [
+  "toVersion",
+  "concurrency",
+  "canary",
+  "canaryPercent",
+  "continueOnFailure",
+  "force",
+  "drainTimeoutMs",
+  "stabilityWindowMs",
+  "tenants",
+] as const;
+
+/** An integer in [min, max], refused with `message`. */
+function boundedInt(min: number, max: number, message: string) {
+  return v.pipe(
+    v.number(message),
+    v.safeInteger(message),
+    v.minValue(min, message),
+    v.maxValue(max, message),
+  );
+}
+
+function tenantList(field: string, isTenantId: (raw: unknown) => boolean) {
+  return v.pipe(
+    v.array(
+      v.custom<string>(isTenantId, `${field} holds something that is not a tenant id.`),
+      `${field} must be an array of tenant ids.`,
+    ),
+    v.maxLength(
+      campaignLimits.maxListedTenants,
+      `${field} may name at most ${campaignLimits.maxListedTenants} tenants.`,
+    ),
+    v.transform((ids: string[]) => [...new Set(ids)]),
+  );
+}
+
 /**
- * Validates a campaign request. `isTenantId` is the tenant-id parser (kept out of here so the core
- * does not depend on it); `bundledVersions` is the number of bundled migrations.
+ * The schema of a `POST /v1/campaigns` body (valibot, so the route's validator middleware runs it).
+ * `isTenantId` is the tenant-id parser (kept out of here so the core does not depend on it);
+ * `bundledVersions` is the number of bundled migrations.
  */
+export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: unknown) => boolean) {
+  const versionMessage =
+    bundledVersions === 0
+      ? "No tenant migration is bundled in this deployment."
+      : `toVersion must be a bundled schema version, an integer from 1 to ${bundledVersions}.`;
+  const flag = (name: string) => v.optional(v.boolean(`${name} must be true or false.`), false);
+  return v.pipe(
+    v.unknown(),
+    v.check(
+      (body) => typeof body === "object" && body !== null && !Array.isArray(body),
+      "The body must be a JSON object.",
+    ),
+    // Checked first: naming both is the mistake to report, whatever else is wrong with either.
+    v.check(
+      (body) => typeof body !== "object" || body === null || !("canary" in body && "canaryPercent" in body),
+      "Give either canary or canaryPercent, not both.",
+    ),
+    v.strictObject(
+      {
+        toVersion: boundedInt(1, Math.max(1, bundledVersions), versionMessage),
+        concurrency: v.optional(
+          boundedInt(
+            1,
+            campaignLimits.maxConcurrency,
+            `concurrency must be an integer from 1 to ${campaignLimits.maxConcurrency}.`,
+          ),
+          campaignDefaults.concurrency,
+        ),
+        canary: v.optional(
+          v.pipe(tenantList("canary", isTenantId), v.minLength(1, "canary must name at least one tenant.")),
+        ),
+        canaryPercent: v.optional(
+          v.pipe(
+            v.number("canaryPercent must be a number greater than 0 and at most 100."),
+            v.finite("canaryPercent must be a number greater than 0 and at most 100."),
+            v.gtValue(0, "canaryPercent must be a number greater than 0 and at most 100."),
+            v.maxValue(100, "canaryPercent must be a number greater than 0 and at most 100."),
+          ),
+        ),
+        continueOnFailure: flag("continueOnFailure"),
+        force: flag("force"),
+        drainTimeoutMs: v.optional(
+          boundedInt(
+            0,
+            campaignLimits.maxDrainTimeoutMs,
+            `drainTimeoutMs must be an integer from 0 to ${campaignLimits.maxDrainTimeoutMs}.`,
+          ),
+          campaignDefaults.drainTimeoutMs,
+        ),
+        stabilityWindowMs: v.optional(
+          boundedInt(
+            0,
+            campaignLimits.maxStabilityWindowMs,
+            `stabilityWindowMs must be an integer from 0 to ${campaignLimits.maxStabilityWindowMs}.`,
+          ),
+          campaignDefaults.stabilityWindowMs,
+        ),
+        tenants: v.optional(
+          v.pipe(
+            tenantList("tenants", isTenantId),
+            v.minLength(1, "tenants, when given, must name at least one tenant."),
+          ),
+        ),
+      },
+      (issue) => {
+        const key = issue.path?.[0]?.key;
+        if (key === undefined) return "The body must be a JSON object.";
+        if (issue.expected === "never") {
+          return `Unknown field "${String(key).slice(0, 40)}"; a campaign takes ${campaignFields.join(", ")}.`;
+        }
+        // A required field is missing: only toVersion is required.
+        return versionMessage;
+      },
+    ),
+    v.check(() => bundledVersions > 0, versionMessage),
+    v.transform(
+      (body): CampaignSpec => ({
+        toVersion: body.toVersion,
+        concurrency: body.concurrency,
+        canary:
+          body.canary !== undefined
+            ? { kind: "list", tenants: body.canary }
+            : body.canaryPercent !== undefined
+              ? { kind: "percent", percent: body.canaryPercent }
+              : { kind: "none" },
+        continueOnFailure: body.continueOnFailure,
+        force: body.force,
+        drainTimeoutMs: body.drainTimeoutMs,
+        stabilityWindowMs: body.stabilityWindowMs,
+        tenants: body.tenants ?? null,
+      }),
+    ),
+  );
+}
+
+/** Validates a campaign request outside a route (the schema's first problem, if any). */
 export function parseCampaignSpec(
   body: unknown,
   bundledVersions: number,
   isTenantId: (raw: unknown) => boolean,
 ): { ok: true; spec: CampaignSpec } | { ok: false; problem: string } {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    return { ok: false, problem: "The body must be a JSON object." };
-  }
-  const known = new Set([
-    "toVersion",
-    "concurrency",
-    "canary",
-    "canaryPercent",
-    "continueOnFailure",
-    "force",
-    "drainTimeoutMs",
-    "stabilityWindowMs",
-    "tenants",
-  ]);
-  const fields = body as Record<string, unknown>;
-  const unknown = Object.keys(fields).find((key) => !known.has(key));
-  if (unknown !== undefined) return { ok: false, problem: `Unknown field "${unknown.slice(0, 40)}".` };
-
-  const { toVersion } = fields;
-  if (!isInt(toVersion) || toVersion < 1 || toVersion > bundledVersions) {
-    return {
-      ok: false,
-      problem:
-        bundledVersions === 0
-          ? "No tenant migration is bundled in this deployment."
-          : `toVersion must be a bundled schema version, an integer from 1 to ${bundledVersions}.`,
-    };
-  }
-  const concurrency = fields.concurrency ?? campaignDefaults.concurrency;
-  if (!isInt(concurrency) || concurrency < 1 || concurrency > campaignLimits.maxConcurrency) {
-    return {
-      ok: false,
-      problem: `concurrency must be an integer from 1 to ${campaignLimits.maxConcurrency}.`,
-    };
-  }
-  for (const flag of ["continueOnFailure", "force"] as const) {
-    if (fields[flag] !== undefined && typeof fields[flag] !== "boolean") {
-      return { ok: false, problem: `${flag} must be true or false.` };
-    }
-  }
-  const drainTimeoutMs = fields.drainTimeoutMs ?? campaignDefaults.drainTimeoutMs;
-  if (!isInt(drainTimeoutMs) || drainTimeoutMs < 0 || drainTimeoutMs > campaignLimits.maxDrainTimeoutMs) {
-    return {
-      ok: false,
-      problem: `drainTimeoutMs must be an integer from 0 to ${campaignLimits.maxDrainTimeoutMs}.`,
-    };
-  }
-  const stabilityWindowMs = fields.stabilityWindowMs ?? campaignDefaults.stabilityWindowMs;
-  if (
-    !isInt(stabilityWindowMs) ||
-    stabilityWindowMs < 0 ||
-    stabilityWindowMs > campaignLimits.maxStabilityWindowMs
-  ) {
-    return {
-      ok: false,
-      problem: `stabilityWindowMs must be an integer from 0 to ${campaignLimits.maxStabilityWindowMs}.`,
-    };
-  }
-
-  const tenants = parseTenantList(fields.tenants, "tenants", isTenantId);
-  if (typeof tenants === "string") return { ok: false, problem: tenants };
-  if (tenants !== null && tenants.length === 0) {
-    return { ok: false, problem: "tenants, when given, must name at least one tenant." };
-  }
-
-  let canary: CanaryChoice = { kind: "none" };
-  if (fields.canary !== undefined && fields.canaryPercent !== undefined) {
-    return { ok: false, problem: "Give either canary or canaryPercent, not both." };
-  }
-  if (fields.canary !== undefined) {
-    const list = parseTenantList(fields.canary, "canary", isTenantId);
-    if (typeof list === "string") return { ok: false, problem: list };
-    if (list === null || list.length === 0) {
-      return { ok: false, problem: "canary must name at least one tenant." };
-    }
-    canary = { kind: "list", tenants: list };
-  }
-  if (fields.canaryPercent !== undefined) {
-    const percent = fields.canaryPercent;
-    if (typeof percent !== "number" || !Number.isFinite(percent) || percent <= 0 || percent > 100) {
-      return { ok: false, problem: "canaryPercent must be a number greater than 0 and at most 100." };
-    }
-    canary = { kind: "percent", percent };
-  }
-
-  return {
-    ok: true,
-    spec: {
-      toVersion,
-      concurrency,
-      canary,
-      continueOnFailure: fields.continueOnFailure === true,
-      force: fields.force === true,
-      drainTimeoutMs,
-      stabilityWindowMs,
-      tenants,
-    },
-  };
-}
-
-function isInt(value: unknown): value is number {
-  return typeof value === "number" && Number.isSafeInteger(value);
-}
-
-function parseTenantList(
-  raw: unknown,
-  field: string,
-  isTenantId: (raw: unknown) => boolean,
-): string[] | null | string {
-  if (raw === undefined) return null;
-  if (!Array.isArray(raw)) return `${field} must be an array of tenant ids.`;
-  if (raw.length > campaignLimits.maxListedTenants) {
-    return `${field} may name at most ${campaignLimits.maxListedTenants} tenants.`;
-  }
-  const seen = new Set<string>();
-  for (const id of raw) {
-    if (!isTenantId(id)) return `${field} holds something that is not a tenant id.`;
-    seen.add(id as string);
-  }
-  return [...seen];
+  const result = v.safeParse(campaignSpecSchema(bundledVersions, isTenantId), body, { abortEarly: true });
+  if (result.success) return { ok: true, spec: result.output };
+  return { ok: false, problem: result.issues[0].message };
 }
 
 // ── Cohorts ──────────────────────────────────────────────────────────────────────────────────────

@@ -6,7 +6,7 @@ export interface SqlCredentials {
   key: string;
 }
 
-export type ConnectionStringProblem = "missing" | "malformed" | "invalid_tenant_id";
+export type ConnectionStringProblem = "missing" | "malformed" | "invalid_tenant_id" | "mismatch";
 
 /**
  * Parses `postgres://<tenant>:<key>@<host>/<tenant>`. The user and the database must name the same
@@ -31,7 +31,7 @@ export function parseSqlConnectionString(
   if (user === null || key === null || database === null || !key) return "malformed";
   const tenantId = parseTenantId(user);
   if (!tenantId || parseTenantId(database) === null) return "invalid_tenant_id";
-  if (database !== user) return "malformed";
+  if (database !== user) return "mismatch";
   return { tenantId, key };
 }
 

@@ -82,6 +82,14 @@ export function skipGeneration(lc: Lifecycle, atLeast: number): Lifecycle {
   return { ...lc, generation: Math.max(lc.generation, atLeast) + 1 };
 }
 
+/**
+ * A start that never opened a connection (the budget refused it or was unreachable) leaves no pool
+ * and no failure to back off from: the tenant is simply stopped, and the next request may try again.
+ */
+export function startRefused(lc: Lifecycle): Lifecycle {
+  return lc.state === "starting" ? { ...lc, state: "stopped" } : lc;
+}
+
 export function startSucceeded(lc: Lifecycle): Lifecycle {
   return { ...lc, state: "ready", failures: 0, failureReason: null, retryAt: null };
 }
@@ -123,6 +131,7 @@ export function startFailed(
   };
 }
 
+/** A pool that starts draining takes no new lease; only a ready pool can start to drain. */
 export function beginDrain(lc: Lifecycle): Lifecycle {
   return lc.state === "ready" ? { ...lc, state: "draining" } : lc;
 }
@@ -131,6 +140,15 @@ export function beginDrain(lc: Lifecycle): Lifecycle {
 export function stopped(lc: Lifecycle, generation: number): Lifecycle {
   if (lc.generation !== generation) return lc;
   return { ...lc, state: "stopped" };
+}
+
+/** A migration holds the tenant: no new lease, and the pool is never evicted. */
+export function migrationStarted(lc: Lifecycle): Lifecycle {
+  return { ...lc, migrating: true };
+}
+
+export function migrationFinished(lc: Lifecycle): Lifecycle {
+  return { ...lc, migrating: false };
 }
 
 /**

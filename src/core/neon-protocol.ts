@@ -8,6 +8,8 @@
  * A Postgres error is status 400 with the error's fields, which the driver turns into a NeonDbError.
  */
 
+import { type OutputMode, outputModeOf } from "./result-shape.ts";
+
 export type IsolationLevel = "ReadUncommitted" | "ReadCommitted" | "RepeatableRead" | "Serializable";
 
 export interface Statement {
@@ -22,9 +24,11 @@ export interface TransactionOptions {
   deferrable: boolean | null;
 }
 
-export type SqlRequest =
+/** What the caller asked for; `output` is how results are shaped (result-shape.ts). */
+export type SqlRequest = { output: OutputMode } & (
   | { kind: "single"; statement: Statement }
-  | { kind: "transaction"; statements: Statement[]; options: TransactionOptions };
+  | { kind: "transaction"; statements: Statement[]; options: TransactionOptions }
+);
 
 /** A field description as node-postgres and Neon report it. */
 export interface FieldDescription {
@@ -36,16 +40,6 @@ export interface FieldDescription {
   dataTypeModifier: number;
   format: string;
 }
-
-export interface QueryResultBody {
-  command: string;
-  rowCount: number | null;
-  rows: (string | null)[][];
-  fields: FieldDescription[];
-  rowAsArray: true;
-}
-
-export type SqlResponseBody = QueryResultBody | { results: QueryResultBody[] };
 
 /** The fields of a Postgres error that the driver copies onto NeonDbError. */
 export const postgresErrorFields = [
@@ -95,8 +89,8 @@ export function parseSqlRequest(
   const record = body as Record<string, unknown>;
   if ("queries" in record) {
     const queries = record.queries;
-    if (!Array.isArray(queries) || queries.length === 0)
-      return { problem: "`queries` must be a non-empty array." };
+    // An empty batch is a valid (empty) transaction, as on Neon: `sql.transaction([])`.
+    if (!Array.isArray(queries)) return { problem: "`queries` must be an array." };
     if (queries.length > maxStatementsPerTransaction) {
       return { problem: `A transaction holds at most ${maxStatementsPerTransaction} statements.` };
     }
@@ -108,11 +102,11 @@ export function parseSqlRequest(
     }
     const options = parseTransactionOptions(headers);
     if ("problem" in options) return options;
-    return { kind: "transaction", statements, options };
+    return { kind: "transaction", statements, options, output: outputModeOf(headers) };
   }
   const statement = parseStatement(record);
   if ("problem" in statement) return statement;
-  return { kind: "single", statement };
+  return { kind: "single", statement, output: outputModeOf(headers) };
 }
 
 function parseStatement(item: unknown): Statement | ParseProblem {

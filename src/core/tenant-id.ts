@@ -12,21 +12,3 @@ export type TenantId = string & { readonly __brand: "TenantId" };
 export function parseTenantId(raw: unknown): TenantId | null {
   return typeof raw === "string" && tenantIdPattern.test(raw) ? (raw as TenantId) : null;
 }
-
-/**
- * The tenant's database and login role on its host. A fixed prefix keeps tenant ids such as
- * `postgres` or `template1` from colliding with the cluster's own names.
- */
-export function tenantDatabaseName(id: TenantId): string {
-  return `tenant_${id}`;
-}
-
-/** Postgres identifier quoting; ids are slugs, so this only ever wraps in double quotes. */
-export function quoteIdent(name: string): string {
-  return `"${name.replaceAll('"', '""')}"`;
-}
-
-/** Postgres string literal quoting, for the few DDL statements that cannot take parameters. */
-export function quoteLiteral(value: string): string {
-  return `'${value.replaceAll("'", "''")}'`;
-}

@@ -4,7 +4,8 @@
  * its outcome with `logEvent`. Jobs must be idempotent: a tick can be delivered twice, and a run
  * can be killed half way.
  */
-import { describeFailure, logEvent } from "../errors/index.ts";
+import { describeFailure } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
 
 /** The tick a job runs for. */
 export interface CronTick {

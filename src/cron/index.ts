@@ -3,10 +3,10 @@
  * `* * * * *`). Cron handlers only fan out; each job lives with its feature and is idempotent.
  * To add a job, append it to `cronJobs`.
  */
-import { budgetReconcileJob } from "../budget-object/job.ts";
-import { campaignJob } from "../campaigns/job.ts";
-import { usageFoldJob } from "../maintenance/job.ts";
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
+import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
+import { campaignJob } from "./jobs/migration-campaigns.ts";
+import { usageFoldJob } from "./jobs/usage-fold.ts";
 
 export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
 

@@ -1,33 +1,19 @@
 /**
- * API keys: 256 random bits behind a recognisable prefix, stored only as SHA-256 hashes. A
- * high-entropy key needs no slow hash: there is nothing to guess.
+ * Secrets and their hashes: database passwords, and the SHA-256 under which keys are stored (a
+ * high-entropy key needs no slow hash: there is nothing to guess). Tenant keys themselves are
+ * minted in tenant-keys.ts.
  */
 
-const tenantKeyPrefix = "lsk_";
-
-function base64url(bytes: Uint8Array): string {
-  let binary = "";
-  for (const byte of bytes) binary += String.fromCharCode(byte);
-  return btoa(binary).replaceAll("+", "-").replaceAll("/", "_").replace(/=+$/, "");
-}
-
-function hex(buffer: ArrayBuffer): string {
-  return [...new Uint8Array(buffer)].map((byte) => byte.toString(16).padStart(2, "0")).join("");
-}
-
-/** A new tenant key, `lsk_` + 43 base64url characters (256 bits). */
-export function generateTenantKey(): string {
-  return tenantKeyPrefix + base64url(crypto.getRandomValues(new Uint8Array(32)));
-}
+import { toBase64Url, toHex } from "./encoding.ts";
 
 /** A random password for a tenant's Postgres role (256 bits, URL-safe). */
 export function generateDatabasePassword(): string {
-  return base64url(crypto.getRandomValues(new Uint8Array(32)));
+  return toBase64Url(crypto.getRandomValues(new Uint8Array(32)));
 }
 
 /** Hex SHA-256 of a key: what the catalog and the TenantObject store. */
 export async function hashKey(key: string): Promise<string> {
-  return hex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(key)));
+  return toHex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(key)));
 }
 
 /** Constant-time comparison of two hex hashes of equal length. */

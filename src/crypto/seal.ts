@@ -6,21 +6,9 @@
  * Format: `v1.<base64 iv>.<base64 ciphertext+tag>`.
  */
 import { LessorError } from "../errors/index.ts";
+import { fromBase64, toBase64 } from "./encoding.ts";
 
 const keyCache = new Map<string, Promise<CryptoKey>>();
-
-function fromBase64(text: string): Uint8Array<ArrayBuffer> {
-  const binary = atob(text);
-  const bytes = new Uint8Array(binary.length);
-  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
-  return bytes;
-}
-
-function toBase64(bytes: Uint8Array): string {
-  let binary = "";
-  for (const byte of bytes) binary += String.fromCharCode(byte);
-  return btoa(binary);
-}
 
 function importSealKey(secret: string): Promise<CryptoKey> {
   let key = keyCache.get(secret);

@@ -1,11 +1,12 @@
 /**
  * The one error catalog. Every refusal Lessor makes has a stable `code`, an HTTP status and a
  * public message that is safe to show a caller. The internal message and the cause are for logs
- * only, and even there never carry a credential (see `redact`).
+ * only, and even there never carry a credential (see `redact` in src/log).
  */
+import { redact } from "../log/index.ts";
 
 export interface ErrorSpec {
-  readonly status: 400 | 401 | 403 | 404 | 405 | 409 | 413 | 415 | 423 | 500 | 502 | 503 | 504;
+  readonly status: 400 | 401 | 403 | 404 | 409 | 410 | 413 | 423 | 429 | 500 | 502 | 503 | 504 | 507;
   readonly message: string;
   /** Retryable refusals carry a hint in seconds; it becomes `Retry-After`. */
   readonly retryable?: boolean;
@@ -13,10 +14,8 @@ export interface ErrorSpec {
 
 export const errorCatalog = {
   not_found: { status: 404, message: "No such route." },
-  method_not_allowed: { status: 405, message: "Method not allowed on this route." },
   invalid_json: { status: 400, message: "The request body is not valid JSON." },
   invalid_request: { status: 400, message: "The request is not valid." },
-  unsupported_media_type: { status: 415, message: "Send the body as application/json." },
   payload_too_large: { status: 413, message: "The request body is larger than this deployment accepts." },
   invalid_tenant_id: {
     status: 400,
@@ -24,6 +23,11 @@ export const errorCatalog = {
   },
   missing_credentials: { status: 401, message: "No credentials were sent." },
   invalid_credentials: { status: 401, message: "Unknown tenant or invalid key." },
+  authentication_rate_limited: {
+    status: 429,
+    message: "Too many failed authentications for this tenant; retry after Retry-After.",
+    retryable: true,
+  },
   invalid_connection_string: {
     status: 400,
     message: "Neon-Connection-String must be postgres://<tenant>:<tenant key>@<host>/<tenant>.",
@@ -34,10 +38,6 @@ export const errorCatalog = {
     status: 409,
     message: "This tenant is being provisioned by another request; retry shortly.",
     retryable: true,
-  },
-  tenant_not_ready: {
-    status: 409,
-    message: "The tenant has not finished provisioning; send the same create request again to resume it.",
   },
   tenant_disabled: { status: 423, message: "The tenant is disabled." },
   unknown_host: { status: 400, message: "No database host with that name is configured." },
@@ -77,7 +77,33 @@ export const errorCatalog = {
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",
     retryable: true,
   },
+  statement_timeout: {
+    status: 400,
+    message:
+      "The statement ran longer than this deployment allows (LESSOR_STATEMENT_TIMEOUT_MS) and was stopped; its transaction did not commit.",
+  },
+  response_too_large: {
+    status: 507,
+    message: "The answer is larger than this deployment returns (LESSOR_MAX_RESPONSE_BYTES).",
+  },
+  prepared_transaction_refused: {
+    status: 400,
+    message:
+      "Prepared transactions (PREPARE TRANSACTION) are not supported through Lessor; the transaction was rolled back.",
+  },
   lease_not_found: { status: 404, message: "No such lease." },
+  key_not_found: { status: 404, message: "The tenant has no key with this id." },
+  key_limit: { status: 409, message: "The tenant holds as many keys as it may; revoke one first." },
+  last_key: {
+    status: 409,
+    message:
+      "This is the tenant's last usable key; revoking it locks the tenant out. Pass ?force=true to do it anyway.",
+  },
+  lease_expired: {
+    status: 409,
+    message:
+      "The lease expired (unused past its TTL, or past LESSOR_LEASE_MAX_LIFETIME_MS) and was reclaimed; its transaction was rolled back. Open a new lease.",
+  },
   lease_lost: {
     status: 409,
     message: "The connection behind this lease was lost; its transaction did not commit. Open a new lease.",
@@ -178,34 +204,6 @@ export interface WireError {
 /** Headers an error answer carries. */
 export function errorHeaders(error: LessorError): Record<string, string> {
   return error.retryAfterSeconds === undefined ? {} : { "Retry-After": String(error.retryAfterSeconds) };
-}
-
-const secretPatterns: ReadonlyArray<readonly [RegExp, string]> = [
-  // postgres://user:password@host: keep the user and host, drop the password.
-  [/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^@\s]*@/gi, "$1[redacted]@"],
-  // Lessor keys, wherever they appear.
-  [/\blsk_[A-Za-z0-9_-]{8,}/g, "[redacted]"],
-  // password=... in libpq keyword form or JSON-ish text.
-  [/(password["']?\s*[:=]\s*["']?)[^"'\s,}]+/gi, "$1[redacted]"],
-];
-
-/** Removes anything that looks like a credential from text bound for a log line. */
-export function redact(text: string): string {
-  let out = text;
-  for (const [pattern, replacement] of secretPatterns) out = out.replace(pattern, replacement);
-  return out;
-}
-
-/** One structured log line, credentials redacted. Never pass a stack. */
-export function logEvent(
-  level: "info" | "warn" | "error",
-  event: string,
-  fields: Record<string, unknown>,
-): void {
-  const line = redact(JSON.stringify({ level, event, ...fields }));
-  if (level === "error") console.error(line);
-  else if (level === "warn") console.warn(line);
-  else console.log(line);
 }
 
 /** A short, secret-free description of an unknown failure, for logs. */

@@ -4,11 +4,29 @@
  * In production the driver reaches Neon over its secure WebSocket endpoint with the defaults.
  * Locally `LESSOR_WS_PROXY` points at the loopback WebSocket-to-TCP proxy: plain `ws://`, and no
  * pipelining (pipelined "password" connect breaks SCRAM against a vanilla Postgres).
+ *
+ * A connection as a tenant role is a `TenantClient`: each one mints its own one-time login token
+ * (src/crypto/login-guard.ts) and starts with the session limits, in its startup options.
  */
 import { Client, neonConfig, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
 
+export type { Queryable } from "./queryable.ts";
+
 let configuredProxy: string | null | undefined;
+
+/** What a connection was opened for. */
+export type ConnectionPurpose = "control_plane" | "host_admin" | "tenant";
+
+const opened: Record<ConnectionPurpose, number> = { control_plane: 0, host_admin: 0, tenant: 0 };
+
+/**
+ * Connections this isolate has opened, by purpose, since it started: what proves that a path opens
+ * none (a forged request, a warm query) and what a handshake costs in aggregate.
+ */
+export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>> {
+  return { ...opened };
+}
 
 /** Applies the WebSocket settings for this deployment (idempotent, per isolate). */
 export function configureDriver(config: LessorConfig): void {
@@ -31,11 +49,75 @@ export interface ConnectionTarget {
   database: string;
 }
 
+/**
+ * Settings a tenant connection starts with. They are Postgres's own (soft) limits: the tenant can
+ * `SET` them for a statement, so Lessor's timers enforce the hard bounds (src/tenant-object).
+ */
+export interface SessionLimits {
+  statementTimeoutMs: number;
+  lockTimeoutMs: number;
+  idleInTransactionMs: number;
+}
+
+export interface TenantConnectionOptions {
+  applicationName: string;
+  limits: SessionLimits;
+  /** Mints the one-time login token each new connection presents to the tenant database's guard. */
+  loginToken: () => Promise<string>;
+}
+
+/** The libpq `options` startup parameter: `-c name=value` pairs (values here never hold spaces). */
+function startupOptions(limits: SessionLimits, token: string): string {
+  return [
+    `statement_timeout=${limits.statementTimeoutMs}`,
+    `lock_timeout=${limits.lockTimeoutMs}`,
+    `idle_in_transaction_session_timeout=${limits.idleInTransactionMs}`,
+    // A backend whose client vanished notices within a second even while it computes.
+    "client_connection_check_interval=1000",
+    `lessor.login=${token}`,
+  ]
+    .map((setting) => `-c ${setting}`)
+    .join(" ");
+}
+
+interface StartupConfigurable {
+  getStartupConf(): Record<string, string>;
+}
+
+/** A driver `Client` class whose connections carry a fresh login token and the session limits. */
+function tenantClientClass(options: TenantConnectionOptions): typeof Client {
+  const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
+  return class TenantClient extends Client {
+    private loginToken = "";
+
+    override connect(): Promise<void>;
+    override connect(callback: (err?: Error) => void): void;
+    override connect(callback?: (err?: Error) => void): Promise<void> | void {
+      opened.tenant++;
+      const minted = options.loginToken().then((token) => {
+        this.loginToken = token;
+      });
+      if (!callback) return minted.then(() => super.connect());
+      minted.then(
+        () => super.connect(callback),
+        (error: unknown) => callback(error instanceof Error ? error : new Error("login token failed")),
+      );
+    }
+
+    /** Called by the driver when it sends the startup message, after `connect` minted the token. */
+    override getStartupConf = (): Record<string, string> => {
+      const conf = baseStartupConf.call(this);
+      conf.options = startupOptions(options.limits, this.loginToken);
+      return conf;
+    };
+  };
+}
+
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */
 export function openPool(
   config: LessorConfig,
   target: ConnectionTarget,
-  options: { max: number; applicationName: string; onError: (error: Error) => void },
+  options: TenantConnectionOptions & { max: number; onError: (error: Error) => void },
 ): Pool {
   configureDriver(config);
   const pool = new Pool({
@@ -46,26 +128,38 @@ export function openPool(
     connectionTimeoutMillis: 10_000,
     application_name: options.applicationName,
   });
+  // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
+  pool.Client = tenantClientClass(options);
   pool.on("error", options.onError);
   return pool;
 }
 
 /**
- * Runs `work` on a fresh connection and always closes it. For control-plane and provisioning work,
- * never for a tenant's queries (those go through the tenant's pool).
+ * The control plane's connection pool, held by a ControlPlaneObject shard: a few connections kept
+ * warm (closed after five idle minutes), each counted as it opens.
  */
-export async function withConnection<T>(
+export function openControlPlanePool(
   config: LessorConfig,
   connectionString: string,
-  applicationName: string,
-  work: (client: Client) => Promise<T>,
-): Promise<T> {
+  onError: (error: Error) => void,
+): Pool {
   configureDriver(config);
-  const client = new Client({
+  const pool = new Pool({
     connectionString,
-    application_name: applicationName,
+    max: config.controlPlanePoolSize,
+    idleTimeoutMillis: 300_000,
     connectionTimeoutMillis: 10_000,
+    application_name: "lessor-control-plane",
   });
+  pool.on("connect", () => {
+    opened.control_plane++;
+  });
+  pool.on("error", onError);
+  return pool;
+}
+
+/** Runs `work` on a fresh client and always closes it. */
+async function withClient<T>(client: Client, work: (client: Client) => Promise<T>): Promise<T> {
   client.on("error", () => undefined);
   await client.connect();
   try {
@@ -73,4 +167,93 @@ export async function withConnection<T>(
   } finally {
     await client.end().catch(() => undefined);
   }
+}
+
+/**
+ * Runs `work` on a fresh connection as a tenant role (migrations, provisioning's first migration),
+ * with a login token and the session limits, and always closes it.
+ */
+export function withTenantConnection<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  options: TenantConnectionOptions,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  configureDriver(config);
+  const TenantClient = tenantClientClass(options);
+  return withClient(
+    new TenantClient({
+      ...target,
+      application_name: options.applicationName,
+      connectionTimeoutMillis: 10_000,
+    }),
+    work,
+  );
+}
+
+/**
+ * Runs `work` on a fresh connection and always closes it. For the control plane and a host's admin
+ * role, never for a tenant's queries (those go through the tenant's pool).
+ */
+export function withConnection<T>(
+  config: LessorConfig,
+  connectionString: string,
+  applicationName: string,
+  work: (client: Client) => Promise<T>,
+  purpose: Exclude<ConnectionPurpose, "tenant"> = applicationName.startsWith("lessor:host:")
+    ? "host_admin"
+    : "control_plane",
+): Promise<T> {
+  configureDriver(config);
+  opened[purpose]++;
+  return withClient(
+    new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
+    work,
+  );
+}
+
+interface Cancellable {
+  activeQuery?: unknown;
+  processID?: number | null;
+}
+
+/**
+ * Sends Postgres a CancelRequest for whatever `client` is running, on a short connection of its own
+ * (a cancel is no login: it needs no password and no login token). Best effort: a cancel that
+ * arrives after the statement finished may hit the next one, so the caller must not reuse the
+ * connection afterwards.
+ */
+export function sendCancel(config: LessorConfig, target: ConnectionTarget, client: object): void {
+  configureDriver(config);
+  const busy = client as unknown as Cancellable;
+  if (!busy.activeQuery || !busy.processID) return;
+  const canceller = new Client({
+    host: target.host,
+    port: target.port,
+    user: target.user,
+    database: target.database,
+  });
+  canceller.on("error", () => undefined);
+  (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(
+    "error",
+    () => undefined,
+  );
+  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
+}
+
+/** Cuts a connection at once (its socket), whatever it is doing; its pending queries fail. */
+export function cutConnection(client: object): void {
+  (client as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();
+}
+
+/** The backend process of a connection, for `pg_terminate_backend`. */
+export function backendPid(client: object): number | null {
+  return (client as unknown as Cancellable).processID ?? null;
+}
+
+/** The same host's admin connection string, pointed at `database`. */
+export function adminUrlFor(adminUrl: string, database: string): string {
+  const url = new URL(adminUrl.replace(/^postgres(ql)?:/, "http:"));
+  url.pathname = `/${encodeURIComponent(database)}`;
+  return url.toString().replace(/^http:/, "postgres:");
 }

@@ -1,19 +1,29 @@
 /**
- * Tenant provisioning: catalog row, database and login role on the tenant's host, sealed password,
- * tenant schema migrations, key. Every step is idempotent, so a create that failed half way is
+ * Tenant provisioning: catalog row, a contained database and login role on the tenant's host
+ * (opaque names, a connection limit, the password sent as a SCRAM verifier, the login guard;
+ * docs/adr/007-tenant-containment.md), sealed password, tenant schema migrations, key. Every step is idempotent, so a create that failed half way is
  * resumed by sending the same create again; a concurrent create of the same id is refused while
  * the first holds the tenant's provisioning lock.
  */
 import { eq, sql } from "drizzle-orm";
 import type { LessorConfig } from "../config/index.ts";
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
-import { tenantCredentials, tenants } from "../control-plane/schema.ts";
-import { quoteIdent, quoteLiteral, type TenantId, tenantDatabaseName } from "../core/tenant-id.ts";
-import { generateDatabasePassword, generateTenantKey, hashKey } from "../crypto/keys.ts";
+import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
+import { hostApplicationName, newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import type { TenantId } from "../core/tenant-id.ts";
+import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
+import { loginGuardKey } from "../crypto/login-guard.ts";
+import { scramVerifier } from "../crypto/scram.ts";
 import { seal } from "../crypto/seal.ts";
-import { describeFailure, LessorError, logEvent } from "../errors/index.ts";
+import { mintTenantKey } from "../crypto/tenant-keys.ts";
+import { describeFailure, LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import { withConnection } from "../postgres/index.ts";
+import { adminUrlFor, withConnection, withTenantConnection } from "../postgres/index.ts";
+import type { TenantKeyRecord } from "../rpc/tenant.ts";
+import { guardKeyId, roleLimits, sessionLimits, tenantCredential } from "../tenant-db/connect.ts";
+import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
+import { installLoginGuard } from "../tenant-db/login-guard.ts";
 import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
 
 export interface ProvisionInput {
@@ -40,7 +50,9 @@ export function publicTenant(row: CatalogRow) {
 
 export interface Provisioned {
   row: CatalogRow;
+  /** The first key, shown once. */
   key: string;
+  keys: TenantKeyRecord[];
 }
 
 export async function provisionTenant(
@@ -63,7 +75,7 @@ export async function provisionTenant(
   });
   // Tell the tenant's object about its record now, so the first query needs no catalog read.
   // If this fails, the object loads the record from the catalog on its first request instead.
-  const record = tenantRecordFromRow(provisioned.row, config);
+  const record = tenantRecordFromRow(provisioned.row, provisioned.keys, config);
   if (record)
     await env.TENANTS.getByName(input.id)
       .configure(record)
@@ -77,10 +89,11 @@ async function provisionLocked(
   config: LessorConfig,
   input: ProvisionInput,
 ): Promise<Provisioned> {
-  const name = tenantDatabaseName(input.id);
   let [row] = await db.select().from(tenants).where(eq(tenants.id, input.id)).limit(1);
   if (row && row.status !== "provisioning") throw new LessorError("tenant_exists");
   if (!row) {
+    // Opaque names: another tenant can read pg_database, pg_roles and pg_stat_activity.
+    const name = newTenantObjectName(crypto.getRandomValues(new Uint8Array(8)));
     [row] = await db
       .insert(tenants)
       .values({
@@ -97,6 +110,7 @@ async function provisionLocked(
   // A resumed create keeps the host it started on: the half-made database is there.
   const host = config.hosts.get(row.host);
   if (!host) throw new LessorError("unknown_host");
+  const poolSize = config.poolSizes.get(row.tier) ?? 1;
 
   const password = generateDatabasePassword();
   const sealed = await seal(env.LESSOR_SEAL_KEY, input.id, password);
@@ -110,22 +124,30 @@ async function provisionLocked(
 
   let schemaVersion: number;
   try {
-    await withConnection(config, host.adminUrl, "lessor-provision", async (admin) => {
-      const role = quoteIdent(row.roleName);
-      const roleExists = await admin.query("SELECT 1 FROM pg_roles WHERE rolname = $1", [row.roleName]);
-      // DDL takes no parameters; the password is base64url, so quoting it is exact.
-      await admin.query(
-        `${roleExists.rowCount ? "ALTER" : "CREATE"} ROLE ${role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD ${quoteLiteral(password)}`,
-      );
-      const dbExists = await admin.query("SELECT 1 FROM pg_database WHERE datname = $1", [row.databaseName]);
-      if (!dbExists.rowCount)
-        await admin.query(`CREATE DATABASE ${quoteIdent(row.databaseName)} OWNER ${role}`);
-      await admin.query(`REVOKE ALL ON DATABASE ${quoteIdent(row.databaseName)} FROM PUBLIC`);
-      await admin.query(`GRANT CONNECT ON DATABASE ${quoteIdent(row.databaseName)} TO ${role}`);
+    const verifier = await scramVerifier(password);
+    const guardKey = await loginGuardKey(password);
+    const { roleName, databaseName } = row;
+    await withConnection(config, host.adminUrl, hostApplicationName("provision"), async (admin) => {
+      await revokePublicConnect(admin);
+      await ensureTenantRole(admin, roleName, verifier, roleLimits(config, poolSize));
+      await ensureTenantDatabase(admin, databaseName, roleName);
     });
-    const tenantUrl = `postgres://${encodeURIComponent(row.roleName)}:${encodeURIComponent(password)}@${host.hostname}:${host.port}/${encodeURIComponent(row.databaseName)}`;
-    const run = await withConnection(config, tenantUrl, "lessor-provision", (client) =>
-      migrateTenantDatabase(client, tenantMigrations),
+    await withConnection(
+      config,
+      adminUrlFor(host.adminUrl, databaseName),
+      hostApplicationName("provision"),
+      async (admin) => installLoginGuard(admin, await guardKeyId(guardKey), guardKey),
+    );
+    const credential = await tenantCredential(config, row, password);
+    const run = await withTenantConnection(
+      config,
+      credential.target,
+      {
+        applicationName: tenantMaintenanceApplicationName(roleName, "migrate"),
+        limits: sessionLimits(config),
+        loginToken: credential.loginToken,
+      },
+      (client) => migrateTenantDatabase(client, tenantMigrations),
     );
     schemaVersion = run.toVersion;
   } catch (error) {
@@ -134,13 +156,20 @@ async function provisionLocked(
     throw new LessorError("provisioning_failed", { cause: error, retryAfterSeconds: 1 });
   }
 
-  const key = generateTenantKey();
-  const [active] = await db
-    .update(tenants)
-    .set({ status: "active", keyHash: await hashKey(key), schemaVersion, updatedAt: sql`now()` })
-    .where(eq(tenants.id, input.id))
-    .returning();
+  // The first key. A create resumed after a crash here mints again; the unseen key goes with it.
+  const minted = await mintTenantKey(config.keyMacRing, input.id);
+  const keyHash = await hashKey(minted.key);
+  const active = await db.transaction(async (tx) => {
+    await tx.delete(tenantKeys).where(eq(tenantKeys.tenantId, input.id));
+    await tx.insert(tenantKeys).values({ tenantId: input.id, keyId: minted.keyId, keyHash });
+    const [updated] = await tx
+      .update(tenants)
+      .set({ status: "active", schemaVersion, updatedAt: sql`now()` })
+      .where(eq(tenants.id, input.id))
+      .returning();
+    return updated;
+  });
   if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });
   logEvent("info", "tenant_provisioned", { tenant: input.id, host: active.host, schemaVersion });
-  return { row: active, key };
+  return { row: active, key: minted.key, keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null }] };
 }

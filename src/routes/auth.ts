@@ -1,48 +1,84 @@
 /** Authentication of REST callers: the admin key, or a tenant's own key for its own endpoints. */
-import { bearerAuth } from "hono/bearer-auth";
 import { createMiddleware } from "hono/factory";
-import { parseTenantId } from "../core/tenant-id.ts";
+import { loadConfig } from "../config/index.ts";
+import type { TenantId } from "../core/tenant-id.ts";
 import { hashKey, secretMatches } from "../crypto/keys.ts";
-import { errorCatalog, LessorError } from "../errors/index.ts";
+import { verifyTenantKey } from "../crypto/tenant-keys.ts";
+import { LessorError } from "../errors/index.ts";
+import type { KeyProof } from "../rpc/tenant.ts";
 import type { AppContext, AppEnv } from "./context.ts";
 
-const missing = { code: "missing_credentials", message: errorCatalog.missing_credentials.message };
-const malformed = { code: "invalid_request", message: "Send the key as `Authorization: Bearer <key>`." };
-const invalid = { code: "invalid_credentials", message: "Invalid key." };
+/**
+ * The token of `Authorization: Bearer <token>`: `missing_credentials` without the header,
+ * `invalid_request` for a header of another form (that is a malformed request, not a wrong key).
+ */
+export function bearerToken(c: AppContext): string {
+  const header = c.req.header("Authorization");
+  if (!header) throw new LessorError("missing_credentials");
+  const token = /^Bearer +(\S+)$/i.exec(header.trim())?.[1];
+  if (!token) {
+    throw new LessorError("invalid_request", {
+      publicMessage: "Send the key as `Authorization: Bearer <key>`.",
+    });
+  }
+  return token;
+}
 
 function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
   return c.env.LESSOR_ADMIN_KEY ? secretMatches(token, c.env.LESSOR_ADMIN_KEY) : false;
 }
 
 /** Requires `Authorization: Bearer <LESSOR_ADMIN_KEY>`, compared in constant time. */
-export const requireAdmin = createMiddleware<AppEnv>((c, next) =>
-  bearerAuth<AppEnv>({
-    verifyToken: (token) => isAdminKey(c, token),
-    noAuthenticationHeader: { message: missing },
-    // Hono answers a malformed header with 400: that is an invalid request, not a wrong key.
-    invalidAuthenticationHeader: { message: malformed },
-    invalidToken: { message: invalid },
-  })(c, next),
-);
-
-/** Who a tenant-scoped REST call is from. */
-export type Principal = { kind: "admin" } | { kind: "tenant"; tenantId: string };
+export const requireAdmin = createMiddleware<AppEnv>(async (c, next) => {
+  if (!(await isAdminKey(c, bearerToken(c)))) {
+    throw new LessorError("invalid_credentials", { publicMessage: "Invalid key." });
+  }
+  await next();
+});
 
 /**
- * Accepts the admin key, or the key of the tenant named by the `:id` path parameter (checked by
- * that tenant's object, so no control-plane read). An unknown tenant and another tenant's key get
- * the same 404, so a tenant key cannot probe which tenants exist.
+ * Checks that `key` is a key Lessor minted for `tenantId` (its MAC), in microseconds and before
+ * any object, storage or database is touched, and answers what the tenant's object needs to
+ * compare. A failure is counted per tenant id: past the limit, failures answer `429` (a valid key
+ * is never counted, so the right key is never locked out); otherwise the caller decides the shape
+ * of the refusal (`/sql` answers like Postgres, REST with `401`).
  */
-export async function authenticateTenantOrAdmin(c: AppContext): Promise<Principal> {
-  const header = c.req.header("Authorization");
-  const token = header?.match(/^Bearer\s+(\S+)$/i)?.[1];
-  if (!header) throw new LessorError("missing_credentials");
-  if (!token) throw new LessorError("invalid_credentials");
+export async function proveTenantKey(
+  c: AppContext,
+  tenantId: TenantId,
+  key: string,
+): Promise<KeyProof | null> {
+  const verified = await verifyTenantKey(loadConfig(c.env).keyMacRing, tenantId, key);
+  if (verified) return { keyId: verified.keyId, keyHash: await hashKey(key) };
+  await countFailedAuthentication(c, tenantId);
+  return null;
+}
+
+/** Counts a failed authentication against `tenantId`; throws `429` past the limit. */
+export async function countFailedAuthentication(c: AppContext, tenantId: string): Promise<void> {
+  const { success } = await c.env.AUTH_FAILURES.limit({ key: tenantId });
+  if (!success) throw new LessorError("authentication_rate_limited", { retryAfterSeconds: 10 });
+}
+
+/** Who a tenant-scoped REST call is from. */
+export type Principal = { kind: "admin" } | { kind: "tenant"; tenantId: string; proof: KeyProof };
+
+/**
+ * Accepts the admin key, or a key of the tenant `tenantId`. An unknown tenant, a forged key,
+ * another tenant's key and a revoked key all get the same `401 invalid_credentials`.
+ */
+export async function authenticateTenantOrAdmin(c: AppContext, tenantId: TenantId): Promise<Principal> {
+  const token = bearerToken(c);
   if (await isAdminKey(c, token)) return { kind: "admin" };
-  const tenantId = parseTenantId(c.req.param("id"));
-  if (!tenantId) throw new LessorError("invalid_tenant_id");
-  const verdict = await c.env.TENANTS.getByName(tenantId).verifyKey(tenantId, await hashKey(token));
-  if (verdict.ok) return { kind: "tenant", tenantId };
-  if (verdict.error.code === "invalid_credentials") throw new LessorError("tenant_not_found");
+  return { kind: "tenant", tenantId, proof: await requireTenantKey(c, tenantId, token) };
+}
+
+/** A proof that `token` is a usable key of `tenantId`, checked at the edge and by its object. */
+export async function requireTenantKey(c: AppContext, tenantId: TenantId, token: string): Promise<KeyProof> {
+  const proof = await proveTenantKey(c, tenantId, token);
+  if (!proof) throw new LessorError("invalid_credentials");
+  const verdict = await c.env.TENANTS.getByName(tenantId).verifyKey(tenantId, proof);
+  if (verdict.ok) return proof;
+  if (verdict.error.code === "invalid_credentials") await countFailedAuthentication(c, tenantId);
   throw LessorError.fromWire(verdict.error);
 }

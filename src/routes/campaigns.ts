@@ -9,6 +9,7 @@
  * The cron trigger does the work (src/campaigns/runner.ts); these routes only create and steer.
  */
 import { Hono } from "hono";
+import * as v from "valibot";
 import type { CampaignRow, CampaignTenantRow } from "../campaigns/store.ts";
 import {
   campaignIdPattern,
@@ -25,8 +26,8 @@ import { withControlPlane } from "../control-plane/index.ts";
 import {
   type ActiveState,
   type ControlAction,
+  campaignSpecSchema,
   controlCampaign,
-  parseCampaignSpec,
   type TenantState,
   tenantStates,
 } from "../core/campaign.ts";
@@ -34,7 +35,8 @@ import { parseTenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { requireAdmin } from "./auth.ts";
-import { type AppContext, type AppEnv, pageLimit, readJson } from "./context.ts";
+import type { AppContext, AppEnv } from "./context.ts";
+import { integerCursor, jsonBody, pageLimit, query } from "./validation.ts";
 
 export const campaignRoutes = new Hono<AppEnv>();
 
@@ -42,17 +44,6 @@ function campaignParam(c: AppContext): string {
   const id = c.req.param("id") ?? "";
   if (!campaignIdPattern.test(id)) throw new LessorError("campaign_not_found");
   return id;
-}
-
-function cursorParam(raw: string | undefined, min: number): number | null {
-  if (raw === undefined) return null;
-  const value = Number(raw);
-  if (!Number.isSafeInteger(value) || value < min) {
-    throw new LessorError("invalid_request", {
-      publicMessage: "cursor is not a cursor this endpoint returned.",
-    });
-  }
-  return value;
 }
 
 function publicCampaign(row: CampaignRow) {
@@ -94,16 +85,13 @@ function publicTenantResult(row: CampaignTenantRow) {
   };
 }
 
-campaignRoutes.post("/v1/campaigns", requireAdmin, async (c) => {
-  const parsed = parseCampaignSpec(
-    await readJson(c),
-    tenantMigrations.length,
-    (raw) => parseTenantId(raw) !== null,
-  );
-  if (!parsed.ok) throw new LessorError("invalid_request", { publicMessage: parsed.problem });
+const campaignSpec = campaignSpecSchema(tenantMigrations.length, (raw) => parseTenantId(raw) !== null);
+
+campaignRoutes.post("/v1/campaigns", requireAdmin, jsonBody(campaignSpec), async (c) => {
+  const spec = c.req.valid("json");
   const config = loadConfig(c.env);
   const created = await withControlPlane(config, c.env, (db) =>
-    createCampaign(db, parsed.spec, tenantMigrations, Date.now()),
+    createCampaign(db, spec, tenantMigrations, Date.now()),
   );
   return c.json(
     {
@@ -116,9 +104,11 @@ campaignRoutes.post("/v1/campaigns", requireAdmin, async (c) => {
   );
 });
 
-campaignRoutes.get("/v1/campaigns", requireAdmin, async (c) => {
-  const limit = pageLimit(c.req.query("limit"));
-  const before = cursorParam(c.req.query("cursor"), 1);
+const campaignPage = v.object({ limit: pageLimit, cursor: integerCursor(1) });
+
+campaignRoutes.get("/v1/campaigns", requireAdmin, query(campaignPage), async (c) => {
+  const { limit, cursor } = c.req.valid("query");
+  const before = cursor ?? null;
   const rows = await withControlPlane(loadConfig(c.env), c.env, (db) => listCampaigns(db, before, limit + 1));
   const page = rows.slice(0, limit);
   return c.json({
@@ -127,17 +117,17 @@ campaignRoutes.get("/v1/campaigns", requireAdmin, async (c) => {
   });
 });
 
-campaignRoutes.get("/v1/campaigns/:id", requireAdmin, async (c) => {
+const campaignTenantPage = v.object({
+  limit: pageLimit,
+  cursor: integerCursor(0),
+  state: v.optional(v.picklist(tenantStates, `state must be one of ${tenantStates.join(", ")}.`)),
+});
+
+campaignRoutes.get("/v1/campaigns/:id", requireAdmin, query(campaignTenantPage), async (c) => {
   const id = campaignParam(c);
-  const limit = pageLimit(c.req.query("limit"));
-  const after = cursorParam(c.req.query("cursor"), 0);
-  const rawState = c.req.query("state");
-  if (rawState !== undefined && !tenantStates.includes(rawState as TenantState)) {
-    throw new LessorError("invalid_request", {
-      publicMessage: `state must be one of ${tenantStates.join(", ")}.`,
-    });
-  }
-  const state = (rawState ?? null) as TenantState | null;
+  const { limit, cursor, state: chosen } = c.req.valid("query");
+  const after = cursor ?? null;
+  const state: TenantState | null = chosen ?? null;
   const found = await withControlPlane(loadConfig(c.env), c.env, async (db) => {
     const campaign = await loadCampaign(db, id);
     if (!campaign) return null;

@@ -18,13 +18,3 @@ export async function readJson(c: AppContext): Promise<unknown> {
     throw new LessorError("invalid_json");
   }
 }
-
-/** Parses a bounded page size (default 50, at most 200). */
-export function pageLimit(raw: string | undefined): number {
-  if (raw === undefined) return 50;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < 1 || value > 200) {
-    throw new LessorError("invalid_request", { publicMessage: "limit must be an integer from 1 to 200." });
-  }
-  return value;
-}

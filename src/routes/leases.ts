@@ -7,23 +7,17 @@
  *     DELETE /v1/leases/:lease
  */
 import { Hono } from "hono";
+import * as v from "valibot";
 import { parseSqlRequest } from "../core/neon-protocol.ts";
+import { driverOutputMode } from "../core/result-shape.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
-import { hashKey } from "../crypto/keys.ts";
-import { LessorError } from "../errors/index.ts";
-import { sessionTokenPrefix } from "../tenant-object/index.ts";
+import { LessorError, type WireError } from "../errors/index.ts";
+import { type KeyProof, sessionTokenPrefix } from "../rpc/tenant.ts";
+import { bearerToken, countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import { type AppContext, type AppEnv, readJson } from "./context.ts";
+import { jsonBody, jsonObject } from "./validation.ts";
 
 export const leaseRoutes = new Hono<AppEnv>();
-
-/** The tenant key from `Authorization: Bearer`, hashed. */
-async function tenantKeyHash(c: AppContext): Promise<string> {
-  const header = c.req.header("Authorization");
-  if (!header) throw new LessorError("missing_credentials");
-  const token = header.match(/^Bearer\s+(\S+)$/i)?.[1];
-  if (!token) throw new LessorError("invalid_credentials");
-  return hashKey(token);
-}
 
 /** `lsl_<tenant>_<random>`: the tenant part routes the call; the object checks the rest. */
 function leaseTenant(token: string): TenantId {
@@ -35,27 +29,44 @@ function leaseTenant(token: string): TenantId {
   return tenantId;
 }
 
-leaseRoutes.post("/v1/tenants/:id/leases", async (c) => {
+const openLeaseBody = jsonObject({
+  ttlMs: v.optional(
+    v.pipe(
+      v.number("ttlMs must be a positive number of milliseconds."),
+      v.finite("ttlMs must be a positive number of milliseconds."),
+      v.gtValue(0, "ttlMs must be a positive number of milliseconds."),
+    ),
+    30_000,
+  ),
+});
+
+/** The caller's tenant key, checked at the edge: a forged or foreign key never reaches the object. */
+async function leaseProof(c: AppContext, tenantId: TenantId): Promise<KeyProof> {
+  const proof = await proveTenantKey(c, tenantId, bearerToken(c));
+  if (!proof) throw new LessorError("invalid_credentials");
+  return proof;
+}
+
+/** An object's refusal; a key it does not accept (revoked, expired) counts as a failed authentication. */
+async function refusal(c: AppContext, tenantId: TenantId, error: WireError): Promise<LessorError> {
+  if (error.code === "invalid_credentials") await countFailedAuthentication(c, tenantId);
+  return LessorError.fromWire(error);
+}
+
+leaseRoutes.post("/v1/tenants/:id/leases", jsonBody(openLeaseBody), async (c) => {
   const tenantId = parseTenantId(c.req.param("id"));
   if (!tenantId) throw new LessorError("invalid_tenant_id");
-  const keyHash = await tenantKeyHash(c);
-  const body = await readJson(c);
-  const ttlMs =
-    typeof body === "object" && body !== null ? (body as Record<string, unknown>).ttlMs : undefined;
-  if (ttlMs !== undefined && (typeof ttlMs !== "number" || !Number.isFinite(ttlMs) || ttlMs <= 0)) {
-    throw new LessorError("invalid_request", {
-      publicMessage: "ttlMs must be a positive number of milliseconds.",
-    });
-  }
-  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, keyHash, ttlMs ?? 30_000);
-  if (!opened.ok) throw notFoundIfUnauthenticated(opened.error);
+  const proof = await leaseProof(c, tenantId);
+  const { ttlMs } = c.req.valid("json");
+  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, proof, ttlMs);
+  if (!opened.ok) throw await refusal(c, tenantId, opened.error);
   return c.json({ lease: opened.lease, generation: opened.generation, expiresAt: opened.expiresAt }, 201);
 });
 
 leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
   const token = c.req.param("lease");
   const tenantId = leaseTenant(token);
-  const keyHash = await tenantKeyHash(c);
+  const proof = await leaseProof(c, tenantId);
   const request = parseSqlRequest(await readJson(c), c.req.raw.headers);
   if ("problem" in request) throw new LessorError("invalid_request", { publicMessage: request.problem });
   if (request.kind !== "single") {
@@ -63,36 +74,26 @@ leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
       publicMessage: "A lease runs one statement per call; use BEGIN and COMMIT across calls.",
     });
   }
+  // Lessor's own route: without Neon's output headers it answers as the driver asks (raw text arrays).
+  const headers = c.req.raw.headers;
+  const asked = headers.has("Neon-Raw-Text-Output") || headers.has("Neon-Array-Mode");
   const outcome = await c.env.TENANTS.getByName(tenantId).sessionSql(
     tenantId,
-    keyHash,
+    proof,
     token,
     request.statement,
+    asked ? request.output : driverOutputMode,
   );
   if (outcome.ok) return c.body(outcome.json, 200, { "content-type": "application/json" });
   if ("postgres" in outcome) return c.json(outcome.postgres, 400);
-  throw leaseNotFoundIfUnauthenticated(outcome.error);
+  throw await refusal(c, tenantId, outcome.error);
 });
 
 leaseRoutes.delete("/v1/leases/:lease", async (c) => {
   const token = c.req.param("lease");
   const tenantId = leaseTenant(token);
-  const keyHash = await tenantKeyHash(c);
-  const closed = await c.env.TENANTS.getByName(tenantId).closeSession(tenantId, keyHash, token);
-  if (!closed.ok) throw leaseNotFoundIfUnauthenticated(closed.error);
+  const proof = await leaseProof(c, tenantId);
+  const closed = await c.env.TENANTS.getByName(tenantId).closeSession(tenantId, proof, token);
+  if (!closed.ok) throw await refusal(c, tenantId, closed.error);
   return c.body(null, 204);
 });
-
-/** Another tenant's key looks exactly like an unknown tenant. */
-function notFoundIfUnauthenticated(error: Parameters<typeof LessorError.fromWire>[0]): LessorError {
-  return error.code === "invalid_credentials"
-    ? new LessorError("tenant_not_found")
-    : LessorError.fromWire(error);
-}
-
-/** Another tenant's key on a lease looks exactly like an unknown lease. */
-function leaseNotFoundIfUnauthenticated(error: Parameters<typeof LessorError.fromWire>[0]): LessorError {
-  return error.code === "invalid_credentials"
-    ? new LessorError("lease_not_found")
-    : LessorError.fromWire(error);
-}

@@ -4,28 +4,33 @@
  * (count and oldest age) and whether the horizon is pinned right now, and by what.
  */
 import { Hono } from "hono";
+import * as v from "valibot";
 import { loadConfig } from "../config/index.ts";
-import { LessorError } from "../errors/index.ts";
-import { withControlPlaneClient } from "../maintenance/index.ts";
-import { foldOptionsFromVars } from "../maintenance/options.ts";
-import { readMaintenanceStatus } from "../maintenance/status.ts";
+import { withControlPlane } from "../control-plane/index.ts";
+import { foldOptionsFromVars } from "../folds/options.ts";
+import { readMaintenanceStatus } from "../folds/status.ts";
 import { requireAdmin } from "./auth.ts";
-import { type AppEnv, pageLimit } from "./context.ts";
+import type { AppEnv } from "./context.ts";
+import { badCursor, pageLimit, query } from "./validation.ts";
 
 export const maintenanceRoutes = new Hono<AppEnv>();
 
-maintenanceRoutes.get("/v1/maintenance", requireAdmin, async (c) => {
-  const limit = pageLimit(c.req.query("limit"));
-  const cursor = c.req.query("cursor") ?? null;
-  if (cursor !== null && !/^[1-9][0-9]{0,17}$/.test(cursor)) {
-    throw new LessorError("invalid_request", {
-      publicMessage: "cursor is not a cursor this endpoint returned.",
-    });
-  }
+/** Outcome ids are bigints: the cursor stays a string of digits. */
+const maintenancePage = v.object({
+  limit: pageLimit,
+  cursor: v.optional(v.pipe(v.string(), v.regex(/^[1-9][0-9]{0,17}$/, badCursor))),
+});
+
+maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), async (c) => {
+  const { limit, cursor: rawCursor } = c.req.valid("query");
+  const cursor = rawCursor ?? null;
   const config = loadConfig(c.env);
   const options = foldOptionsFromVars(c.env);
-  const status = await withControlPlaneClient(config, c.env, "lessor-maintenance", (client) =>
-    readMaintenanceStatus(client, options, { before: cursor, limit }),
+  const status = await withControlPlane(
+    config,
+    c.env,
+    (db) => readMaintenanceStatus(db.$client, options, { before: cursor, limit }),
+    "lessor-maintenance",
   );
   return c.json(status);
 });

@@ -1,14 +1,24 @@
 /** Operator endpoints for the tenant catalog (admin key). */
 import { and, asc, eq, gt, sql } from "drizzle-orm";
 import { Hono } from "hono";
+import * as v from "valibot";
 import { loadConfig } from "../config/index.ts";
-import { listLifecycleEvents, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
+import { listLifecycleEvents, loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
 import { provisionTenant, publicTenant } from "../provisioning/index.ts";
 import { requireAdmin } from "./auth.ts";
-import { type AppContext, type AppEnv, pageLimit, readJson } from "./context.ts";
+import type { AppContext, AppEnv } from "./context.ts";
+import {
+  badCursor,
+  integerCursor,
+  jsonBody,
+  jsonObject,
+  pageLimit,
+  query,
+  tenantIdSchema,
+} from "./validation.ts";
 
 export const tenantRoutes = new Hono<AppEnv>();
 
@@ -22,38 +32,45 @@ function tenantParam(c: AppContext): TenantId {
   return id;
 }
 
-tenantRoutes.post("/v1/tenants", requireAdmin, async (c) => {
-  const config = loadConfig(c.env);
-  const body = await readJson(c);
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw new LessorError("invalid_request", { publicMessage: "The body must be a JSON object." });
-  }
-  const { id: rawId, tier = config.defaultTier, host = config.defaultHost } = body as Record<string, unknown>;
-  const id = parseTenantId(rawId);
-  if (!id) throw new LessorError("invalid_tenant_id");
-  if (typeof tier !== "string") throw new LessorError("unknown_tier");
-  if (typeof host !== "string") throw new LessorError("unknown_host");
-  const { row, key } = await provisionTenant(c.env, config, { id, tier, host });
-  const lessorHost = new URL(c.req.url).host;
-  return c.json(
-    {
-      tenant: publicTenant(row),
-      key,
-      connectionString: `postgres://${id}:${key}@${lessorHost}/${id}`,
-    },
-    201,
-  );
+const createTenantBody = jsonObject({
+  id: tenantIdSchema,
+  tier: v.optional(v.string()),
+  host: v.optional(v.string()),
 });
 
-tenantRoutes.get("/v1/tenants", requireAdmin, async (c) => {
+tenantRoutes.post(
+  "/v1/tenants",
+  requireAdmin,
+  jsonBody(createTenantBody, { id: "invalid_tenant_id", tier: "unknown_tier", host: "unknown_host" }),
+  async (c) => {
+    const config = loadConfig(c.env);
+    const { id, tier = config.defaultTier, host = config.defaultHost } = c.req.valid("json");
+    const { row, key } = await provisionTenant(c.env, config, { id, tier, host });
+    const lessorHost = new URL(c.req.url).host;
+    return c.json(
+      {
+        tenant: publicTenant(row),
+        key,
+        connectionString: `postgres://${id}:${key}@${lessorHost}/${id}`,
+      },
+      201,
+    );
+  },
+);
+
+const tenantPage = v.object({
+  limit: pageLimit,
+  cursor: v.optional(
+    v.pipe(
+      v.string(),
+      v.check((raw) => parseTenantId(raw) !== null, badCursor),
+    ),
+  ),
+});
+
+tenantRoutes.get("/v1/tenants", requireAdmin, query(tenantPage), async (c) => {
   const config = loadConfig(c.env);
-  const limit = pageLimit(c.req.query("limit"));
-  const cursor = c.req.query("cursor");
-  if (cursor !== undefined && !parseTenantId(cursor)) {
-    throw new LessorError("invalid_request", {
-      publicMessage: "cursor is not a cursor this endpoint returned.",
-    });
-  }
+  const { limit, cursor } = c.req.valid("query");
   const rows = await withControlPlane(config, c.env, (db) =>
     db
       .select()
@@ -87,31 +104,27 @@ for (const [action, status] of [
   tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
     const id = tenantParam(c);
     const config = loadConfig(c.env);
-    const [row] = await withControlPlane(config, c.env, (db) =>
-      db
+    const { row, record } = await withControlPlane(config, c.env, async (db) => {
+      const [updated] = await db
         .update(tenants)
         .set({ status, updatedAt: sql`now()` })
         .where(and(eq(tenants.id, id), sql`${tenants.status} <> 'provisioning'`))
-        .returning(),
-    );
+        .returning();
+      return { row: updated, record: updated ? await loadTenantRecord(db, config, id) : null };
+    });
     if (!row) throw new LessorError("tenant_not_found");
-    const record = tenantRecordFromRow(row, config);
     if (record) await c.env.TENANTS.getByName(id).configure(record);
     return c.json({ tenant: publicTenant(row) });
   });
 }
 
-tenantRoutes.get("/v1/tenants/:id/events", requireAdmin, async (c) => {
+const eventPage = v.object({ limit: pageLimit, cursor: integerCursor(1) });
+
+tenantRoutes.get("/v1/tenants/:id/events", requireAdmin, query(eventPage), async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
-  const limit = pageLimit(c.req.query("limit"));
-  const rawCursor = c.req.query("cursor");
-  const before = rawCursor === undefined ? null : Number(rawCursor);
-  if (before !== null && (!Number.isSafeInteger(before) || before < 1)) {
-    throw new LessorError("invalid_request", {
-      publicMessage: "cursor is not a cursor this endpoint returned.",
-    });
-  }
+  const { limit, cursor } = c.req.valid("query");
+  const before = cursor ?? null;
   const rows = await withControlPlane(config, c.env, (db) =>
     listLifecycleEvents(db, id, { before, limit: limit + 1 }),
   );
@@ -138,11 +151,12 @@ async function requireCatalogTenant(c: AppContext, id: TenantId): Promise<void> 
   if (!row) throw new LessorError("tenant_not_found");
 }
 
-tenantRoutes.post("/v1/tenants/:id/drain", requireAdmin, async (c) => {
+const drainBody = jsonObject({ force: v.optional(v.boolean("force must be true or false."), false) });
+
+tenantRoutes.post("/v1/tenants/:id/drain", requireAdmin, jsonBody(drainBody), async (c) => {
   const id = tenantParam(c);
   await requireCatalogTenant(c, id);
-  const body = await readJson(c);
-  const force = typeof body === "object" && body !== null && (body as Record<string, unknown>).force === true;
+  const { force } = c.req.valid("json");
   const runtime = await c.env.TENANTS.getByName(id).drain(force);
   return c.json({ runtime }, 202);
 });

@@ -14,9 +14,9 @@ import type { AppEnv } from "./context.ts";
 export const usageRoutes = new Hono<AppEnv>();
 
 usageRoutes.get("/v1/tenants/:id/usage", async (c) => {
-  const principal = await authenticateTenantOrAdmin(c);
-  const id = principal.kind === "tenant" ? principal.tenantId : parseTenantId(c.req.param("id"));
+  const id = parseTenantId(c.req.param("id"));
   if (!id) throw new LessorError("invalid_tenant_id");
+  await authenticateTenantOrAdmin(c, id);
   const usage = await withControlPlane(loadConfig(c.env), c.env, (db) => readTenantUsage(db, id));
   if (!usage) throw new LessorError("tenant_not_found");
   return c.json(usage);

@@ -61,11 +61,6 @@ export function requireTenantScope(tenantId: string): TenantScope {
   return current;
 }
 
-/** The active scope, if any (for status and tests). */
-export function currentTenantScope(): TenantScope | undefined {
-  return storage.getStore();
-}
-
 /** Runs `work` with no scope at all: the start of every piece of background work. */
 export function detached<T>(work: () => T): T {
   return storage.exit(work);

@@ -7,6 +7,7 @@
  * two runners never apply the same step, and refuses to run if an applied migration's checksum no
  * longer matches the bundle (someone edited an applied migration).
  */
+import type { Queryable } from "../postgres/queryable.ts";
 
 export interface TenantMigration {
   /** 1-based, dense: version N is the N-th migration. */
@@ -15,11 +16,6 @@ export interface TenantMigration {
   kind: "expand" | "contract";
   checksum: string;
   statements: string[];
-}
-
-/** The part of a Postgres client the runner needs (node-postgres and the Neon driver both fit). */
-export interface Queryable {
-  query(text: string, params?: unknown[]): Promise<{ rows: Record<string, unknown>[] }>;
 }
 
 export class MigrationError extends Error {

@@ -10,6 +10,13 @@ interface MessageSource {
 }
 
 const statusOf = new WeakMap<object, string>();
+/** Connections Lessor destroys on purpose: their closing errors are expected, not news. */
+const endedOnPurpose = new WeakSet<object>();
+
+/** Marks a connection Lessor is about to destroy (a cancelled or cut statement, a forced drain). */
+export function markEndedOnPurpose(client: PoolClient): void {
+  endedOnPurpose.add(client);
+}
 
 /**
  * Starts tracking (once per connection). Also gives the connection an error listener of its own:
@@ -20,7 +27,9 @@ const statusOf = new WeakMap<object, string>();
 export function trackTransactionStatus(client: PoolClient, onError: (error: Error) => void): void {
   if (statusOf.has(client)) return;
   statusOf.set(client, "I");
-  client.on("error", onError);
+  client.on("error", (error: Error) => {
+    if (!endedOnPurpose.has(client)) onError(error);
+  });
   const connection = (client as unknown as { connection?: MessageSource }).connection;
   connection?.on("readyForQuery", (message) => {
     if (typeof message.status === "string") statusOf.set(client, message.status);
@@ -30,4 +39,41 @@ export function trackTransactionStatus(client: PoolClient, onError: (error: Erro
 /** True if the last ReadyForQuery said the connection is idle outside any transaction. */
 export function isIdleOutsideTransaction(client: PoolClient): boolean {
   return (statusOf.get(client) ?? "I") === "I";
+}
+
+/**
+ * Whether the connection is gone after `error`: anything that is not a Postgres error (a broken
+ * socket), or a Postgres error of severity FATAL or PANIC (the backend ended the session). An
+ * ordinary ERROR, whatever its class (08P01 from a Bind with the wrong parameter count, 57014
+ * from a cancel), leaves the connection usable.
+ */
+export function isConnectionFatal(error: unknown): boolean {
+  if (typeof error !== "object" || error === null) return true;
+  const { severity, code } = error as { severity?: unknown; code?: unknown };
+  if (typeof severity !== "string" || typeof code !== "string") return true;
+  return severity === "FATAL" || severity === "PANIC";
+}
+
+/**
+ * Everything a session can hold, undone in one round trip (the reset Neon's own pool runs): any
+ * transaction, cursors, the role, every setting (back to the connection's startup values), prepared
+ * statements, LISTEN, session advisory locks, temporary tables, sequence state. Sent after every
+ * request, whatever it ran, so no state can pass to the next request: a reset by construction,
+ * with no guess about what a statement might have changed.
+ */
+export const sessionResetSql =
+  "ROLLBACK; CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; " +
+  "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
+
+/**
+ * Leaves the connection as a fresh one would be. Returns an error if it cannot be made clean, so the
+ * pool destroys it instead of reusing it.
+ */
+export async function resetConnection(client: PoolClient): Promise<Error | undefined> {
+  try {
+    await client.query(sessionResetSql);
+    return isIdleOutsideTransaction(client) ? undefined : new Error("reset left a transaction open");
+  } catch (error) {
+    return error instanceof Error ? error : new Error("reset failed");
+  }
 }

@@ -1,108 +1,265 @@
 /**
- * Runs a `/sql` request on one pooled connection and shapes the answer the way the Neon driver
- * expects it: raw text values in array mode, with the field list.
+ * Runs a tenant's statements on one pooled connection, bounded, the way Neon's HTTP endpoint does:
+ *
+ * - always the extended protocol with the unnamed statement (Parse, Bind, Describe, Execute, Sync
+ *   in one flight), so a string holds exactly one statement, parameters are checked by Postgres's
+ *   Bind, and nothing reaches the connection unseen;
+ * - raw text values in array mode, with the field list (shape.ts turns them into what the caller
+ *   asked for);
+ * - an answer stops growing at `LESSOR_MAX_RESPONSE_BYTES`: past it rows are read and dropped, not
+ *   kept, so the connection goes back clean; a single row too big to wait for gets the connection
+ *   cut (watchdog.ts);
+ * - a prepared transaction is never left behind: a `PREPARE TRANSACTION` is rolled back at once and
+ *   refused.
  */
 import type { PoolClient } from "@neondatabase/serverless";
 import {
   beginStatement,
   type FieldDescription,
-  type QueryResultBody,
   type SqlRequest,
-  type SqlResponseBody,
   type Statement,
 } from "../core/neon-protocol.ts";
+import { LessorError } from "../errors/index.ts";
+import { quoteLiteral } from "../tenant-db/host-admin.ts";
 
-/** Every value stays Postgres text: the Neon client parses types itself. */
-const rawTextTypes = { getTypeParser: () => (value: string) => value };
-
-interface PgField {
-  name: string;
-  tableID: number;
-  columnID: number;
-  dataTypeID: number;
-  dataTypeSize: number;
-  dataTypeModifier: number;
-  format: string;
-}
-
-interface PgResult {
+/** One statement's result, as Postgres sent it: text values, in column order. */
+export interface RawResult {
   command: string;
   rowCount: number | null;
+  fields: FieldDescription[];
   rows: (string | null)[][];
-  fields: PgField[];
 }
 
-function shape(result: PgResult): QueryResultBody {
-  return {
-    command: result.command,
-    rowCount: result.rowCount,
-    rows: result.rows,
-    fields: result.fields.map(
-      (field): FieldDescription => ({
-        name: field.name,
-        tableID: field.tableID,
-        columnID: field.columnID,
-        dataTypeID: field.dataTypeID,
-        dataTypeSize: field.dataTypeSize,
-        dataTypeModifier: field.dataTypeModifier,
-        format: field.format,
-      }),
-    ),
-    rowAsArray: true,
+/** Bytes an answer may still take; shared by every statement of one request. */
+export class ResponseBudget {
+  private used = 0;
+
+  constructor(readonly max: number) {}
+
+  /** Counts `bytes`; false once the answer is over the limit. */
+  take(bytes: number): boolean {
+    this.used += bytes;
+    return this.used <= this.max;
+  }
+
+  get exceeded(): boolean {
+    return this.used > this.max;
+  }
+}
+
+/**
+ * Why an answer overran: `too_large` once its rows pass the budget (the rest are read and dropped,
+ * so the connection stays usable); `flood` once the bytes on the wire pass it by a margin (one row
+ * too big to wait for: the connection must be cut).
+ */
+export type Overrun = "too_large" | "flood";
+
+/** What the runner calls when an answer overruns (watchdog.ts decides what to do). */
+export type OverrunHandler = (why: Overrun) => void;
+
+/** A data row's size as held in memory: its values plus a little per field. */
+function rowBytes(values: readonly (string | null)[]): number {
+  let bytes = 0;
+  for (const value of values) bytes += 4 + (value === null ? 0 : value.length);
+  return bytes;
+}
+
+/** Wire bytes beyond the budget after which a connection is cut rather than drained. */
+const drainSlackBytes = 4 * 1024 * 1024;
+
+interface ProtocolConnection {
+  parse(config: { text: string; name: string; types: number[] }): void;
+  bind(config: { portal: string; statement: string; values: (string | null)[] }): void;
+  describe(config: { type: "P"; name: string }): void;
+  execute(config: { portal: string; rows: number }): void;
+  sync(): void;
+  sendCopyFail(message: string): void;
+  stream?: { on(event: "data", listener: (chunk: Uint8Array) => void): void; off?: unknown };
+}
+
+interface DataStream {
+  on(event: "data", listener: (chunk: Uint8Array) => void): void;
+  removeListener(event: "data", listener: (chunk: Uint8Array) => void): void;
+}
+
+/**
+ * A driver `Submittable`: the client hands it the connection to write messages to and calls its
+ * `handle…` methods with each backend message until ReadyForQuery (or an error).
+ */
+class BoundedStatement {
+  readonly result: Promise<RawResult>;
+  private resolve: (result: RawResult) => void = () => undefined;
+  private reject: (error: unknown) => void = () => undefined;
+  private fields: FieldDescription[] = [];
+  private rows: (string | null)[][] = [];
+  private command = "";
+  private rowCount: number | null = null;
+  private overran = false;
+  private wireBytes = 0;
+  private stream: DataStream | null = null;
+  private readonly onData = (chunk: Uint8Array) => {
+    this.wireBytes += chunk.byteLength;
+    if (this.wireBytes > this.budget.max + drainSlackBytes) {
+      this.overrun();
+      this.onOverrun("flood");
+    }
   };
+
+  constructor(
+    private readonly statement: Statement,
+    private readonly budget: ResponseBudget,
+    private readonly onOverrun: OverrunHandler,
+  ) {
+    this.result = new Promise<RawResult>((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+    });
+  }
+
+  submit(connection: ProtocolConnection): null {
+    const stream = connection.stream as DataStream | undefined;
+    if (stream) {
+      this.stream = stream;
+      stream.on("data", this.onData);
+    }
+    connection.parse({ text: this.statement.query, name: "", types: [] });
+    connection.bind({ portal: "", statement: "", values: this.statement.params });
+    connection.describe({ type: "P", name: "" });
+    connection.execute({ portal: "", rows: 0 });
+    connection.sync();
+    return null;
+  }
+
+  private overrun(): void {
+    if (this.overran) return;
+    this.overran = true;
+    // Dropped at once: an answer that will not be sent holds no memory while the rest drains.
+    this.rows = [];
+    this.onOverrun("too_large");
+  }
+
+  private settle(): void {
+    this.stream?.removeListener("data", this.onData);
+    this.stream = null;
+  }
+
+  handleRowDescription(message: { fields: FieldDescription[] }): void {
+    this.fields = message.fields.map((field) => ({
+      name: field.name,
+      tableID: field.tableID,
+      columnID: field.columnID,
+      dataTypeID: field.dataTypeID,
+      dataTypeSize: field.dataTypeSize,
+      dataTypeModifier: field.dataTypeModifier,
+      format: field.format,
+    }));
+  }
+
+  handleDataRow(message: { fields: (string | null)[] }): void {
+    if (this.overran) return;
+    if (!this.budget.take(rowBytes(message.fields))) {
+      this.overrun();
+      return;
+    }
+    this.rows.push(message.fields);
+  }
+
+  handleCommandComplete(message: { text?: string; command?: string }): void {
+    const tag = message.text ?? message.command ?? "";
+    const match = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/.exec(tag);
+    this.command = tag === "PREPARE TRANSACTION" ? tag : (match?.[1] ?? "");
+    this.rowCount = match?.[3] ? Number(match[3]) : match?.[2] ? Number(match[2]) : null;
+  }
+
+  handleEmptyQuery(): void {
+    this.command = "";
+  }
+
+  handlePortalSuspended(): void {
+    // Never asked for (Execute fetches every row); nothing to do.
+  }
+
+  handleCopyInResponse(connection: ProtocolConnection): void {
+    connection.sendCopyFail("COPY FROM STDIN is not supported through Lessor");
+  }
+
+  handleCopyData(message: { chunk?: Uint8Array }): void {
+    // COPY TO STDOUT: nothing of it is answered, but it still counts against the budget.
+    if (!this.budget.take(message.chunk?.byteLength ?? 0)) this.overrun();
+  }
+
+  handleError(error: unknown): void {
+    this.settle();
+    this.reject(this.overran ? tooLarge(this.budget.max) : error);
+  }
+
+  handleReadyForQuery(): void {
+    this.settle();
+    if (this.overran || this.budget.exceeded) {
+      this.reject(tooLarge(this.budget.max));
+      return;
+    }
+    this.resolve({ command: this.command, rowCount: this.rowCount, fields: this.fields, rows: this.rows });
+  }
 }
 
-/** Runs one statement and shapes its result. */
-export async function runStatement(client: PoolClient, statement: Statement): Promise<QueryResultBody> {
-  const raw = (await client.query({
-    text: statement.query,
-    values: statement.params,
-    rowMode: "array",
-    types: rawTextTypes,
-  })) as unknown as PgResult | PgResult[];
-  // A parameterless string with several statements runs over the simple protocol and yields one
-  // result per statement; like psql, the answer is the last one.
-  const result = Array.isArray(raw) ? raw[raw.length - 1] : raw;
-  if (!result) return { command: "", rowCount: null, rows: [], fields: [], rowAsArray: true };
-  return shape(result);
+function tooLarge(max: number): LessorError {
+  return new LessorError("response_too_large", {
+    publicMessage: `The answer is larger than ${max} bytes (LESSOR_MAX_RESPONSE_BYTES); select fewer rows or columns.`,
+  });
+}
+
+/**
+ * Runs one statement. A `PREPARE TRANSACTION` is rolled back at once and refused: a prepared
+ * transaction outlives the lease, the pool and a restart, and pins the host's horizon.
+ */
+export async function runStatement(
+  client: PoolClient,
+  statement: Statement,
+  budget: ResponseBudget,
+  onOverrun: OverrunHandler,
+): Promise<RawResult> {
+  const bounded = new BoundedStatement(statement, budget, onOverrun);
+  (client as unknown as { query(submittable: BoundedStatement): void }).query(bounded);
+  const result = await bounded.result;
+  if (result.command === "PREPARE TRANSACTION") {
+    await rollBackPreparedTransactions(client);
+    throw new LessorError("prepared_transaction_refused");
+  }
+  return result;
+}
+
+/** Rolls back every prepared transaction of the connection's role in its database. */
+export async function rollBackPreparedTransactions(client: PoolClient): Promise<number> {
+  const { rows } = await client.query<{ gid: string }>(
+    "SELECT gid FROM pg_prepared_xacts WHERE owner = current_user AND database = current_database()",
+  );
+  for (const { gid } of rows) await client.query(`ROLLBACK PREPARED ${quoteLiteral(gid)}`);
+  return rows.length;
 }
 
 /**
  * Executes the request. A Postgres error propagates with its fields; a failed transaction is rolled
  * back before the error propagates.
  */
-export async function executeSqlRequest(client: PoolClient, request: SqlRequest): Promise<SqlResponseBody> {
-  if (request.kind === "single") return runStatement(client, request.statement);
+export async function executeSqlRequest(
+  client: PoolClient,
+  request: SqlRequest,
+  budget: ResponseBudget,
+  onOverrun: OverrunHandler,
+): Promise<RawResult[]> {
+  if (request.kind === "single") return [await runStatement(client, request.statement, budget, onOverrun)];
+  if (request.statements.length === 0) return [];
   await client.query(beginStatement(request.options));
-  const results: QueryResultBody[] = [];
+  const results: RawResult[] = [];
   try {
-    for (const statement of request.statements) results.push(await runStatement(client, statement));
+    for (const statement of request.statements) {
+      results.push(await runStatement(client, statement, budget, onOverrun));
+    }
     await client.query("COMMIT");
   } catch (error) {
     await client.query("ROLLBACK").catch(() => undefined);
     throw error;
   }
-  return { results };
-}
-
-/**
- * Commands that, at the start of a statement, can leave session state behind on a pooled
- * connection (`DO` and `EXECUTE` because their bodies can run any of them).
- */
-const sessionCommand = /^\s*(set|reset|prepare|listen|unlisten|declare|load|discard|do|execute|call)\b/i;
-/** Anywhere in a statement: temp tables, advisory locks and `set_config` also leave state behind. */
-const sessionFunction = /\btemp(orary)?\b|advisory_(xact_)?lock|set_config/i;
-
-/**
- * Whether the request may leave session state on its connection. A match costs one `DISCARD ALL`
- * before the connection is reused; a miss would let state pass from one request to the next (of the
- * same tenant), so this errs on the side of matching. Every `;`-separated segment is checked, since
- * a parameterless string may hold several statements.
- */
-export function mayLeaveSessionState(request: SqlRequest): boolean {
-  const statements = request.kind === "single" ? [request.statement] : request.statements;
-  return statements.some(
-    ({ query }) =>
-      sessionFunction.test(query) || query.split(";").some((segment) => sessionCommand.test(segment)),
-  );
+  return results;
 }

@@ -14,7 +14,7 @@
 import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import type { CapacityStatus } from "../../src/budget-object/index.ts";
+import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
 import {
   admin,
@@ -34,6 +34,16 @@ const poolCapacity = 10;
 const connections = 12;
 /** Every tenant of this file starts with it, so one LIKE counts all of this file's backends. */
 const filePrefix = uniqueTenantId("bsm");
+/** Every tenant this file created, by id: their backends are the ones counted against the small host. */
+const fileTenants = new Map<string, CreatedTenant>();
+
+/** `pg_stat_activity` rows of this file's tenants (their roles' `lessor:` backends). */
+const fileBackendsSql =
+  "FROM pg_stat_activity WHERE application_name LIKE 'lessor:%' AND usename = ANY($1::text[])";
+
+function fileRoles(): string[] {
+  return [...fileTenants.values()].map((t) => t.role);
+}
 
 type Tier = "standard" | "free" | "solo";
 const tierSize: Record<Tier, number> = { standard: 5, free: 2, solo: 1 };
@@ -45,6 +55,7 @@ const heldLeases = new Map<string, string>(); // lease token → tenant key
 
 async function newTenant(tag: string, tier: Tier = "standard"): Promise<CreatedTenant> {
   const tenant = await createTenant(`${filePrefix}-${tag}`, { host, tier });
+  fileTenants.set(tenant.id, tenant);
   created.push(tenant);
   return tenant;
 }
@@ -102,8 +113,8 @@ function startSampler(): { stop: () => Promise<Samples> } {
         [status, result] = await Promise.all([
           capacity(),
           client.query(
-            "SELECT count(*)::int AS n, array_agg(application_name ORDER BY application_name) AS apps FROM pg_stat_activity WHERE application_name LIKE $1",
-            [`lessor:${filePrefix}-%`],
+            `SELECT count(*)::int AS n, array_agg(application_name ORDER BY application_name) AS apps ${fileBackendsSql}`,
+            [fileRoles()],
           ),
         ]);
       } catch (error) {
@@ -152,10 +163,9 @@ function expectWithinBudget(samples: Samples, allowedFailures = 0): void {
 
 async function backendApps(): Promise<string[]> {
   return asSuperuser(async (client) => {
-    const { rows } = await client.query(
-      "SELECT application_name FROM pg_stat_activity WHERE application_name LIKE $1 ORDER BY 1",
-      [`lessor:${filePrefix}-%`],
-    );
+    const { rows } = await client.query(`SELECT application_name ${fileBackendsSql} ORDER BY 1`, [
+      fileRoles(),
+    ]);
     return rows.map((row: { application_name: string }) => row.application_name);
   });
 }
@@ -206,9 +216,11 @@ function retryableProblemsOf(outcome: Outcome): string[] {
 /** Problems with an outcome: anything but a correct answer or a 503 capacity_saturated with Retry-After. */
 function problemsOf(outcome: Outcome): string[] {
   if (outcome.status === 200) {
+    const tenant = fileTenants.get(outcome.tenant);
     const ok =
-      outcome.db === `tenant_${outcome.tenant}` &&
-      (outcome.app ?? "").startsWith(`lessor:${outcome.tenant}:`);
+      tenant !== undefined &&
+      outcome.db === tenant.database &&
+      (outcome.app ?? "").startsWith(`lessor:${tenant.role}:`);
     return ok ? [] : [`${outcome.tenant} was served by ${outcome.app} on ${outcome.db}`];
   }
   if (outcome.status === 503 && outcome.code === "capacity_saturated" && Number(outcome.retryAfter) >= 1) {
@@ -452,7 +464,7 @@ describe("connection budget on a small host", () => {
     // a held its lease: never evicted, same generation, the lease still runs on it.
     expect(await onLease(held.lease, a.key)).toEqual({
       status: 200,
-      app: `lessor:${a.id}:${held.generation}`,
+      app: `lessor:${a.role}:${held.generation}`,
       code: null,
     });
     expect(await runtime(a)).toMatchObject({ state: "ready", generation: held.generation, leases: 1 });
@@ -463,9 +475,9 @@ describe("connection budget on a small host", () => {
     expect(after.allocated).toBe(10);
     const apps = await pollUntil(
       backendApps,
-      (list) => !list.some((app) => app.startsWith(`lessor:${b.id}:`)),
+      (list) => !list.some((app) => app.startsWith(`lessor:${b.role}:`)),
     );
-    expect(apps.filter((app) => app.startsWith(`lessor:${b.id}:`))).toEqual([]);
+    expect(apps.filter((app) => app.startsWith(`lessor:${b.role}:`))).toEqual([]);
   });
 
   it("eviction race: leases arriving while their pools are being chosen are never evicted under them", async () => {
@@ -489,7 +501,7 @@ describe("connection budget on a small host", () => {
       await sleep(200);
       expect(await onLease(held.lease, a.key)).toEqual({
         status: 200,
-        app: `lessor:${a.id}:${held.generation}`,
+        app: `lessor:${a.role}:${held.generation}`,
         code: null,
       });
       expect(await runtime(a)).toMatchObject({ state: "ready", generation: held.generation, leases: 1 });
@@ -532,8 +544,8 @@ describe("connection budget on a small host", () => {
     const during = await capacity();
     expect(during).toMatchObject({ allocated: 10, waiters: 0, evictions: before.evictions });
     expect(during.saturations).toBeGreaterThan(before.saturations);
-    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.id}:${leaseA.generation}`);
-    expect((await onLease(leaseB.lease, b.key)).app).toBe(`lessor:${b.id}:${leaseB.generation}`);
+    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.role}:${leaseA.generation}`);
+    expect((await onLease(leaseB.lease, b.key)).app).toBe(`lessor:${b.role}:${leaseB.generation}`);
     expect((await runtime(c)).state).toBe("stopped");
 
     // a's lease ends: a is idle now, so c's retry (after Retry-After) evicts it and is served.
@@ -585,7 +597,7 @@ describe("connection budget on a small host", () => {
     expect(problemsOf(served)).toEqual([]);
     expect(served.status).toBe(200);
     expect((await runtime(a)).state).toBe("stopped");
-    expect((await onLease(leaseB.lease, b.key)).app).toBe(`lessor:${b.id}:${leaseB.generation}`);
+    expect((await onLease(leaseB.lease, b.key)).app).toBe(`lessor:${b.role}:${leaseB.generation}`);
     expect(ledgerUsed(await capacity())).toBe(10);
   });
 
@@ -673,7 +685,7 @@ describe("connection budget on a small host", () => {
     // The ledger holds exactly the two leased pools; c holds nothing and is not left half-started.
     expect(await capacity()).toMatchObject({ allocated: 10, reserved: 0, draining: 0, waiters: 0 });
     expect((await runtime(c)).state).not.toBe("starting");
-    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.id}:${leaseA.generation}`);
+    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.role}:${leaseA.generation}`);
 
     // Once a lease ends, c gets in on a retry.
     expect(await releaseLease(leaseA.lease)).toBe(204);
@@ -686,7 +698,7 @@ describe("connection budget on a small host", () => {
   it("restarts: a TenantObject restarted while holding an allocation releases it (reconcile), and the next request runs on a new generation", async () => {
     const a = await newTenant("trs-a");
     const b = await newTenant("trs-b");
-    expect((await probe(a)).app).toBe(`lessor:${a.id}:1`);
+    expect((await probe(a)).app).toBe(`lessor:${a.role}:1`);
     expect((await probe(b)).status).toBe(200);
     expect(await capacity()).toMatchObject({ allocated: 10 });
 
@@ -697,7 +709,7 @@ describe("connection budget on a small host", () => {
     expect(status).toMatchObject({ allocated: 5, pools: { allocated: 1 } });
 
     const next = await probe(a);
-    expect(next).toMatchObject({ status: 200, app: `lessor:${a.id}:2` });
+    expect(next).toMatchObject({ status: 200, app: `lessor:${a.role}:2` });
     expect(await capacity()).toMatchObject({ allocated: 10, pools: { allocated: 2 } });
     expect((await runtime(a)).generation).toBe(2);
   });
@@ -722,11 +734,11 @@ describe("connection budget on a small host", () => {
       expectWithinBudget(samples);
     }
     expect(next.flatMap(problemsOf)).toEqual([]);
-    expect(new Set(next.map((o) => o.app))).toEqual(new Set([`lessor:${a.id}:2`]));
+    expect(new Set(next.map((o) => o.app))).toEqual(new Set([`lessor:${a.role}:2`]));
     const status = await capacity();
     expect(status).toMatchObject({ allocated: 10, pools: { allocated: 2 } });
-    const settled = await pollUntil(backendApps, (list) => !list.includes(`lessor:${a.id}:1`));
-    expect(settled.filter((app) => app === `lessor:${a.id}:1`)).toEqual([]);
+    const settled = await pollUntil(backendApps, (list) => !list.includes(`lessor:${a.role}:1`));
+    expect(settled.filter((app) => app === `lessor:${a.role}:1`)).toEqual([]);
   });
 
   it("pinned pools are never evicted: an idle unpinned pool goes instead, and with all pinned a start is refused", async () => {
@@ -809,7 +821,7 @@ describe("connection budget on a small host", () => {
         const result = await migration;
         expect(result.outcome).toBe("migrated");
       }
-    }, `tenant_${a.id}`);
+    }, a.database);
 
     // The migration is over: a is an ordinary idle pool again, and d's retry evicts it.
     expect((await runtime(a)).migrating).toBe(false);

@@ -20,6 +20,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { app } from "../../src/app.ts";
 import { type CampaignTickReport, runCampaignTick, type TickOptions } from "../../src/campaigns/runner.ts";
 import worker from "../../src/index.ts";
+import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import {
   admin,
   asSuperuser,
@@ -103,13 +104,44 @@ async function createTenants(prefix: string, count: number): Promise<CreatedTena
  * their objects' cached records (only `Lessor-Schema-Version` reads those; a migration reads the
  * database's own ledger).
  */
+/**
+ * A DDL log in a tenant database, test-only and out of the tenant role's reach: an event trigger
+ * (superuser) records the text of every DDL statement that runs there. It is how the tests count a
+ * migration's side effects rather than trusting the migrator's own ledger.
+ */
+const ddlLogSetup = `
+  CREATE SCHEMA IF NOT EXISTS lessor_test;
+  CREATE TABLE IF NOT EXISTS lessor_test.ddl_log (id serial PRIMARY KEY, tag text NOT NULL, query text NOT NULL);
+  CREATE OR REPLACE FUNCTION lessor_test.log_ddl() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+    BEGIN INSERT INTO lessor_test.ddl_log (tag, query) VALUES (tg_tag, current_query()); END $$;
+  DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'lessor_test_ddl_log') THEN
+      CREATE EVENT TRIGGER lessor_test_ddl_log ON ddl_command_end EXECUTE FUNCTION lessor_test.log_ddl();
+    END IF;
+  END $$`;
+
+/** Each fleet tenant's database, by id. */
+function databaseOf(tenantId: string): string {
+  const tenant = fleet.find((t) => t.id === tenantId);
+  if (!tenant) throw new Error(`${tenantId} is not in the fleet`);
+  return tenant.database;
+}
+
+/** The version each tenant was last rolled back to: the DDL log counts from there. */
+const rolledBackTo = new Map<string, number>();
+
 async function rollBack(tenants: readonly CreatedTenant[], version: number, refresh = false): Promise<void> {
   await mapConcurrent(tenants, 6, (tenant) =>
     asSuperuser(async (client) => {
+      await client.query(ddlLogSetup);
       if (version < 3) await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
       if (version < 2) await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
       await client.query("DELETE FROM lessor.schema_migrations WHERE version > $1", [version]);
-    }, `tenant_${tenant.id}`),
+      // The rollback's own DDL is not a migration.
+      await client.query("TRUNCATE lessor_test.ddl_log");
+      rolledBackTo.set(tenant.id, version);
+    }, tenant.database),
   );
   await asSuperuser(
     (client) =>
@@ -127,24 +159,41 @@ async function rollBack(tenants: readonly CreatedTenant[], version: number, refr
   });
 }
 
-/** The tenant database's own ledger: version → how many times it is recorded. */
+/** The tenant database's own ledger: version → how many rows record it (its primary key makes that 1). */
 function ledgerOf(tenantId: string): Promise<Map<number, number>> {
   return asSuperuser(async (client) => {
     const { rows } = await client.query(
       "SELECT version, count(*)::int AS n FROM lessor.schema_migrations GROUP BY version ORDER BY version",
     );
     return new Map(rows.map((row: { version: number; n: number }) => [Number(row.version), Number(row.n)]));
-  }, `tenant_${tenantId}`);
+  }, databaseOf(tenantId));
 }
 
-/** Every version up to `version` recorded exactly once, and nothing beyond. */
+/**
+ * The tenant database is at `version` (its ledger lists 1…`version`), and since its last rollback
+ * every statement of every step up to `version` ran exactly once, by the DDL log: a step applied
+ * twice, or a step re-run below the rollback point, fails this.
+ */
 async function expectMigratedOnce(tenantId: string, version: number): Promise<void> {
   const ledger = await ledgerOf(tenantId);
   expect([...ledger.keys()], tenantId).toEqual(Array.from({ length: version }, (_, i) => i + 1));
-  expect(
-    [...ledger.values()].every((n) => n === 1),
-    tenantId,
-  ).toBe(true);
+  const from = rolledBackTo.get(tenantId);
+  if (from === undefined) return;
+  const ran = await asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT query FROM lessor_test.ddl_log ORDER BY id");
+    return rows.map((row: { query: string }) => row.query.trim());
+  }, databaseOf(tenantId));
+  for (const step of tenantMigrations) {
+    for (const statement of step.statements) {
+      const times = ran.filter((query) => query === statement.trim()).length;
+      const expected = step.version > from && step.version <= version ? 1 : 0;
+      expect({ tenantId, step: step.version, times }).toEqual({
+        tenantId,
+        step: step.version,
+        times: expected,
+      });
+    }
+  }
 }
 
 async function createCampaign(body: Record<string, unknown>) {
@@ -217,7 +266,7 @@ describe("migration campaigns", () => {
     await rollBack([bad], 2);
     await asSuperuser(
       (client) => client.query("INSERT INTO notes (body, slug) VALUES ('a', 'same'), ('b', 'same')"),
-      `tenant_${bad.id}`,
+      bad.database,
     );
     // A long session lease with an open transaction: its tenant cannot drain in time.
     const opened = await leaseRequest(`/v1/tenants/${held.id}/leases`, held.key, { ttlMs: 120_000 });
@@ -313,7 +362,7 @@ describe("migration campaigns", () => {
     expect(failedOnly.tenants.map((t) => t.tenantId)).toEqual([bad.id]);
 
     // Fix the failing tenant's data and run a campaign for it alone.
-    await asSuperuser((client) => client.query("UPDATE notes SET slug = NULL"), `tenant_${bad.id}`);
+    await asSuperuser((client) => client.query("UPDATE notes SET slug = NULL"), bad.database);
     const retry = await createCampaign({ toVersion: latest, force: true, tenants: [bad.id] });
     expect(retry.enrolled).toBe(1);
     await tickUntil(retry.campaign.id, finished);
@@ -331,7 +380,7 @@ describe("migration campaigns", () => {
     await rollBack([bad], 2);
     await asSuperuser(
       (client) => client.query("INSERT INTO notes (body, slug) VALUES ('a', 'dup'), ('b', 'dup')"),
-      `tenant_${bad.id}`,
+      bad.database,
     );
     // continueOnFailure does not open the canary gate.
     const created = await createCampaign({
@@ -353,7 +402,7 @@ describe("migration campaigns", () => {
     expect((await resumed.json<{ code: string }>()).code).toBe("campaign_state_conflict");
 
     // Repaired, a new campaign takes everyone to the latest version.
-    await asSuperuser((client) => client.query("DELETE FROM notes"), `tenant_${bad.id}`);
+    await asSuperuser((client) => client.query("DELETE FROM notes"), bad.database);
     const again = await createCampaign({
       toVersion: latest,
       canary: [bad.id],

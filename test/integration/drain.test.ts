@@ -27,7 +27,11 @@ function onLease(tenant: CreatedTenant, lease: string, query: string): Promise<R
 function sql(tenant: CreatedTenant): Promise<Response> {
   return lessor("/sql", {
     method: "POST",
-    headers: { "Neon-Connection-String": tenant.connectionString },
+    headers: {
+      "Neon-Connection-String": tenant.connectionString,
+      "Neon-Raw-Text-Output": "true",
+      "Neon-Array-Mode": "true",
+    },
     body: JSON.stringify({ query: "SELECT 1", params: [] }),
   });
 }
@@ -89,21 +93,26 @@ describe("operator drain", () => {
     const after = await onLease(tenant, lease, "COMMIT");
     expect(after.status).toBe(409);
     expect(await after.json()).toMatchObject({ code: "stale_generation" });
-    for (let i = 0; i < 50 && (await countBackends(`lessor:${tenant.id}:`)) > 0; i++) {
+    for (let i = 0; i < 50 && (await countBackends(`lessor:${tenant.role}:`)) > 0; i++) {
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
-    expect(await countBackends(`lessor:${tenant.id}:`)).toBe(0);
+    expect(await countBackends(`lessor:${tenant.role}:`)).toBe(0);
 
     // The write of the killed transaction never committed, and the next request starts generation 2.
     const next = await lessor("/sql", {
       method: "POST",
-      headers: { "Neon-Connection-String": tenant.connectionString },
+      // As the driver asks: raw text, array mode.
+      headers: {
+        "Neon-Connection-String": tenant.connectionString,
+        "Neon-Raw-Text-Output": "true",
+        "Neon-Array-Mode": "true",
+      },
       body: JSON.stringify({
         query: "SELECT (SELECT count(*)::int FROM notes) AS n, current_setting('application_name') AS app",
         params: [],
       }),
     });
-    expect((await next.json<{ rows: string[][] }>()).rows).toEqual([["0", `lessor:${tenant.id}:2`]]);
+    expect((await next.json<{ rows: string[][] }>()).rows).toEqual([["0", `lessor:${tenant.role}:2`]]);
   });
 
   it("a drain without leases stops at once and a later request starts a new generation", async () => {

@@ -16,9 +16,9 @@ import {
 import { env } from "cloudflare:workers";
 import type { Client } from "@neondatabase/serverless";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { foldLockKey } from "../../src/folds/sql.ts";
+import type { MaintenanceStatus, OutcomeView } from "../../src/folds/status.ts";
 import worker from "../../src/index.ts";
-import { foldLockKey } from "../../src/maintenance/sql.ts";
-import type { MaintenanceStatus, OutcomeView } from "../../src/maintenance/status.ts";
 import type { UsageCounters } from "../../src/usage/index.ts";
 import type { TenantUsage } from "../../src/usage/readers.ts";
 import {

@@ -35,13 +35,33 @@ export interface CreatedTenant {
   id: string;
   key: string;
   connectionString: string;
+  /** The tenant's database on its host (an opaque name the catalog holds). */
+  database: string;
+  /** The tenant's login role (the same opaque name). */
+  role: string;
 }
 
 export async function createTenant(id: string, extra: Record<string, unknown> = {}): Promise<CreatedTenant> {
   const response = await admin("/v1/tenants", { method: "POST", json: { id, ...extra } });
   if (response.status !== 201) throw new Error(`create ${id}: ${response.status} ${await response.text()}`);
   const body = await response.json<{ key: string; connectionString: string }>();
-  return { id, key: body.key, connectionString: body.connectionString };
+  const { database, role } = await placementOf(id);
+  return { id, key: body.key, connectionString: body.connectionString, database, role };
+}
+
+/** A tenant's database and role names, from the catalog. */
+export async function placementOf(id: string): Promise<{ database: string; role: string }> {
+  const row = await asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT database_name, role_name FROM tenants WHERE id = $1", [id]);
+    return rows[0] as { database_name: string; role_name: string } | undefined;
+  }, "lessor");
+  if (!row) throw new Error(`no catalog row for ${id}`);
+  return { database: row.database_name, role: row.role_name };
+}
+
+/** `lessor:<role>:`: the application_name prefix of a tenant's connections. */
+export function appPrefix(tenant: { role: string }): string {
+  return `lessor:${tenant.role}:`;
 }
 
 // The Neon client's HTTP requests go straight into Lessor's fetch handler.
@@ -191,12 +211,12 @@ export function ledgerGenerations(id: string): Promise<number[]> {
   }, "lessor");
 }
 
-/** application_name of every backend of a tenant's pools (`lessor:<id>:<generation>`), one per backend. */
-export function tenantBackends(id: string): Promise<string[]> {
+/** application_name of every backend of a tenant's pools (`lessor:<role>:<generation>`), one per backend. */
+export function tenantBackends(tenant: { role: string }): Promise<string[]> {
   return asSuperuser(async (client) => {
     const { rows } = await client.query(
       "SELECT application_name FROM pg_stat_activity WHERE starts_with(application_name, $1) ORDER BY 1",
-      [`lessor:${id}:`],
+      [appPrefix(tenant)],
     );
     return rows.map((row: { application_name: string }) => row.application_name);
   });

@@ -58,7 +58,7 @@ describe("tenant isolation", () => {
 });
 
 function check(tenant: CreatedTenant, answer: Answer | undefined, mismatches: string[], i: number): void {
-  const expected = `tenant_${tenant.id}`;
+  const expected = tenant.database;
   if (!answer || answer.db !== expected || answer.usr !== expected || answer.bodies?.join() !== tenant.id) {
     mismatches.push(`query ${i} for ${tenant.id} got ${JSON.stringify(answer)}`);
   }

@@ -1,6 +1,6 @@
 // hashesEqual needs crypto.subtle.timingSafeEqual, which only workerd has: tested here, not in unit.
 import { describe, expect, it } from "vitest";
-import { generateTenantKey, hashesEqual, hashKey, secretMatches } from "../../src/crypto/keys.ts";
+import { generateDatabasePassword, hashesEqual, hashKey, secretMatches } from "../../src/crypto/keys.ts";
 
 describe("key comparison in workerd", () => {
   it("hashesEqual tells equal hashes from different ones", async () => {
@@ -21,7 +21,7 @@ describe("key comparison in workerd", () => {
   });
 
   it("secretMatches accepts only the same secret", async () => {
-    const key = generateTenantKey();
+    const key = generateDatabasePassword();
     expect(await secretMatches(key, key)).toBe(true);
     expect(await secretMatches(`${key}x`, key)).toBe(false);
     expect(await secretMatches(key.slice(0, -1), key)).toBe(false);

@@ -4,7 +4,14 @@
  */
 import { env, runDurableObjectAlarm } from "cloudflare:test";
 import { describe, expect, it } from "vitest";
-import { asSuperuser, type CreatedTenant, createTenant, lessor, uniqueTenantId } from "./harness.ts";
+import {
+  asSuperuser,
+  type CreatedTenant,
+  createTenant,
+  lessor,
+  pollUntil,
+  uniqueTenantId,
+} from "./harness.ts";
 
 interface QueryResult {
   rows: (string | null)[][];
@@ -59,7 +66,7 @@ describe("session leases", () => {
     // Another connection must not see the open transaction's write.
     const outside = await asSuperuser(
       (client) => client.query("SELECT body FROM notes ORDER BY id"),
-      `tenant_${tenant.id}`,
+      tenant.database,
     );
     expect(outside.rows.map((row) => row.body)).toEqual(["kept", "also kept"]);
     await leaseRows(token, tenant.key, "ROLLBACK");
@@ -83,14 +90,18 @@ describe("session leases", () => {
     const owner = await createTenant(uniqueTenantId("lease-own"));
     const other = await createTenant(uniqueTenantId("lease-oth"));
     const token = await lease(owner);
+    // Another tenant's key on the owner's lease, and a key on a lease of a tenant that never
+    // existed: the same refusal, decided at the edge (the key is not one minted for that tenant).
     const stolen = await leaseSql(token, other.key, "SELECT current_database()");
-    const unknown = await leaseSql(`lsl_${owner.id}_${"0".repeat(48)}`, owner.key, "SELECT 1");
-    expect(stolen.status).toBe(404);
-    expect(unknown.status).toBe(404);
-    expect(await stolen.json()).toEqual(await unknown.json());
-    expect((await release(token, other.key)).status).toBe(404);
-    expect((await leaseSql(token, "lsk_not-a-key", "SELECT 1")).status).toBe(404);
-    expect((await openLease(owner, 1_000, other.key)).status).toBe(404);
+    const nobody = await leaseSql(`lsl_${uniqueTenantId("nobody")}_${"0".repeat(48)}`, other.key, "SELECT 1");
+    expect(stolen.status).toBe(401);
+    expect(nobody.status).toBe(401);
+    expect(await stolen.json()).toEqual(await nobody.json());
+    expect((await release(token, other.key)).status).toBe(401);
+    expect((await leaseSql(token, "lsk_not-a-key", "SELECT 1")).status).toBe(401);
+    expect((await openLease(owner, 1_000, other.key)).status).toBe(401);
+    // The owner asking about a lease that does not exist is told so.
+    expect((await leaseSql(`lsl_${owner.id}_${"0".repeat(48)}`, owner.key, "SELECT 1")).status).toBe(404);
     // The owner's lease is untouched by all of that.
     expect(await leaseRows(token, owner.key, "SELECT 1")).toEqual([["1"]]);
     expect((await release(token, owner.key)).status).toBe(204);
@@ -126,21 +137,28 @@ describe("session leases", () => {
     // The owner vanishes. Wait past the TTL, then let the alarm run.
     await new Promise((resolve) => setTimeout(resolve, 1_200));
     await runDurableObjectAlarm(stub);
-    const status = await stub.status();
+    // The alarm may already have been running on its own schedule: wait for its reclaim to finish.
+    const status = await pollUntil(
+      () => stub.status(),
+      (s) => s.sessions === 0 && s.leases === 0,
+    );
     expect(status.leases).toBe(0);
     expect(status.sessions).toBe(0);
     expect(status.reclaimedLeases).toBe(1);
-    expect((await leaseSql(token, tenant.key, "SELECT 1")).status).toBe(404);
+    // Its owner learns why: the lease expired (not "no such lease").
+    const late = await leaseSql(token, tenant.key, "SELECT 1");
+    expect(late.status).toBe(409);
+    expect(((await late.json()) as { code: string }).code).toBe("lease_expired");
     // The transaction was rolled back and no backend is left idle in transaction.
     const leftovers = await asSuperuser(async (client) => {
       const notes = await client.query("SELECT count(*)::int AS n FROM notes");
       return notes.rows[0]?.n;
-    }, `tenant_${tenant.id}`);
+    }, tenant.database);
     expect(leftovers).toBe(0);
     const idleInTx = await asSuperuser(async (client) => {
       const { rows } = await client.query(
         "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1 AND state LIKE 'idle in transaction%'",
-        [`lessor:${tenant.id}:%`],
+        [`lessor:${tenant.role}:%`],
       );
       return rows[0]?.n;
     });
@@ -186,7 +204,7 @@ describe("session leases", () => {
     for (const statement of [
       "SET search_path = pg_catalog",
       "SET statement_timeout = '1234ms'",
-      `SET ROLE "tenant_${tenant.id}"`,
+      `SET ROLE "${tenant.role}"`,
       "PREPARE leaked_plan AS SELECT 1",
       "CREATE TEMP TABLE leaked_temp (x int)",
       "SELECT pg_advisory_lock(42)",

@@ -31,7 +31,7 @@ describe("neon(): queries and parameters", () => {
   it("runs a query and reads its rows as objects", async () => {
     const sql = sqlFor(tenant);
     const rows = await sql`SELECT current_database() AS db, 1 + 1 AS two`;
-    expect(rows).toEqual([{ db: `tenant_${tenant.id}`, two: 2 }]);
+    expect(rows).toEqual([{ db: tenant.database, two: 2 }]);
   });
 
   it("binds parameters in tagged templates and in sql.query", async () => {

@@ -30,7 +30,7 @@ async function servingApplicationNames(tenant: CreatedTenant, requests = 1): Pro
   const rows = await Promise.all(
     Array.from({ length: requests }, async () => {
       const [row] = await sql`SELECT current_setting('application_name') AS app, current_database() AS db`;
-      expect(row?.db).toBe(`tenant_${tenant.id}`);
+      expect(row?.db).toBe(tenant.database);
       return String(row?.app);
     }),
   );
@@ -66,29 +66,29 @@ const diedOnRestart = (generation: number) => (event: LifecycleEvent) =>
 describe("object restart", () => {
   it("evictDurableObject between requests: the next request starts generation + 1 and works", async () => {
     const tenant = await createTenant(uniqueTenantId("evict"), { tier: "free" });
-    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:1`]));
     await drainByIdleAlarm(tenant);
 
     await evictDurableObject(env.TENANTS.getByName(tenant.id));
 
     // A fresh instance, from storage: the generation survived the eviction, the pool did not.
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "stopped", generation: 1, leases: 0 });
-    expect(await servingApplicationNames(tenant, 20)).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    expect(await servingApplicationNames(tenant, 20)).toEqual(new Set([`lessor:${tenant.role}:2`]));
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 2 });
     expect(await ledgerGenerations(tenant.id)).toEqual([1, 2]);
-    expect(new Set(await tenantBackends(tenant.id))).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    expect(new Set(await tenantBackends(tenant))).toEqual(new Set([`lessor:${tenant.role}:2`]));
   });
 
   it("a reset with a live pool records that generation as dead, and the next request starts generation + 1", async () => {
     const tenant = await createTenant(uniqueTenantId("reset"), { tier: "free" });
-    expect(await servingApplicationNames(tenant, 5)).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    expect(await servingApplicationNames(tenant, 5)).toEqual(new Set([`lessor:${tenant.role}:1`]));
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 1 });
 
     await resetObject(tenant);
 
     // The restarted object does not pretend generation 1 is still ready.
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "stopped", generation: 1, leases: 0 });
-    expect(await servingApplicationNames(tenant, 20)).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    expect(await servingApplicationNames(tenant, 20)).toEqual(new Set([`lessor:${tenant.role}:2`]));
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 2 });
     expect(await ledgerGenerations(tenant.id)).toEqual([1, 2]);
 
@@ -109,22 +109,22 @@ describe("object restart", () => {
     const tenant = await createTenant(uniqueTenantId("reset-be"), { tier: "free" });
     const sql = sqlFor(tenant);
     await Promise.all(Array.from({ length: 6 }, () => sql`SELECT pg_sleep(0.05)`));
-    expect(new Set(await tenantBackends(tenant.id))).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    expect(new Set(await tenantBackends(tenant))).toEqual(new Set([`lessor:${tenant.role}:1`]));
 
     await resetObject(tenant);
-    expect(await servingApplicationNames(tenant, 10)).toEqual(new Set([`lessor:${tenant.id}:2`]));
+    expect(await servingApplicationNames(tenant, 10)).toEqual(new Set([`lessor:${tenant.role}:2`]));
 
     const backends = await pollUntil(
-      () => tenantBackends(tenant.id),
-      (names) => !names.includes(`lessor:${tenant.id}:1`),
+      () => tenantBackends(tenant),
+      (names) => !names.includes(`lessor:${tenant.role}:1`),
     );
-    expect(backends.filter((name) => name !== `lessor:${tenant.id}:2`)).toEqual([]);
+    expect(backends.filter((name) => name !== `lessor:${tenant.role}:2`)).toEqual([]);
   });
 
   it("survives repeated evictions and resets, one new generation each time", async () => {
     const tenant = await createTenant(uniqueTenantId("restart-x"), { tier: "free" });
     for (const generation of [1, 2, 3]) {
-      expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.id}:${generation}`]));
+      expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:${generation}`]));
       if (generation % 2 === 1) {
         await drainByIdleAlarm(tenant);
         await evictDurableObject(env.TENANTS.getByName(tenant.id));
@@ -132,7 +132,7 @@ describe("object restart", () => {
         await resetObject(tenant);
       }
     }
-    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.id}:4`]));
+    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:4`]));
     expect(await ledgerGenerations(tenant.id)).toEqual([1, 2, 3, 4]);
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 4 });
   });

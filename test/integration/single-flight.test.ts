@@ -23,7 +23,7 @@ describe("single-flight start", () => {
     const before = await runtimeOf(tenant.id);
     expect(before).toMatchObject({ state: "stopped", generation: 0, leases: 0 });
     expect(await ledgerGenerations(tenant.id)).toEqual([]);
-    expect(await tenantBackends(tenant.id)).toEqual([]);
+    expect(await tenantBackends(tenant)).toEqual([]);
     const poolSize = before.poolSize;
     expect(poolSize).toBe(2);
 
@@ -40,7 +40,7 @@ describe("single-flight start", () => {
 
     // Every request was served, each with its own answer, all by generation 1.
     expect(answers.map((row) => row?.i)).toEqual(Array.from({ length: requests }, (_, i) => i));
-    expect(new Set(answers.map((row) => row?.app))).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    expect(new Set(answers.map((row) => row?.app))).toEqual(new Set([`lessor:${tenant.role}:1`]));
     const pids = new Set(answers.map((row) => row?.pid));
     expect(pids.size).toBeGreaterThanOrEqual(1);
     expect(pids.size).toBeLessThanOrEqual(poolSize ?? 0);
@@ -49,8 +49,8 @@ describe("single-flight start", () => {
     expect(after).toMatchObject({ state: "ready", generation: 1, leases: 0 });
     expect(await ledgerGenerations(tenant.id)).toEqual([1]);
 
-    const backends = await tenantBackends(tenant.id);
-    expect(new Set(backends)).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    const backends = await tenantBackends(tenant);
+    expect(new Set(backends)).toEqual(new Set([`lessor:${tenant.role}:1`]));
     expect(backends.length).toBeLessThanOrEqual(poolSize ?? 0);
 
     // The start itself was recorded once: one stopped → starting transition, for generation 1.
@@ -72,7 +72,7 @@ describe("single-flight start", () => {
         async () => (await sql`SELECT current_setting('application_name') AS app`)[0]?.app,
       ),
     );
-    expect(new Set(apps)).toEqual(new Set([`lessor:${tenant.id}:1`]));
+    expect(new Set(apps)).toEqual(new Set([`lessor:${tenant.role}:1`]));
     expect((await runtimeOf(tenant.id)).generation).toBe(1);
     expect(await ledgerGenerations(tenant.id)).toEqual([1]);
   });

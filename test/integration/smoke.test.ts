@@ -6,6 +6,6 @@ describe("smoke", () => {
     const tenant = await createTenant(uniqueTenantId("smoke"));
     const sql = sqlFor(tenant);
     const rows = await sql`SELECT current_database() AS db, ${41}::int + 1 AS answer`;
-    expect(rows).toEqual([{ db: `tenant_${tenant.id}`, answer: 42 }]);
+    expect(rows).toEqual([{ db: tenant.database, answer: 42 }]);
   });
 });

@@ -101,10 +101,12 @@ describe("usage readers", () => {
     expect(own.usage).toEqual((await usageOf(beta)).usage);
   });
 
-  it("answers another tenant's key like an unknown tenant", async () => {
-    const response = await asTenant(beta, `/v1/tenants/${alpha.id}/usage`);
-    expect(response.status).toBe(404);
-    expect(await response.json()).toMatchObject({ code: "tenant_not_found" });
+  it("answers another tenant's key like an unknown tenant: 401, the same everywhere", async () => {
+    const crossed = await asTenant(beta, `/v1/tenants/${alpha.id}/usage`);
+    const unknown = await asTenant(beta, `/v1/tenants/${uniqueTenantId("nobody")}/usage`);
+    expect(crossed.status).toBe(401);
+    expect(unknown.status).toBe(401);
+    expect(await crossed.json()).toEqual(await unknown.json());
   });
 
   it("refuses a missing or invalid key, and validates the tenant id", async () => {
@@ -112,7 +114,7 @@ describe("usage readers", () => {
     const wrong = await lessor(`/v1/tenants/${alpha.id}/usage`, {
       headers: { Authorization: "Bearer lsk_not-a-real-key-at-all" },
     });
-    expect(wrong.status).toBe(404);
+    expect(wrong.status).toBe(401);
     const invalid = await admin("/v1/tenants/Not_A_Slug/usage");
     expect(invalid.status).toBe(400);
     expect(await invalid.json()).toMatchObject({ code: "invalid_tenant_id" });

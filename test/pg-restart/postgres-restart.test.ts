@@ -16,7 +16,11 @@ import {
 function query(tenant: CreatedTenant): Promise<Response> {
   return lessor("/sql", {
     method: "POST",
-    headers: { "Neon-Connection-String": tenant.connectionString },
+    headers: {
+      "Neon-Connection-String": tenant.connectionString,
+      "Neon-Raw-Text-Output": "true",
+      "Neon-Array-Mode": "true",
+    },
     body: JSON.stringify({ query: "SELECT current_database() AS db", params: [] }),
   });
 }
@@ -36,7 +40,7 @@ async function load(tenants: CreatedTenant[], rounds: number, concurrency: numbe
         const response = await query(tenant);
         if (response.status === 200) {
           const body = await response.json<{ rows: string[][] }>();
-          expect(body.rows[0]?.[0]).toBe(`tenant_${tenant.id}`);
+          expect(body.rows[0]?.[0]).toBe(tenant.database);
         } else {
           await response.body?.cancel();
         }
@@ -86,17 +90,17 @@ describe("Postgres restart under load", () => {
     }
     const backends = await asSuperuser(async (client) => {
       const { rows } = await client.query(
-        "SELECT application_name AS app, state FROM pg_stat_activity WHERE application_name LIKE 'lessor:pgr%'",
+        "SELECT application_name AS app, state FROM pg_stat_activity WHERE application_name LIKE 'lessor:%'",
       );
       return rows as { app: string; state: string }[];
     });
     for (const tenant of tenants) {
       const generation = (await env.TENANTS.getByName(tenant.id).status()).generation;
-      const mine = backends.filter((b) => b.app.startsWith(`lessor:${tenant.id}:`));
+      const mine = backends.filter((b) => b.app.startsWith(`lessor:${tenant.role}:`));
       // At most the pool's size, all of the live generation, none idle in a transaction.
       expect(mine.length).toBeLessThanOrEqual(2);
       for (const backend of mine) {
-        expect(backend.app).toBe(`lessor:${tenant.id}:${generation}`);
+        expect(backend.app).toBe(`lessor:${tenant.role}:${generation}`);
         expect(backend.state).not.toMatch(/idle in transaction/);
       }
     }

@@ -166,6 +166,7 @@ describe("loadConfig and the budget", () => {
       LESSOR_HOSTS: JSON.stringify({ main: "postgres://admin:s3cret-pw@127.0.0.1:5432/postgres" }),
       LESSOR_ADMIN_KEY: "unit-admin",
       LESSOR_SEAL_KEY: "unit-seal",
+      LESSOR_KEY_MAC_KEYS: btoa(String.fromCharCode(...new Uint8Array(32).fill(5))),
     };
     // Only the settings loadConfig reads; the bindings it never touches stay absent.
     return vars as unknown as Env;

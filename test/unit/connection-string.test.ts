@@ -31,8 +31,11 @@ describe("parseSqlConnectionString", () => {
     expect(parseSqlConnectionString(header)).toBe("missing");
   });
 
+  it("reports a user and a database that name different tenants as a mismatch", () => {
+    expect(parseSqlConnectionString(`postgres://acme:${key}@h/other`)).toBe("mismatch");
+  });
+
   it.each([
-    ["user and database differ", `postgres://acme:${key}@h/other`],
     ["no key", "postgres://acme@h/acme"],
     ["an empty key", "postgres://acme:@h/acme"],
     ["bad percent-encoding in the key", "postgres://acme:%zz@h/acme"],

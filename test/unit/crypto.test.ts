@@ -1,6 +1,14 @@
 import { describe, expect, it } from "vitest";
-import { generateDatabasePassword, generateTenantKey, hashKey } from "../../src/crypto/keys.ts";
+import { generateDatabasePassword, hashKey } from "../../src/crypto/keys.ts";
+import { loginGuardKey, loginTokenMinter } from "../../src/crypto/login-guard.ts";
+import { isScramVerifier, scramVerifier } from "../../src/crypto/scram.ts";
 import { seal, unseal } from "../../src/crypto/seal.ts";
+import {
+  type KeyMacRing,
+  mintTenantKey,
+  parseKeyMacRing,
+  verifyTenantKey,
+} from "../../src/crypto/tenant-keys.ts";
 import { LessorError } from "../../src/errors/index.ts";
 
 function base64(bytes: Uint8Array): string {
@@ -77,29 +85,111 @@ describe("seal", () => {
   });
 });
 
-describe("keys", () => {
-  it("generates prefixed tenant keys of at least 128 bits", () => {
-    const key = generateTenantKey();
-    expect(key).toMatch(/^lsk_[A-Za-z0-9_-]+$/);
-    // base64url carries 6 bits a character.
-    expect((key.length - "lsk_".length) * 6).toBeGreaterThanOrEqual(128);
+const ring: KeyMacRing = { current: 1, keys: new Map([[1, base64(new Uint8Array(32).fill(3))]]) };
+const rotated: KeyMacRing = {
+  current: 2,
+  keys: new Map([
+    [1, base64(new Uint8Array(32).fill(3))],
+    [2, base64(new Uint8Array(32).fill(9))],
+  ]),
+};
+
+describe("tenant keys", () => {
+  it("mints prefixed keys of 48 bytes that name their key id", async () => {
+    const { key, keyId } = await mintTenantKey(ring, "acme");
+    expect(key).toMatch(/^lsk_[A-Za-z0-9_-]{64}$/);
+    expect(keyId).toMatch(/^k_[0-9a-f]{16}$/);
+    expect(await verifyTenantKey(ring, "acme", key)).toEqual({ keyId });
   });
 
-  it("never repeats a key or a password", () => {
-    const keys = new Set(Array.from({ length: 1_000 }, generateTenantKey));
-    expect(keys.size).toBe(1_000);
+  it("never repeats a key, a key id or a password", async () => {
+    const minted = await Promise.all(Array.from({ length: 500 }, () => mintTenantKey(ring, "acme")));
+    expect(new Set(minted.map((m) => m.key)).size).toBe(500);
+    expect(new Set(minted.map((m) => m.keyId)).size).toBe(500);
     const passwords = new Set(Array.from({ length: 1_000 }, generateDatabasePassword));
     expect(passwords.size).toBe(1_000);
   });
 
-  it("spreads keys over the whole alphabet (not a counter or a timestamp)", () => {
-    const bodies = Array.from({ length: 200 }, () => generateTenantKey().slice(4));
-    const characters = new Set(bodies.join(""));
-    expect(characters.size).toBeGreaterThan(60);
-    const firstCharacters = new Set(bodies.map((body) => body[0]));
-    expect(firstCharacters.size).toBeGreaterThan(20);
+  it("refuses a key for another tenant, a forged MAC, a flipped bit, and anything not a key", async () => {
+    const { key } = await mintTenantKey(ring, "acme");
+    expect(await verifyTenantKey(ring, "acme2", key)).toBeNull();
+    expect(await verifyTenantKey(ring, "acm", key)).toBeNull();
+    const body = key.slice(4);
+    for (let i = 0; i < body.length; i += 7) {
+      const flipped = body.slice(0, i) + (body[i] === "A" ? "B" : "A") + body.slice(i + 1);
+      expect(await verifyTenantKey(ring, "acme", `lsk_${flipped}`)).toBeNull();
+    }
+    for (const junk of [
+      "",
+      "lsk_",
+      "hunter2",
+      `lsk_${"A".repeat(64)}`,
+      key.slice(0, -1),
+      `${key}A`,
+      key.toUpperCase(),
+    ]) {
+      expect(await verifyTenantKey(ring, "acme", junk)).toBeNull();
+    }
   });
 
+  it("keeps working across a MAC key rotation, and stops once the old key leaves the ring", async () => {
+    const old = await mintTenantKey(ring, "acme");
+    const fresh = await mintTenantKey(rotated, "acme");
+    expect(await verifyTenantKey(rotated, "acme", old.key)).toEqual({ keyId: old.keyId });
+    expect(await verifyTenantKey(rotated, "acme", fresh.key)).toEqual({ keyId: fresh.keyId });
+    const retired: KeyMacRing = { current: 2, keys: new Map([[2, rotated.keys.get(2) ?? ""]]) };
+    expect(await verifyTenantKey(retired, "acme", old.key)).toBeNull();
+    expect(await verifyTenantKey(retired, "acme", fresh.key)).toEqual({ keyId: fresh.keyId });
+  });
+
+  it("parses LESSOR_KEY_MAC_KEYS as one key or a ring, naming the problem otherwise", () => {
+    const one = base64(new Uint8Array(32).fill(1));
+    expect(parseKeyMacRing(one)).toEqual({ current: 1, keys: new Map([[1, one]]) });
+    expect(parseKeyMacRing(JSON.stringify({ current: 2, keys: { "1": one, "2": one } }))).toMatchObject({
+      current: 2,
+    });
+    expect(parseKeyMacRing(undefined)).toEqual({ problem: "is not set" });
+    expect(parseKeyMacRing("short")).toHaveProperty("problem");
+    expect(parseKeyMacRing(JSON.stringify({ current: 3, keys: { "1": one } }))).toHaveProperty("problem");
+    expect(parseKeyMacRing(JSON.stringify({ current: 1, keys: { "1": "c2hvcnQ=" } }))).toHaveProperty(
+      "problem",
+    );
+  });
+});
+
+describe("SCRAM verifiers", () => {
+  it("derives Postgres's verifier (RFC 7677's worked example: pencil, 4096 iterations)", async () => {
+    const salt = Uint8Array.from(atob("W22ZaJ0SNY7soEsUEjb6gQ=="), (ch) => ch.charCodeAt(0));
+    const verifier = await scramVerifier("pencil", { salt, iterations: 4096 });
+    expect(verifier).toBe(
+      "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=",
+    );
+    expect(isScramVerifier(verifier)).toBe(true);
+    expect(isScramVerifier("pencil")).toBe(false);
+    expect(isScramVerifier("SCRAM-SHA-256$4096:abc$def:ghi")).toBe(false);
+  });
+
+  it("salts every verifier anew", async () => {
+    expect(await scramVerifier("pw")).not.toBe(await scramVerifier("pw"));
+  });
+});
+
+describe("login tokens", () => {
+  it("binds a token to its role, expires it, and never repeats its nonce", async () => {
+    const key = await loginGuardKey("the-password");
+    const mint = await loginTokenMinter("t_0123456789abcdef", key);
+    const now = Date.parse("2026-11-30T00:00:00Z");
+    const tokens = await Promise.all(Array.from({ length: 50 }, () => mint(now)));
+    expect(new Set(tokens.map((t) => t.split(".")[0])).size).toBe(50);
+    for (const token of tokens) expect(token).toMatch(/^[0-9a-f]{32}\.[0-9]+\.[0-9a-f]{64}$/);
+    expect(Number(tokens[0]?.split(".")[1])).toBe(now / 1000 + 120);
+    // The key depends on the password (a tenant-chosen password derives another key).
+    expect(await loginGuardKey("the-password")).toEqual(key);
+    expect(await loginGuardKey("another")).not.toEqual(key);
+  });
+});
+
+describe("keys", () => {
   it("generates URL-safe database passwords of at least 128 bits", () => {
     const password = generateDatabasePassword();
     expect(password).toMatch(/^[A-Za-z0-9_-]+$/);
@@ -108,7 +198,7 @@ describe("keys", () => {
 
   it("hashes a key to lowercase hex SHA-256", async () => {
     expect(await hashKey("abc")).toBe("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    const hash = await hashKey(generateTenantKey());
+    const hash = await hashKey((await mintTenantKey(ring, "acme")).key);
     expect(hash).toMatch(/^[0-9a-f]{64}$/);
     expect(await hashKey("abd")).not.toBe(await hashKey("abc"));
   });

@@ -1,12 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
-import {
-  describeFailure,
-  errorCatalog,
-  errorHeaders,
-  LessorError,
-  logEvent,
-  redact,
-} from "../../src/errors/index.ts";
+import { describeFailure, errorCatalog, errorHeaders, LessorError } from "../../src/errors/index.ts";
+import { logEvent, redact } from "../../src/log/index.ts";
 
 const tenantKey = "lsk_Zm9vYmFyYmF6cXV4cXV1eDEyMzQ1Njc4OTBhYmNkZWY";
 const password = "c2VjcmV0LXBhc3N3b3JkLXRoYXQtaXMtbG9uZy1lbm91Z2g";

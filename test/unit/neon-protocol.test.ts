@@ -29,15 +29,16 @@ describe("parseSqlRequest: single statements", () => {
     expect(parsed({ query: "SELECT $1, $2", params: ["a", null] })).toEqual({
       kind: "single",
       statement: { query: "SELECT $1, $2", params: ["a", null] },
+      output: { rawText: false, arrayMode: false },
     });
   });
 
   it("treats absent or null params as none", () => {
-    expect(parsed({ query: "SELECT 1" })).toEqual({
+    expect(parsed({ query: "SELECT 1" })).toMatchObject({
       kind: "single",
       statement: { query: "SELECT 1", params: [] },
     });
-    expect(parsed({ query: "SELECT 1", params: null })).toEqual({
+    expect(parsed({ query: "SELECT 1", params: null })).toMatchObject({
       kind: "single",
       statement: { query: "SELECT 1", params: [] },
     });
@@ -45,7 +46,7 @@ describe("parseSqlRequest: single statements", () => {
 
   it("serialises numbers, booleans and objects to Postgres text", () => {
     const request = parsed({ query: "SELECT $1, $2, $3, $4", params: [42, true, { a: 1 }, 1.5] });
-    expect(request).toEqual({
+    expect(request).toMatchObject({
       kind: "single",
       statement: { query: "SELECT $1, $2, $3, $4", params: ["42", "true", '{"a":1}', "1.5"] },
     });
@@ -87,11 +88,28 @@ describe("parseSqlRequest: single statements", () => {
   });
 });
 
+describe("parseSqlRequest: output mode", () => {
+  it("answers as the driver asks only when a header says exactly true, as Neon does", () => {
+    expect(
+      parsed({ query: "SELECT 1" }, { "Neon-Raw-Text-Output": "true", "Neon-Array-Mode": "true" }).output,
+    ).toEqual({
+      rawText: true,
+      arrayMode: true,
+    });
+    expect(
+      parsed({ query: "SELECT 1" }, { "Neon-Raw-Text-Output": "True", "Neon-Array-Mode": "1" }).output,
+    ).toEqual({
+      rawText: false,
+      arrayMode: false,
+    });
+  });
+});
+
 describe("parseSqlRequest: transactions", () => {
   const queries = [{ query: "SELECT 1" }, { query: "SELECT $1", params: ["x"] }];
 
   it("reads the statements with no options", () => {
-    expect(parsed({ queries })).toEqual({
+    expect(parsed({ queries })).toMatchObject({
       kind: "transaction",
       statements: [
         { query: "SELECT 1", params: [] },
@@ -138,10 +156,10 @@ describe("parseSqlRequest: transactions", () => {
     expect(problem({ queries }, { [header]: value })).toMatch(/true or false/);
   });
 
-  it("refuses an empty or non-array batch", () => {
-    expect(problem({ queries: [] })).toMatch(/non-empty array/);
-    expect(problem({ queries: "SELECT 1" })).toMatch(/non-empty array/);
-    expect(problem({ queries: null })).toMatch(/non-empty array/);
+  it("takes an empty batch (an empty transaction, as on Neon) and refuses a non-array one", () => {
+    expect(parsed({ queries: [] })).toMatchObject({ kind: "transaction", statements: [] });
+    expect(problem({ queries: "SELECT 1" })).toMatch(/must be an array/);
+    expect(problem({ queries: null })).toMatch(/must be an array/);
   });
 
   it("names the statement that is invalid", () => {

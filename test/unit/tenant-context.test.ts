@@ -1,13 +1,23 @@
 import { describe, expect, it } from "vitest";
 import {
-  currentTenantScope,
   detached,
   requireTenantScope,
   TenantContextError,
+  type TenantScope,
   withTenantScope,
 } from "../../src/tenant-context/index.ts";
 
 const acme = { tenantId: "acme", generation: 1, leaseId: "outer" };
+
+/** The active scope of tenant `acme`, or undefined outside any scope (every scope here is acme's). */
+function activeScope(): TenantScope | undefined {
+  try {
+    return requireTenantScope("acme");
+  } catch (error) {
+    if (error instanceof TenantContextError && error.problem === "no_context") return undefined;
+    throw error;
+  }
+}
 
 describe("tenant scope boundary", () => {
   it("fails closed where no scope exists", () => {
@@ -25,11 +35,11 @@ describe("tenant scope boundary", () => {
       const inner = { tenantId: "acme", generation: 1, leaseId: "inner" };
       await withTenantScope(inner, async () => {
         await Promise.resolve();
-        expect(currentTenantScope()).toBe(inner);
+        expect(activeScope()).toBe(inner);
       });
-      expect(currentTenantScope()).toBe(acme);
+      expect(activeScope()).toBe(acme);
     });
-    expect(currentTenantScope()).toBeUndefined();
+    expect(activeScope()).toBeUndefined();
   });
 
   it("restores the exact previous scope when the work throws", async () => {
@@ -40,9 +50,9 @@ describe("tenant scope boundary", () => {
           throw new Error("boom");
         }),
       ).rejects.toThrow("boom");
-      expect(currentTenantScope()).toBe(acme);
+      expect(activeScope()).toBe(acme);
     });
-    expect(currentTenantScope()).toBeUndefined();
+    expect(activeScope()).toBeUndefined();
   });
 
   it("rejects a switch to another tenant inside an active scope", async () => {
@@ -66,7 +76,7 @@ describe("tenant scope boundary", () => {
     const background: Promise<unknown>[] = [];
     await withTenantScope(acme, async () => {
       // What a `waitUntil`/alarm task started from inside a request would see.
-      background.push(detached(() => Promise.resolve().then(() => currentTenantScope())));
+      background.push(detached(() => Promise.resolve().then(() => activeScope())));
       background.push(
         detached(() => Promise.resolve().then(() => requireTenantScope("acme"))).catch(
           (error: unknown) => error,

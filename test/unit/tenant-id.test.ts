@@ -1,5 +1,12 @@
 import { describe, expect, it } from "vitest";
-import { parseTenantId, quoteIdent, quoteLiteral, tenantDatabaseName } from "../../src/core/tenant-id.ts";
+import {
+  generationOfApplicationName,
+  newTenantObjectName,
+  poolApplicationName,
+  tenantObjectNamePattern,
+} from "../../src/core/names.ts";
+import { parseTenantId } from "../../src/core/tenant-id.ts";
+import { quoteIdent, quoteLiteral } from "../../src/tenant-db/host-admin.ts";
 
 describe("parseTenantId", () => {
   it.each([
@@ -56,10 +63,22 @@ describe("parseTenantId", () => {
 });
 
 describe("tenant database naming", () => {
-  it("prefixes the database name so a tenant cannot be named like a cluster database", () => {
-    const id = parseTenantId("postgres");
-    expect(id).not.toBeNull();
-    if (id) expect(tenantDatabaseName(id)).toBe("tenant_postgres");
+  it("names a tenant's database and role opaquely: nothing of the tenant id, never a cluster name", () => {
+    const names = new Set<string>();
+    for (let i = 0; i < 200; i++) names.add(newTenantObjectName(crypto.getRandomValues(new Uint8Array(8))));
+    expect(names.size).toBe(200);
+    for (const name of names) {
+      expect(name).toMatch(/^t_[0-9a-f]{16}$/);
+      expect(name).toMatch(tenantObjectNamePattern);
+      expect(["postgres", "template0", "template1"]).not.toContain(name);
+    }
+  });
+
+  it("reads a pooled connection's generation back from its application_name, and nothing else", () => {
+    expect(generationOfApplicationName("t_00ff", poolApplicationName("t_00ff", 42))).toBe(42);
+    expect(generationOfApplicationName("t_00ff", "lessor:t_00ff:migrate")).toBeNull();
+    expect(generationOfApplicationName("t_00ff", "lessor:t_00ffee:42")).toBeNull();
+    expect(generationOfApplicationName("t_00ff", "lessor:t_00ff:0")).toBeNull();
   });
 
   it("quotes identifiers and literals by doubling the quote character", () => {

@@ -1,0 +1,149 @@
+/** `lessorctl capacity` and `lessorctl evict --dry-run`: each host's budget, and what an admission would evict. */
+import { type Command, Option } from "commander";
+import type { CapacityStatus, EvictionReport } from "../../src/rpc/budget.ts";
+import { ApiError } from "../client.ts";
+import type { CommandContext } from "../context.ts";
+import { formatDuration, kv } from "../output.ts";
+
+interface FailingAnswer {
+  windowSeconds: number;
+  count: number;
+  byHost: Record<string, number>;
+}
+
+/** Capacity lines of one host: the seed's three lines, then one line per eviction candidate. */
+export function capacityLines(status: CapacityStatus, failed: number | null): string[] {
+  return [
+    kv("repos", {
+      host: status.host,
+      ready: status.pools.allocated,
+      starting: status.pools.reserved,
+      draining: status.pools.draining,
+      failed: failed ?? "unknown",
+    }),
+    kv("connections", {
+      allocated: status.allocated,
+      budget: status.poolCapacity,
+      startup_reserved: status.reserved,
+      waiters: status.waiters,
+      draining: status.draining,
+      reserve: status.reserve,
+      leases: status.leases,
+    }),
+    ...status.candidates.map((c) =>
+      kv("", {
+        eviction_candidate: c.tenantId,
+        idle: formatDuration(c.idleMs),
+        leases: c.leases,
+        pinned: c.pinned,
+        generation: c.generation,
+        size: c.size,
+      }),
+    ),
+  ];
+}
+
+/** Lines of one host's eviction dry run. */
+export function evictionLines(report: EvictionReport): string[] {
+  const lines = [
+    kv("evict_dry_run", {
+      host: report.host,
+      size: report.size,
+      outcome: report.outcome,
+      used: report.used,
+      budget: report.poolCapacity,
+      draining: report.draining,
+      waiters: report.waiters,
+    }),
+  ];
+  for (const p of report.pools) {
+    const facts = {
+      tenant: p.tenantId,
+      generation: p.generation,
+      size: p.size,
+      idle: formatDuration(p.idleMs),
+    };
+    if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
+    else if (p.verdict === "eligible_not_needed") lines.push(kv("eligible_not_needed", facts));
+    else lines.push(kv("not_eligible", { ...facts, reason: p.reason, leases: p.leases }));
+  }
+  return lines;
+}
+
+export function register(program: Command, ctx: CommandContext): void {
+  program
+    .command("capacity")
+    .description("each host's budget: pools by state, connections held, waiters and eviction candidates")
+    .option("--host <host>", "only this host")
+    .addHelpText(
+      "after",
+      `
+Output, per host:
+  repos host=local ready=8 starting=1 draining=1 failed=2
+  connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5   (up to 5, least recently used first)
+
+  ready/starting/draining and the connections come from the host's BudgetObject ledger;
+  budget is connections minus reserve (what pools may hold). failed is not in the ledger (a failed
+  pool holds no capacity): it counts tenants whose latest lifecycle event in the last 24 h moved
+  them to failed, from the control plane ("unknown" if the control plane is unreachable).`,
+    )
+    .action(async (options: { host?: string }, command: Command) => {
+      const client = ctx.client(command);
+      const { hosts } = await client.call<{ hosts: CapacityStatus[] }>("GET", "/v1/capacity");
+      const shown = options.host === undefined ? hosts : hosts.filter((h) => h.host === options.host);
+      if (shown.length === 0)
+        throw new ApiError("unknown_host", "No database host with that name is configured.", 400);
+      let failing: FailingAnswer | null = null;
+      try {
+        failing = await client.call<FailingAnswer>("GET", "/v1/fleet/failing?limit=1");
+      } catch (error) {
+        if (!(error instanceof ApiError) || error.status < 500) throw error;
+      }
+      ctx.print(command, { hosts: shown, failing }, () => {
+        for (const status of shown) {
+          for (const line of capacityLines(status, failing ? (failing.byHost[status.host] ?? 0) : null))
+            ctx.out.line(line);
+        }
+      });
+    });
+
+  program
+    .command("evict")
+    .description("which pools an admission would evict now, in order, and why every other pool is spared")
+    .addOption(
+      new Option(
+        "--dry-run",
+        "report only (required: Lessor evicts only to admit a start)",
+      ).makeOptionMandatory(),
+    )
+    .option("--host <host>", "only this host")
+    .option("--tier <tier>", "size the admission as a pool of this tier (default: the default tier)")
+    .option("--size <connections>", "size the admission in connections instead of a tier")
+    .addHelpText(
+      "after",
+      `
+Output, per host:
+  evict_dry_run host=local size=5 outcome=evicts used=56 budget=56 draining=0 waiters=0
+  evict order=1 tenant=t-099 generation=4 size=5 idle=43m
+  eligible_not_needed tenant=t-120 generation=2 size=5 idle=12m
+  not_eligible tenant=t-007 generation=9 size=5 idle=- reason=leased leases=2
+
+  outcome: fits (no eviction needed), evicts (the evict lines make room), saturated (evicting every
+  eligible pool would not: the start would wait, then get 503 capacity_saturated).
+  reason: starting, draining, pinned, migrating, leased, or not_idle (in use, no idle time reported).
+  Nothing is evicted: this reads the ledger with the same functions a real admission uses.`,
+    )
+    .action(async (options: { host?: string; tier?: string; size?: string }, command: Command) => {
+      const query = new URLSearchParams();
+      if (options.host !== undefined) query.set("host", options.host);
+      if (options.tier !== undefined) query.set("tier", options.tier);
+      if (options.size !== undefined) query.set("size", options.size);
+      const answer = await ctx
+        .client(command)
+        .call<{ hosts: EvictionReport[] }>("GET", `/v1/capacity/evictions?${query.toString()}`);
+      ctx.print(command, answer, () => {
+        for (const report of answer.hosts) for (const line of evictionLines(report)) ctx.out.line(line);
+      });
+    });
+}

@@ -1,0 +1,225 @@
+/** `lessorctl tenants …`: the catalog and each tenant's operator actions. */
+import type { Command } from "commander";
+import type { TenantRuntimeStatus } from "../../src/rpc/tenant.ts";
+import type { CommandContext } from "../context.ts";
+import { kv } from "../output.ts";
+import type { PublicTenant } from "./tenant.ts";
+
+interface Usage {
+  queries: number;
+  rowsReturned: number;
+  errors: number;
+  leaseMs: number;
+  poolStarts: number;
+}
+
+function tenantLine(t: PublicTenant): string {
+  return kv("", {
+    tenant: t.id,
+    status: t.status,
+    tier: t.tier,
+    host: t.host,
+    schema_version: t.schemaVersion,
+    created_at: t.createdAt,
+  });
+}
+
+function runtimeLine(id: string, r: TenantRuntimeStatus): string {
+  return kv("", {
+    tenant: id,
+    generation: r.generation,
+    state: r.state,
+    leases: r.leases,
+    sessions: r.sessions,
+    pinned: r.pinned,
+    migrating: r.migrating,
+    drain_overdue: r.drain?.overdue ?? null,
+    held_leases: r.drain?.heldLeases.length ?? null,
+  });
+}
+
+function usageFields(u: Usage) {
+  return {
+    queries: u.queries,
+    rows_returned: u.rowsReturned,
+    errors: u.errors,
+    lease_ms: u.leaseMs,
+    pool_starts: u.poolStarts,
+  };
+}
+
+const pageOptions = (command: Command) =>
+  command
+    .option("--limit <n>", "page size, 1 to 200", "50")
+    .option("--cursor <cursor>", "the next_cursor of the previous page");
+
+function pageQuery(options: { limit: string; cursor?: string }): string {
+  const query = new URLSearchParams({ limit: options.limit });
+  if (options.cursor !== undefined) query.set("cursor", options.cursor);
+  return query.toString();
+}
+
+export function register(program: Command, ctx: CommandContext): void {
+  const tenants = program
+    .command("tenants")
+    .description("the tenant catalog: list, search, create, disable/enable, drain, pin/unpin, events, usage");
+  const id = (tenantId: string) => encodeURIComponent(tenantId);
+
+  pageOptions(
+    tenants.command("list").description("one page of the catalog, by id (next_cursor=… if more)"),
+  ).action(async (options: { limit: string; cursor?: string }, command: Command) => {
+    const answer = await ctx
+      .client(command)
+      .call<{ tenants: PublicTenant[]; nextCursor: string | null }>(
+        "GET",
+        `/v1/tenants?${pageQuery(options)}`,
+      );
+    ctx.print(command, answer, () => {
+      for (const t of answer.tenants) ctx.out.line(tenantLine(t));
+      if (answer.nextCursor !== null) ctx.out.line(kv("", { next_cursor: answer.nextCursor }));
+    });
+  });
+
+  tenants
+    .command("search")
+    .description("tenants whose id starts with a prefix (at most --limit, 1 to 50)")
+    .argument("<prefix>", "start of a tenant id")
+    .option("--limit <n>", "at most this many", "20")
+    .action(async (prefix: string, options: { limit: string }, command: Command) => {
+      const query = new URLSearchParams({ q: prefix, limit: options.limit });
+      const answer = await ctx
+        .client(command)
+        .call<{ tenants: PublicTenant[] }>("GET", `/v1/fleet/tenants?${query}`);
+      ctx.print(command, answer, () => {
+        for (const t of answer.tenants) ctx.out.line(tenantLine(t));
+      });
+    });
+
+  tenants
+    .command("create")
+    .description(
+      "provision a tenant; prints its key and connection string once (send again to resume a failed create)",
+    )
+    .argument("<tenant>", "tenant id: 1-40 lowercase letters, digits, inner hyphens")
+    .option("--tier <tier>", "pool size tier (LESSOR_POOL_SIZES; default: standard)")
+    .option("--host <host>", "database host (LESSOR_HOSTS; default: the first)")
+    .action(async (tenantId: string, options: { tier?: string; host?: string }, command: Command) => {
+      const answer = await ctx
+        .client(command)
+        .call<{ tenant: PublicTenant; key: string; connectionString: string }>("POST", "/v1/tenants", {
+          body: { id: tenantId, ...options },
+        });
+      ctx.print(command, answer, () =>
+        ctx.out.line(
+          `${tenantLine(answer.tenant)} ${kv("", { key: answer.key, connection_string: answer.connectionString })}`,
+        ),
+      );
+    });
+
+  for (const action of ["disable", "enable"] as const) {
+    tenants
+      .command(action)
+      .description(
+        action === "disable"
+          ? "refuse the tenant's requests with 423 tenant_disabled"
+          : "let a disabled tenant's requests through again",
+      )
+      .argument("<tenant>", "tenant id")
+      .action(async (tenantId: string, _options: unknown, command: Command) => {
+        const answer = await ctx
+          .client(command)
+          .call<{ tenant: PublicTenant }>("POST", `/v1/tenants/${id(tenantId)}/${action}`);
+        ctx.print(command, answer, () => ctx.out.line(tenantLine(answer.tenant)));
+      });
+  }
+
+  tenants
+    .command("drain")
+    .description(
+      "drain the pool: no new leases, stop when leases reach zero (held leases are reported, not killed)",
+    )
+    .argument("<tenant>", "tenant id")
+    .option("--force", "end leases held past LESSOR_MAX_DRAIN_MS (their transactions roll back)")
+    .action(async (tenantId: string, options: { force?: boolean }, command: Command) => {
+      const answer = await ctx
+        .client(command)
+        .call<{ runtime: TenantRuntimeStatus }>("POST", `/v1/tenants/${id(tenantId)}/drain`, {
+          body: { force: options.force === true },
+        });
+      ctx.print(command, answer, () => ctx.out.line(runtimeLine(tenantId, answer.runtime)));
+    });
+
+  for (const action of ["pin", "unpin"] as const) {
+    tenants
+      .command(action)
+      .description(
+        action === "pin" ? "never evict the tenant's pool" : "let the budget evict the pool when idle again",
+      )
+      .argument("<tenant>", "tenant id")
+      .action(async (tenantId: string, _options: unknown, command: Command) => {
+        const answer = await ctx
+          .client(command)
+          .call<{ runtime: TenantRuntimeStatus }>("POST", `/v1/tenants/${id(tenantId)}/${action}`);
+        ctx.print(command, answer, () => ctx.out.line(runtimeLine(tenantId, answer.runtime)));
+      });
+  }
+
+  pageOptions(
+    tenants
+      .command("events")
+      .description("the tenant's lifecycle events, newest first: seq, generation, from, to, reason, at")
+      .argument("<tenant>", "tenant id"),
+  ).action(async (tenantId: string, options: { limit: string; cursor?: string }, command: Command) => {
+    const answer = await ctx.client(command).call<{
+      events: { seq: number; generation: number; from: string; to: string; reason: string; at: string }[];
+      nextCursor: string | null;
+    }>("GET", `/v1/tenants/${id(tenantId)}/events?${pageQuery(options)}`);
+    ctx.print(command, answer, () => {
+      for (const e of answer.events) ctx.out.line(kv("", { tenant: tenantId, ...e }));
+      if (answer.nextCursor !== null) ctx.out.line(kv("", { next_cursor: answer.nextCursor }));
+    });
+  });
+
+  tenants
+    .command("usage")
+    .description("exact usage of one tenant, or of the whole fleet without a tenant")
+    .argument("[tenant]", "tenant id (omit for fleet totals)")
+    .action(async (tenantId: string | undefined, _options: unknown, command: Command) => {
+      const client = ctx.client(command);
+      if (tenantId === undefined) {
+        const fleet = await client.call<{
+          tenants: number;
+          usage: Usage;
+          unfoldedDeltas: number;
+          asOf: string;
+        }>("GET", "/v1/usage");
+        ctx.print(command, fleet, () =>
+          ctx.out.line(
+            kv("fleet", {
+              tenants: fleet.tenants,
+              ...usageFields(fleet.usage),
+              unfolded_deltas: fleet.unfoldedDeltas,
+              as_of: fleet.asOf,
+            }),
+          ),
+        );
+        return;
+      }
+      const usage = await client.call<{
+        tenantId: string;
+        usage: Usage;
+        unfoldedDeltas: number;
+        asOf: string;
+      }>("GET", `/v1/tenants/${id(tenantId)}/usage`);
+      ctx.print(command, usage, () =>
+        ctx.out.line(
+          kv("", {
+            tenant: usage.tenantId,
+            ...usageFields(usage.usage),
+            unfolded_deltas: usage.unfoldedDeltas,
+            as_of: usage.asOf,
+          }),
+        ),
+      );
+    });
+}

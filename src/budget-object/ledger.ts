@@ -1,0 +1,98 @@
+/**
+ * The BudgetObject's ledger in its own SQLite storage (storage-schema.ts, drizzle migrations in
+ * drizzle/budget-object/): one row per pool generation holding capacity on the host, and counters.
+ */
+import { and, eq, sql } from "drizzle-orm";
+import { type DrizzleSqliteDODatabase, drizzle } from "drizzle-orm/durable-sqlite";
+import { migrate } from "drizzle-orm/durable-sqlite/migrator";
+import type { Allocation, AllocationPhase } from "../core/budget.ts";
+import { budgetObjectMigrations } from "../migrations/budget-object.gen.ts";
+import type { PoolReport } from "../rpc/budget.ts";
+import { allocations, budgetObjectSchema, counters } from "./storage-schema.ts";
+
+/** An allocation as stored, with when it last changed (reconcile looks only at quiet ones). */
+export interface LedgerRow extends Allocation {
+  updatedAt: number;
+}
+
+/** Monotonic counters: pools evicted, starts refused for want of capacity, starts granted. */
+export type CounterName = "evictions" | "saturations" | "admissions";
+
+export class CapacityLedger {
+  private constructor(private readonly db: DrizzleSqliteDODatabase<typeof budgetObjectSchema>) {}
+
+  /** Opens the ledger, creating or upgrading its tables. */
+  static async open(storage: DurableObjectStorage): Promise<CapacityLedger> {
+    const db = drizzle(storage, { schema: budgetObjectSchema });
+    await migrate(db, budgetObjectMigrations);
+    return new CapacityLedger(db);
+  }
+
+  rows(): LedgerRow[] {
+    return this.db
+      .select()
+      .from(allocations)
+      .all()
+      .map((row) => ({
+        tenantId: row.tenantId,
+        generation: row.generation,
+        size: row.size,
+        phase: row.phase,
+        idleSince: row.idleSince,
+        leases: row.leases,
+        pinned: row.pinned === 1,
+        migrating: row.migrating === 1,
+        updatedAt: row.updatedAt,
+      }));
+  }
+
+  find(tenantId: string, generation: number): LedgerRow | undefined {
+    return this.rows().find((a) => a.tenantId === tenantId && a.generation === generation);
+  }
+
+  /** Records a starting pool's reservation. */
+  reserve(tenantId: string, generation: number, size: number): void {
+    this.db
+      .insert(allocations)
+      .values({ tenantId, generation, size, phase: "reserved", updatedAt: Date.now() })
+      .run();
+  }
+
+  setPhase(tenantId: string, generation: number, phase: AllocationPhase, report: PoolReport | null): void {
+    const facts = report
+      ? {
+          leases: report.leases,
+          idleSince: report.idleSince,
+          pinned: report.pinned ? 1 : 0,
+          migrating: report.migrating ? 1 : 0,
+        }
+      : {};
+    this.db
+      .update(allocations)
+      .set({ phase, ...facts, updatedAt: Date.now() })
+      .where(and(eq(allocations.tenantId, tenantId), eq(allocations.generation, generation)))
+      .run();
+  }
+
+  remove(tenantId: string, generation: number): void {
+    this.db
+      .delete(allocations)
+      .where(and(eq(allocations.tenantId, tenantId), eq(allocations.generation, generation)))
+      .run();
+  }
+
+  counter(name: CounterName): number {
+    return (
+      this.db.select({ value: counters.value }).from(counters).where(eq(counters.name, name)).get()?.value ??
+      0
+    );
+  }
+
+  bump(name: CounterName): void {
+    this.db
+      .insert(counters)
+      .values({ name, value: 1 })
+      .onConflictDoUpdate({ target: counters.name, set: { value: sql`${counters.value} + 1` } })
+      .run();
+  }
+}

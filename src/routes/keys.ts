@@ -1,0 +1,109 @@
+/**
+ * A tenant's keys (the admin key, or one of the tenant's own keys):
+ *
+ *     POST   /v1/tenants/:id/keys            {"expiresAt"?}  → 201 {keyId, key, createdAt, expiresAt}
+ *     GET    /v1/tenants/:id/keys                            → {keys: [{keyId, createdAt, lastUsedAt, expiresAt}]}
+ *     DELETE /v1/tenants/:id/keys/:keyId     [?force=true]   → 204
+ *
+ * A key is shown once; its hash is never shown. Revocation is immediate: the tenant's object gets
+ * its new key list before the answer, so no request with the key succeeds afterwards, on any route,
+ * and a session lease opened with it ends.
+ */
+import { Hono } from "hono";
+import * as v from "valibot";
+import { loadConfig } from "../config/index.ts";
+import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
+import { issueKey, listKeys, revokeKey } from "../control-plane/keys.ts";
+import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
+import { hashKey } from "../crypto/keys.ts";
+import { mintTenantKey } from "../crypto/tenant-keys.ts";
+import { LessorError } from "../errors/index.ts";
+import { authenticateTenantOrAdmin } from "./auth.ts";
+import type { AppContext, AppEnv } from "./context.ts";
+import { jsonBody, jsonObject, query } from "./validation.ts";
+
+export const keyRoutes = new Hono<AppEnv>();
+
+/** Keys expire at most this far ahead (a longer life is no expiry at all: leave it out). */
+const maxKeyLifeMs = 10 * 365 * 24 * 3600_000;
+
+function tenantParam(c: AppContext): TenantId {
+  const id = parseTenantId(c.req.param("id"));
+  if (!id) throw new LessorError("invalid_tenant_id");
+  return id;
+}
+
+/** Hands the tenant's object its current keys: what makes a revocation immediate. */
+async function refreshObject(c: AppContext, tenantId: TenantId): Promise<void> {
+  const config = loadConfig(c.env);
+  const record = await withControlPlane(config, c.env, (db) => loadTenantRecord(db, config, tenantId));
+  if (record) await c.env.TENANTS.getByName(tenantId).configure(record);
+}
+
+const issueBody = jsonObject({
+  expiresAt: v.optional(
+    v.pipe(
+      v.string("expiresAt must be an ISO 8601 time."),
+      v.isoTimestamp("expiresAt must be an ISO 8601 time with a time zone, e.g. 2027-01-31T00:00:00Z."),
+      v.transform((raw: string) => new Date(raw)),
+      v.check(
+        (at: Date) => at.getTime() > Date.now() && at.getTime() < Date.now() + maxKeyLifeMs,
+        "expiresAt must be in the future, and within ten years.",
+      ),
+    ),
+  ),
+});
+
+keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
+  const tenantId = tenantParam(c);
+  await authenticateTenantOrAdmin(c, tenantId);
+  const { expiresAt } = c.req.valid("json");
+  const config = loadConfig(c.env);
+  const minted = await mintTenantKey(config.keyMacRing, tenantId);
+  const row = await withControlPlane(config, c.env, async (db) =>
+    issueKey(
+      db,
+      { tenantId, keyId: minted.keyId, keyHash: await hashKey(minted.key), expiresAt: expiresAt ?? null },
+      config.maxKeysPerTenant,
+    ),
+  );
+  await refreshObject(c, tenantId);
+  return c.json(
+    {
+      keyId: row.keyId,
+      key: minted.key,
+      createdAt: row.createdAt.toISOString(),
+      expiresAt: row.expiresAt?.toISOString() ?? null,
+    },
+    201,
+  );
+});
+
+keyRoutes.get("/v1/tenants/:id/keys", async (c) => {
+  const tenantId = tenantParam(c);
+  await authenticateTenantOrAdmin(c, tenantId);
+  const rows = await withControlPlane(loadConfig(c.env), c.env, (db) => listKeys(db, tenantId));
+  return c.json({
+    keys: rows.map((row) => ({
+      keyId: row.keyId,
+      createdAt: row.createdAt.toISOString(),
+      lastUsedAt: row.lastUsedAt?.toISOString() ?? null,
+      expiresAt: row.expiresAt?.toISOString() ?? null,
+    })),
+  });
+});
+
+const revokeQuery = v.object({
+  force: v.optional(v.picklist(["true", "false"], "force must be true or false."), "false"),
+});
+
+keyRoutes.delete("/v1/tenants/:id/keys/:keyId", query(revokeQuery), async (c) => {
+  const tenantId = tenantParam(c);
+  await authenticateTenantOrAdmin(c, tenantId);
+  const keyId = c.req.param("keyId");
+  if (!/^k_[0-9a-f]{16}$/.test(keyId)) throw new LessorError("key_not_found");
+  const force = c.req.valid("query").force === "true";
+  await withControlPlane(loadConfig(c.env), c.env, (db) => revokeKey(db, tenantId, keyId, force));
+  await refreshObject(c, tenantId);
+  return c.body(null, 204);
+});

@@ -1,0 +1,70 @@
+/** What crosses RPC between a TenantObject (or a route) and a host's BudgetObject. */
+import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
+
+export type AdmitResult = { granted: true } | { granted: false; retryAfterMs: number; waited: boolean };
+
+/** What a tenant reports about its pool, for victim selection. */
+export interface PoolReport {
+  leases: number;
+  idleSince: number | null;
+  pinned: boolean;
+  migrating: boolean;
+}
+
+/** What a victim answers when the budget asks it to drain. */
+export interface EvictOutcome {
+  evicted: boolean;
+  report: PoolReport;
+}
+
+export interface CapacityStatus {
+  host: string;
+  budget: number;
+  reserve: number;
+  poolCapacity: number;
+  allocated: number;
+  reserved: number;
+  draining: number;
+  pools: Record<AllocationPhase, number>;
+  waiters: number;
+  evictions: number;
+  saturations: number;
+  /** Starts granted capacity since the ledger was created (a monotonic counter). */
+  admissions: number;
+  /** Leases held, as the pools last reported them (each heartbeat, at most 30 s old). */
+  leases: number;
+  candidates: {
+    tenantId: string;
+    generation: number;
+    size: number;
+    idleMs: number;
+    leases: number;
+    pinned: boolean;
+  }[];
+}
+
+/** One pool of an eviction dry run, as it crosses RPC (idle time relative to the object's clock). */
+export interface DryRunPool {
+  tenantId: string;
+  generation: number;
+  size: number;
+  phase: AllocationPhase;
+  idleMs: number | null;
+  leases: number;
+  pinned: boolean;
+  migrating: boolean;
+  verdict: "evict" | "eligible_not_needed" | "not_eligible";
+  /** For `evict`: 1 for the first victim. */
+  order: number | null;
+  /** For `not_eligible`. */
+  reason: NotEvictableReason | null;
+}
+
+/** `GET /v1/capacity/evictions`: what an admission of `size` would evict on a host right now. */
+export interface EvictionReport extends Omit<EvictionDryRun, "pools"> {
+  host: string;
+  budget: number;
+  reserve: number;
+  waiters: number;
+  pools: DryRunPool[];
+}

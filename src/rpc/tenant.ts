@@ -1,0 +1,79 @@
+/**
+ * What crosses RPC between the Worker (routes, cron jobs, campaigns) and a TenantObject. Both sides
+ * import these shapes from here, so no lower layer imports a Durable Object's module.
+ */
+import type { PostgresErrorBody } from "../core/neon-protocol.ts";
+import type { WireError } from "../errors/index.ts";
+
+/** One usable key of a tenant (neither revoked nor, at load time, expired). */
+export interface TenantKeyRecord {
+  keyId: string;
+  /** Hex SHA-256 of the key. */
+  hash: string;
+  /** Epoch ms after which the key no longer works; null: never. */
+  expiresAt: number | null;
+}
+
+/**
+ * What a caller proves to a tenant's object: which of the tenant's keys it holds (the Worker has
+ * already checked the key's MAC) and the key's hash, which the object compares.
+ */
+export interface KeyProof {
+  keyId: string;
+  keyHash: string;
+}
+
+/** What a TenantObject knows about its tenant: enough to authenticate and to start its pool. */
+export interface TenantRecord {
+  tenantId: string;
+  status: "active" | "disabled";
+  keys: TenantKeyRecord[];
+  tier: string;
+  poolSize: number;
+  host: string;
+  databaseName: string;
+  roleName: string;
+  /** Schema version Lessor last applied; the database's own ledger is the truth. */
+  schemaVersion: number;
+}
+
+/** The runtime half of `GET /v1/tenants/:id`. */
+export interface TenantRuntimeStatus {
+  state: "stopped" | "starting" | "ready" | "draining" | "failed";
+  generation: number;
+  poolSize: number | null;
+  leases: number;
+  lastUsedAt: string | null;
+  idleSince: string | null;
+  failureReason: string | null;
+  retryAt: string | null;
+  pendingEvents: number;
+  sessions: number;
+  pinned: boolean;
+  migrating: boolean;
+  schemaVersion: number | null;
+  /** While draining: leases held longer than the maximum drain time (never killed unless forced). */
+  drain: { startedAt: string; overdue: boolean; heldLeases: { lease: string; ageMs: number }[] } | null;
+  reclaimedLeases: number;
+}
+
+/** The answer to a statement. The answer is serialised once, in the object: the Worker passes the text through. */
+export type SqlOutcome =
+  | { ok: true; json: string }
+  | { ok: false; postgres: PostgresErrorBody }
+  | { ok: false; error: WireError };
+
+export type SessionOpened =
+  | { ok: true; lease: string; generation: number; expiresAt: string }
+  | { ok: false; error: WireError };
+
+/** The answer of an RPC that returns nothing but may refuse. */
+export type Verdict = { ok: true } | { ok: false; error: WireError };
+
+export type MigrateOutcome =
+  | { outcome: "migrated"; fromVersion: number; toVersion: number; applied: number[] }
+  | { outcome: "skipped"; reason: "tenant_unknown" | "already_migrating" | "leases_held"; leases?: number }
+  | { outcome: "failed"; version: number | null; summary: string };
+
+/** Session lease tokens: `lsl_<tenant>_<random>`; the tenant part routes the request to the object. */
+export const sessionTokenPrefix = "lsl_";

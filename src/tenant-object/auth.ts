@@ -1,0 +1,70 @@
+/**
+ * Who the object serves: the tenant record (installed by provisioning and operator actions, or
+ * read from the catalog on first use) and the check of a caller's key hash against it.
+ */
+import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
+import { hashesEqual } from "../crypto/keys.ts";
+import { LessorError } from "../errors/index.ts";
+import type { KeyProof, TenantRecord } from "../rpc/tenant.ts";
+import type { TenantRuntime } from "./runtime.ts";
+
+/** Compared against when no key matches, so that path costs what a wrong key costs. */
+const unknownKeyHash = "0".repeat(64);
+
+/** How long an unknown tenant is remembered as unknown, so probes do not hammer the control plane. */
+const negativeCacheMs = 5_000;
+
+export class TenantAuth {
+  private unknownUntil = 0;
+
+  constructor(private readonly rt: TenantRuntime) {}
+
+  /** Installs or replaces the catalog record; the tenant exists, so its storage may be created. */
+  async install(record: TenantRecord): Promise<void> {
+    await this.rt.storage.open();
+    this.rt.record = record;
+    this.unknownUntil = 0;
+    this.rt.storage.write("record", record);
+  }
+
+  /** The record, from memory or (once) from the catalog; null for a tenant that does not exist. */
+  async resolve(tenantId: string): Promise<TenantRecord | null> {
+    if (this.rt.record) return this.rt.record;
+    if (Date.now() < this.unknownUntil) return null;
+    const record = await withControlPlane(this.rt.config, this.rt.env, (db) =>
+      loadTenantRecord(db, this.rt.config, tenantId),
+    );
+    if (!record) {
+      this.unknownUntil = Date.now() + negativeCacheMs;
+      return null;
+    }
+    await this.install(record);
+    return record;
+  }
+
+  /**
+   * The record, if `proof` names one of the tenant's usable keys and carries its hash. A revoked,
+   * expired or unknown key and an unknown tenant are indistinguishable to the caller; a disabled
+   * tenant is refused only after the key checks out.
+   */
+  async authenticate(tenantId: string, proof: KeyProof): Promise<TenantRecord> {
+    const record = await this.resolve(tenantId);
+    const key = record?.tenantId === tenantId ? record.keys.find((k) => k.keyId === proof.keyId) : undefined;
+    // The hash is compared whatever happened before, so a known key id answers no faster.
+    const matches = hashesEqual(key?.hash ?? unknownKeyHash, proof.keyHash);
+    if (!record || !key || !matches || (key.expiresAt !== null && Date.now() >= key.expiresAt)) {
+      throw new LessorError("invalid_credentials");
+    }
+    if (record.status === "disabled") throw new LessorError("tenant_disabled");
+    this.rt.noteKeyUse(key.keyId);
+    return record;
+  }
+
+  /**
+   * A tenant disabled while a request waited for its lease (behind a start, say) is refused with
+   * the lease already in hand; the caller's `finally` releases it.
+   */
+  refuseIfDisabled(): void {
+    if (this.rt.record?.status === "disabled") throw new LessorError("tenant_disabled");
+  }
+}

@@ -1,0 +1,84 @@
+/**
+ * The tenant role's credential and what the object does with the host's admin role: unseal the
+ * password for a start, repair the role's password when it drifted (the tenant set its own: the
+ * start sees 28P01), and fence a dead generation (end its backends before a new one serves, so
+ * none of its writes can commit after).
+ */
+import type { Client } from "@neondatabase/serverless";
+import { hostApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import { scramVerifier } from "../crypto/scram.ts";
+import { unseal } from "../crypto/seal.ts";
+import { LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import { withConnection } from "../postgres/index.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
+import { type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
+import { setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
+import type { TenantRuntime } from "./runtime.ts";
+
+/** The password and the ways to connect with it. */
+export interface UnsealedCredential extends TenantCredential {
+  password: string;
+}
+
+export class TenantCredentials {
+  constructor(private readonly rt: TenantRuntime) {}
+
+  /** Opens the sealed password of `record` and builds its credential. */
+  async open(record: TenantRecord, sealed: string): Promise<UnsealedCredential> {
+    const password = await unseal(this.rt.env.LESSOR_SEAL_KEY, record.tenantId, sealed);
+    return { password, ...(await tenantCredential(this.rt.config, record, password)) };
+  }
+
+  /** Runs `work` on the host's admin connection, named for `purpose`. */
+  private withHostAdmin<T>(
+    record: TenantRecord,
+    purpose: string,
+    work: (admin: Client) => Promise<T>,
+  ): Promise<T> {
+    const host = this.rt.config.hosts.get(record.host);
+    if (!host) {
+      throw new LessorError("misconfigured", { internal: `tenant host ${record.host} is not configured` });
+    }
+    return withConnection(this.rt.config, host.adminUrl, hostApplicationName(purpose), work);
+  }
+
+  /**
+   * Sets the role's password back to the sealed one (as a SCRAM verifier). Lessor's password is the
+   * truth: a password the tenant set for itself is simply overwritten, and the repair is recorded.
+   */
+  async repair(record: TenantRecord, credential: UnsealedCredential, generation: number): Promise<void> {
+    const verifier = await scramVerifier(credential.password);
+    await this.withHostAdmin(record, "repair", (admin) => setRolePassword(admin, record.roleName, verifier));
+    this.rt.note("credential_repaired");
+    logEvent("warn", "credential_repaired", { tenant: record.tenantId, generation });
+  }
+
+  /** Ends one backend of the role through the admin role (a statement that would not stop). */
+  async terminate(record: TenantRecord, pid: number): Promise<boolean> {
+    const { rows } = await this.withHostAdmin(record, "terminate", (admin) =>
+      admin.query(
+        "SELECT pg_terminate_backend(pid, 5000) AS ended FROM pg_stat_activity WHERE pid = $1 AND usename = $2",
+        [pid, record.roleName],
+      ),
+    );
+    return rows[0]?.ended === true;
+  }
+
+  /**
+   * Ends every backend of the role but a running migration's: called before a restarted object's
+   * first generation serves, and when the role is at its connection limit with no live pool of ours.
+   */
+  async fence(record: TenantRecord, why: string): Promise<number> {
+    const ended = await this.withHostAdmin(record, "fence", (admin) =>
+      terminateRoleBackends(admin, record.roleName, {
+        keepApplicationNames: [tenantMaintenanceApplicationName(record.roleName, "migrate")],
+      }),
+    );
+    if (ended > 0) {
+      this.rt.note(`fenced: ${ended} backend(s) ended (${why})`);
+      logEvent("warn", "backends_fenced", { tenant: record.tenantId, ended, why });
+    }
+    return ended;
+  }
+}

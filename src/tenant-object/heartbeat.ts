@@ -1,0 +1,45 @@
+/**
+ * The object's one alarm, a heartbeat while the pool is warm: reclaims abandoned session leases,
+ * reports an overdue drain, drains an idle pool (core/lifecycle.ts decides), tells the budget how
+ * the pool is used, flushes the outboxes, and re-arms for the next thing due. Every step is safe to
+ * run twice or to be cut short: a restarted object re-arms from what storage holds.
+ */
+import { idleDecision } from "../core/lifecycle.ts";
+import { describeFailure } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import { detached } from "../tenant-context/index.ts";
+import type { TenantDrain } from "./drain.ts";
+import { flushOutboxes, hasPendingOutbox } from "./outbox.ts";
+import type { TenantPool } from "./pool.ts";
+import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
+import type { SessionLeases } from "./sessions.ts";
+
+export async function heartbeat(
+  rt: TenantRuntime,
+  rooms: { pool: TenantPool; sessions: SessionLeases; drain: TenantDrain },
+): Promise<void> {
+  const { pool, sessions, drain } = rooms;
+  const now = Date.now();
+  await detached(() => sessions.reclaimExpired(now));
+  drain.reportOverdue(now);
+  const decision = idleDecision({
+    state: rt.lifecycle.state,
+    leases: pool.leases,
+    idleSince: pool.idleSinceReady,
+    now,
+    idleTimeoutMs: rt.config.idleTimeoutMs,
+    heartbeatMs,
+  });
+  if (decision.kind === "drain" && !rt.lifecycle.migrating) await pool.stop("idle_timeout");
+  else await pool.reportToBudget().catch(() => undefined);
+  await flushOutboxes(rt).catch((error: unknown) =>
+    logEvent("warn", "outbox_flush_failed", { tenant: rt.tenantId, failure: describeFailure(error) }),
+  );
+  const wakeups = [
+    decision.kind === "rearm" ? decision.at : null,
+    ...sessions.all().map((s) => s.expiresAt),
+    rt.lifecycle.state === "draining" ? now + heartbeatMs : null,
+    hasPendingOutbox(rt) ? now + heartbeatMs : null,
+  ].filter((t): t is number => t !== null);
+  if (wakeups.length > 0) await rt.ctx.storage.setAlarm(Math.max(now + 100, Math.min(...wakeups)));
+}

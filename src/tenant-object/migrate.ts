@@ -1,0 +1,103 @@
+/**
+ * A schema migration of the tenant's database, run under the object: the tenant enters
+ * `migrating` (new leases wait, bounded, then get `tenant_migrating`; the pool is never evicted),
+ * held leases get up to `drainTimeoutMs` to finish (else the migration is skipped), and the
+ * migrator applies each pending step in a transaction of its own under its advisory lock.
+ */
+import { eq, sql } from "drizzle-orm";
+import { withControlPlane } from "../control-plane/index.ts";
+import { tenants } from "../control-plane/schema.ts";
+import { migrationFinished, migrationStarted } from "../core/lifecycle.ts";
+import { postgresErrorBody } from "../core/neon-protocol.ts";
+import { describeFailure } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import type { MigrateOutcome, TenantRecord } from "../rpc/tenant.ts";
+import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
+import { MigrationError, migrateTenantDatabase, readSchemaVersion } from "../tenant-db/migrator.ts";
+import type { TenantAuth } from "./auth.ts";
+import type { TenantPool } from "./pool.ts";
+import type { TenantRuntime } from "./runtime.ts";
+
+export class SchemaMigration {
+  private running: Promise<void> | null = null;
+
+  constructor(
+    private readonly rt: TenantRuntime,
+    private readonly auth: TenantAuth,
+    private readonly pool: TenantPool,
+  ) {}
+
+  /** Settles when the running migration ends; null when none runs. */
+  get done(): Promise<void> | null {
+    return this.running;
+  }
+
+  async migrate(tenantId: string, targetVersion: number, drainTimeoutMs: number): Promise<MigrateOutcome> {
+    const rt = this.rt;
+    const record = await this.auth.resolve(tenantId).catch(() => null);
+    if (!record) return { outcome: "skipped", reason: "tenant_unknown" };
+    if (rt.lifecycle.migrating) return { outcome: "skipped", reason: "already_migrating" };
+    let finish: () => void = () => undefined;
+    this.running = new Promise<void>((resolve) => {
+      finish = resolve;
+    });
+    rt.apply(migrationStarted(rt.lifecycle), "migration_started");
+    let reached: number | null = null;
+    try {
+      await this.pool.reportToBudget();
+      if (!(await this.pool.waitForNoLeases(drainTimeoutMs))) {
+        return { outcome: "skipped", reason: "leases_held", leases: this.pool.leases };
+      }
+      const run = await withTenantScope(
+        { tenantId, generation: rt.lifecycle.generation, leaseId: "migrate" },
+        () =>
+          this.pool.withDedicatedConnection(record, "migrate", async (client) => {
+            requireTenantScope(tenantId);
+            try {
+              return await migrateTenantDatabase(client, tenantMigrations, targetVersion);
+            } catch (error) {
+              // Earlier steps may have applied: remember the version the database really reached.
+              reached = await readSchemaVersion(client).catch(() => null);
+              throw error;
+            }
+          }),
+      );
+      await this.recordSchemaVersion(record, run.toVersion);
+      return { outcome: "migrated", ...run };
+    } catch (error) {
+      const version = error instanceof MigrationError ? error.version : null;
+      const cause = error instanceof MigrationError ? error.cause : error;
+      const summary = `${error instanceof Error ? error.message : "migration failed"}${
+        postgresErrorBody(cause) ? `: ${describeFailure(cause)}` : ""
+      }`;
+      logEvent("warn", "tenant_migration_failed", {
+        tenant: tenantId,
+        version,
+        failure: describeFailure(cause),
+      });
+      if (reached !== null && reached !== record.schemaVersion) {
+        await this.recordSchemaVersion(record, reached).catch(() => undefined);
+      }
+      return { outcome: "failed", version, summary: summary.slice(0, 500) };
+    } finally {
+      rt.apply(migrationFinished(rt.lifecycle), "migration_finished");
+      finish();
+      this.running = null;
+      await this.pool.reportToBudget().catch(() => undefined);
+    }
+  }
+
+  /** Records the schema version the tenant database reached, here and in the catalog. */
+  private async recordSchemaVersion(record: TenantRecord, version: number): Promise<void> {
+    const rt = this.rt;
+    rt.record = { ...(rt.record ?? record), schemaVersion: version };
+    rt.storage.write("record", rt.record);
+    await withControlPlane(rt.config, rt.env, (db) =>
+      db
+        .update(tenants)
+        .set({ schemaVersion: version, updatedAt: sql`now()` })
+        .where(eq(tenants.id, record.tenantId)),
+    );
+  }
+}

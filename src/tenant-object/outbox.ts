@@ -1,0 +1,41 @@
+/**
+ * The object's two durable outboxes (lifecycle events, usage deltas) and their flush to the
+ * control plane (docs/adr/005-object-outbox.md). Each append there is idempotent on
+ * (tenant, seq), so a flush that dies after the append and before the local delete is harmless.
+ */
+import { appendLifecycleEvents, recordKeyUses, withControlPlane } from "../control-plane/index.ts";
+import { appendUsageDeltas, isZeroUsage, zeroUsage } from "../usage/index.ts";
+import type { TenantRuntime } from "./runtime.ts";
+
+/** Moves the in-memory usage counters into the durable usage outbox. */
+export function stageUsage(rt: TenantRuntime): void {
+  if (isZeroUsage(rt.usage) || !rt.storage.isOpen) return;
+  rt.storage.stageUsage(rt.usage);
+  rt.usage = { ...zeroUsage };
+}
+
+/** Appends both outboxes to the control plane in one connection, then forgets what was appended. */
+export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
+  const record = rt.record;
+  stageUsage(rt);
+  const events = rt.storage.pendingEvents();
+  const usage = rt.storage.pendingUsage();
+  const keyUses = new Map(rt.keyUses);
+  if (!record || (events.length === 0 && usage.length === 0 && keyUses.size === 0)) return;
+  await withControlPlane(rt.config, rt.env, async (db) => {
+    await appendLifecycleEvents(db, record.tenantId, events);
+    await appendUsageDeltas(db, record.tenantId, usage);
+    await recordKeyUses(db, record.tenantId, keyUses);
+  });
+  // Forget only what was written: a use noted meanwhile (a later minute) waits for the next flush.
+  for (const [keyId, minute] of keyUses) if (rt.keyUses.get(keyId) === minute) rt.keyUses.delete(keyId);
+  const lastEvent = events.at(-1);
+  if (lastEvent) rt.storage.forgetEvents(lastEvent.seq);
+  const lastUsage = usage.at(-1);
+  if (lastUsage) rt.storage.forgetUsage(lastUsage.seq);
+}
+
+/** Whether anything waits to be flushed (staged rows, or counters not yet staged). */
+export function hasPendingOutbox(rt: TenantRuntime): boolean {
+  return rt.storage.pendingOutboxRows() > 0 || !isZeroUsage(rt.usage) || rt.keyUses.size > 0;
+}

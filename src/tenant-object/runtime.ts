@@ -1,0 +1,102 @@
+/**
+ * What every room of the TenantObject shares: the runtime handles, the tenant's record, its
+ * lifecycle and its usage counters. The lifecycle changes only through `apply`, which takes a
+ * state decided by core/lifecycle.ts, persists it and records the transition in the outbox, in one
+ * storage transaction. Rooms never build a lifecycle by hand.
+ */
+import { type LessorConfig, loadConfig } from "../config/index.ts";
+import { initialLifecycle, type Lifecycle } from "../core/lifecycle.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
+import { type UsageCounters, zeroUsage } from "../usage/index.ts";
+import { TenantStorage } from "./storage.ts";
+
+/** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
+export const heartbeatMs = 30_000;
+
+export class TenantRuntime {
+  readonly config: LessorConfig;
+  readonly storage: TenantStorage;
+  lifecycle: Lifecycle = initialLifecycle;
+  record: TenantRecord | null = null;
+  pinned = false;
+  /** Usage since the last flush; staged into the durable usage outbox by the alarm. */
+  usage: UsageCounters = { ...zeroUsage };
+  /** Session leases reclaimed because their owner went away (for status). */
+  reclaimedLeases = 0;
+  /**
+   * The object restarted while a generation was live: that generation's backends may still run.
+   * The next start ends them before it serves (persisted, so a second restart still fences).
+   */
+  fencePending = false;
+  /** Minute (epoch ms, floored) each key was last used in, not yet written to the catalog. */
+  readonly keyUses = new Map<string, number>();
+
+  constructor(
+    readonly ctx: DurableObjectState,
+    readonly env: Env,
+  ) {
+    this.config = loadConfig(env);
+    this.storage = new TenantStorage(ctx.storage);
+  }
+
+  /** The tenant id, for logs: empty while the object does not know its tenant. */
+  get tenantId(): string {
+    return this.record?.tenantId ?? "";
+  }
+
+  /** The state an event names: `migrating` overlays the pool state. */
+  private static stateName(lc: Lifecycle): string {
+    return lc.migrating ? "migrating" : lc.state;
+  }
+
+  /**
+   * Moves to `next` (decided by core/lifecycle.ts): persists it and appends the transition to the
+   * outbox, in one storage transaction. A decision that changes nothing records nothing.
+   */
+  apply(next: Lifecycle, reason: string): void {
+    const previous = this.lifecycle;
+    if (next === previous) return;
+    this.lifecycle = next;
+    this.storage.transaction(() => {
+      this.storage.write("lifecycle", next);
+      const from = TenantRuntime.stateName(previous);
+      const to = TenantRuntime.stateName(next);
+      if (from !== to || previous.generation !== next.generation) {
+        this.storage.appendEvent(next.generation, from, to, reason);
+      }
+    });
+  }
+
+  /** Appends an event that is not a transition (an overdue drain, say). */
+  note(reason: string): void {
+    const state = TenantRuntime.stateName(this.lifecycle);
+    this.storage.appendEvent(this.lifecycle.generation, state, state, reason);
+  }
+
+  /** Notes that `keyId` was used now (the catalog keeps last use to the minute). */
+  noteKeyUse(keyId: string): void {
+    this.keyUses.set(keyId, Math.floor(Date.now() / 60_000) * 60_000);
+  }
+
+  /** Records that a dead generation must be fenced before the next one serves. */
+  requireFence(): void {
+    this.fencePending = true;
+    this.storage.write("fence", true);
+  }
+
+  clearFence(): void {
+    this.fencePending = false;
+    this.storage.write("fence", false);
+  }
+
+  /** The BudgetObject of a database host. */
+  budget(host: string) {
+    return this.env.BUDGETS.getByName(host);
+  }
+
+  /** Arms the alarm for `at` unless it is already armed earlier. */
+  async ensureAlarm(at: number): Promise<void> {
+    const current = await this.ctx.storage.getAlarm();
+    if (current === null || current > at) await this.ctx.storage.setAlarm(at);
+  }
+}

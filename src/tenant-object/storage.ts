@@ -1,0 +1,159 @@
+/**
+ * The TenantObject's own SQLite storage: the tenant record and lifecycle (`kv`), the two outboxes
+ * (lifecycle events, usage) and the session-lease tokens. The schema is storage-schema.ts,
+ * versioned by drizzle-kit migrations (drizzle/tenant-object/).
+ *
+ * The tables are created only once the object knows its tenant exists (`open`), so an object that
+ * a request conjured for an id that was never provisioned leaves no storage behind. Until then
+ * every read answers "nothing stored" and a write is a programming error.
+ */
+import { asc, eq, lte, sql } from "drizzle-orm";
+import { type DrizzleSqliteDODatabase, drizzle } from "drizzle-orm/durable-sqlite";
+import { migrate } from "drizzle-orm/durable-sqlite/migrator";
+import type { LifecycleEventRow } from "../control-plane/index.ts";
+import { tenantObjectMigrations } from "../migrations/tenant-object.gen.ts";
+import type { UsageCounters, UsageDeltaRow } from "../usage/index.ts";
+import { kv, outbox, sessionTokens, tenantObjectSchema, usageOutbox } from "./storage-schema.ts";
+
+/** Rows one flush sends to the control plane, at most. */
+const flushBatch = 500;
+
+export interface SessionTokenRow {
+  generation: number;
+  /** How the lease ended, if it ended in a way its owner must be told about. */
+  ended: "lost" | "expired" | null;
+}
+
+/** `session_tokens.lost`: 0 live (or ended by a stop), 1 the connection died, 2 it expired and was reclaimed. */
+const endedCodes = { lost: 1, expired: 2 } as const;
+
+export class TenantStorage {
+  private db: DrizzleSqliteDODatabase<typeof tenantObjectSchema> | null = null;
+
+  constructor(private readonly storage: DurableObjectStorage) {}
+
+  /** Whether this object has served a tenant before (its tables exist). Reading creates nothing. */
+  hasTables(): boolean {
+    return (
+      this.storage.sql.exec("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'kv'").toArray()
+        .length > 0
+    );
+  }
+
+  get isOpen(): boolean {
+    return this.db !== null;
+  }
+
+  /** Creates or upgrades the tables. Call only for a tenant known to exist. Idempotent. */
+  async open(): Promise<void> {
+    if (this.db) return;
+    const db = drizzle(this.storage, { schema: tenantObjectSchema });
+    await migrate(db, tenantObjectMigrations);
+    this.db = db;
+  }
+
+  private get tables(): DrizzleSqliteDODatabase<typeof tenantObjectSchema> {
+    if (!this.db) throw new Error("tenant object storage written before the tenant was known");
+    return this.db;
+  }
+
+  /** Runs `work` in one storage transaction (all its writes commit together, or none). */
+  transaction(work: () => void): void {
+    this.storage.transactionSync(work);
+  }
+
+  // ── kv ─────────────────────────────────────────────────────────────────────────────────────────
+
+  read<T>(key: string): T | null {
+    if (!this.db) return null;
+    const row = this.db.select({ v: kv.v }).from(kv).where(eq(kv.k, key)).get();
+    return row ? (JSON.parse(row.v) as T) : null;
+  }
+
+  write(key: string, value: unknown): void {
+    const v = JSON.stringify(value);
+    this.tables.insert(kv).values({ k: key, v }).onConflictDoUpdate({ target: kv.k, set: { v } }).run();
+  }
+
+  // ── lifecycle outbox ───────────────────────────────────────────────────────────────────────────
+
+  appendEvent(generation: number, fromState: string, toState: string, reason: string): void {
+    this.tables.insert(outbox).values({ generation, fromState, toState, reason, at: Date.now() }).run();
+  }
+
+  pendingEvents(): LifecycleEventRow[] {
+    if (!this.db) return [];
+    return this.db.select().from(outbox).orderBy(asc(outbox.seq)).limit(flushBatch).all();
+  }
+
+  forgetEvents(upTo: number): void {
+    this.tables.delete(outbox).where(lte(outbox.seq, upTo)).run();
+  }
+
+  // ── usage outbox ───────────────────────────────────────────────────────────────────────────────
+
+  stageUsage(counters: UsageCounters): void {
+    this.tables
+      .insert(usageOutbox)
+      .values({ ...counters, at: Date.now() })
+      .run();
+  }
+
+  pendingUsage(): UsageDeltaRow[] {
+    if (!this.db) return [];
+    return this.db.select().from(usageOutbox).orderBy(asc(usageOutbox.seq)).limit(flushBatch).all();
+  }
+
+  forgetUsage(upTo: number): void {
+    this.tables.delete(usageOutbox).where(lte(usageOutbox.seq, upTo)).run();
+  }
+
+  /** Rows waiting in either outbox. */
+  pendingOutboxRows(): number {
+    if (!this.db) return 0;
+    const row = this.db.get<{ n: number }>(
+      sql`SELECT (SELECT count(*) FROM ${outbox}) + (SELECT count(*) FROM ${usageOutbox}) AS n`,
+    );
+    return row.n;
+  }
+
+  // ── session tokens ─────────────────────────────────────────────────────────────────────────────
+
+  rememberSessionToken(tokenHash: string, generation: number, expiresAt: number): void {
+    this.tables
+      .insert(sessionTokens)
+      .values({ tokenHash, generation, expiresAt })
+      .onConflictDoUpdate({ target: sessionTokens.tokenHash, set: { generation, expiresAt, lost: 0 } })
+      .run();
+  }
+
+  findSessionToken(tokenHash: string): SessionTokenRow | null {
+    if (!this.db) return null;
+    const row = this.db
+      .select({ generation: sessionTokens.generation, lost: sessionTokens.lost })
+      .from(sessionTokens)
+      .where(eq(sessionTokens.tokenHash, tokenHash))
+      .get();
+    if (!row) return null;
+    const ended = row.lost === endedCodes.lost ? "lost" : row.lost === endedCodes.expired ? "expired" : null;
+    return { generation: row.generation, ended };
+  }
+
+  markSessionToken(tokenHash: string, ended: "lost" | "expired"): void {
+    this.tables
+      .update(sessionTokens)
+      .set({ lost: endedCodes[ended] })
+      .where(eq(sessionTokens.tokenHash, tokenHash))
+      .run();
+  }
+
+  forgetSessionToken(tokenHash: string): void {
+    this.tables.delete(sessionTokens).where(eq(sessionTokens.tokenHash, tokenHash)).run();
+  }
+
+  /** Forgets tokens that expired before `before` (nobody asks about them any more). */
+  trimSessionTokens(before: number): void {
+    if (!this.db) return;
+    this.db.delete(sessionTokens).where(lte(sessionTokens.expiresAt, before)).run();
+  }
+}

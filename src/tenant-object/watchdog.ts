@@ -1,0 +1,108 @@
+/**
+ * The hard bounds on a tenant's statement, which its SQL cannot lift (`SET statement_timeout = 0`
+ * changes only Postgres's own, soft limit):
+ *
+ * - past the deadline Lessor sends a CancelRequest; if the statement has not stopped a grace
+ *   period later (a PL/pgSQL handler can catch a cancel), the connection is cut and its backend
+ *   terminated through the host's admin role;
+ * - an answer past its byte budget is drained and dropped (execute.ts); one that floods the wire
+ *   gets its connection cut at once.
+ *
+ * A connection that needed a cancel is never reused: a cancel that arrives after its statement ended
+ * could stop the next one.
+ */
+import type { PoolClient } from "@neondatabase/serverless";
+import { describeFailure, LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import { backendPid, type ConnectionTarget, cutConnection, sendCancel } from "../postgres/index.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
+import { markEndedOnPurpose } from "./connection-state.ts";
+import type { TenantCredentials } from "./credentials.ts";
+import type { Overrun } from "./execute.ts";
+import type { TenantRuntime } from "./runtime.ts";
+
+/** How long a cancelled statement gets to stop before its connection is cut. */
+const cancelGraceMs = 2_000;
+
+export class StatementWatchdog {
+  private timedOut = false;
+  private suspect = false;
+  private deadline: ReturnType<typeof setTimeout> | undefined;
+  private grace: ReturnType<typeof setTimeout> | undefined;
+
+  constructor(
+    private readonly rt: TenantRuntime,
+    private readonly credentials: TenantCredentials,
+    private readonly record: TenantRecord,
+    private readonly target: ConnectionTarget,
+    private readonly client: PoolClient,
+  ) {}
+
+  /** What the statement runner calls when an answer overruns its budget. */
+  readonly onOverrun = (why: Overrun): void => {
+    if (why === "too_large") {
+      logEvent("warn", "response_too_large", {
+        tenant: this.record.tenantId,
+        limitBytes: this.rt.config.maxResponseBytes,
+      });
+      return;
+    }
+    if (!this.suspect) this.cut();
+  };
+
+  /** Starts the clock: the statement (or the whole `/sql` transaction) must end within the bound. */
+  arm(): void {
+    this.deadline = setTimeout(() => this.timeout(), this.rt.config.statementTimeoutMs);
+  }
+
+  private timeout(): void {
+    if (this.suspect) return;
+    this.timedOut = true;
+    this.suspect = true;
+    logEvent("warn", "statement_timeout", {
+      tenant: this.record.tenantId,
+      limitMs: this.rt.config.statementTimeoutMs,
+    });
+    sendCancel(this.rt.config, this.target, this.client);
+    this.grace = setTimeout(() => this.cut(), cancelGraceMs);
+  }
+
+  disarm(): void {
+    clearTimeout(this.deadline);
+    clearTimeout(this.grace);
+  }
+
+  /** Whether the connection must be destroyed rather than returned (a cancel was sent at it). */
+  get connectionSuspect(): boolean {
+    return this.suspect;
+  }
+
+  /** The refusal to answer instead of whatever the stopped statement raised. */
+  refusal(): LessorError | null {
+    if (this.timedOut) {
+      return new LessorError("statement_timeout", {
+        publicMessage: `The statement ran longer than ${this.rt.config.statementTimeoutMs} ms (LESSOR_STATEMENT_TIMEOUT_MS) and was stopped; its transaction did not commit.`,
+      });
+    }
+    return null;
+  }
+
+  /** The cancel did not stop it: cut the connection and end the backend through the admin role. */
+  private cut(): void {
+    this.suspect = true;
+    const pid = backendPid(this.client);
+    markEndedOnPurpose(this.client);
+    cutConnection(this.client);
+    if (pid === null) return;
+    this.rt.ctx.waitUntil(
+      this.credentials.terminate(this.record, pid).then(
+        (ended) => logEvent("warn", "statement_terminated", { tenant: this.record.tenantId, ended }),
+        (error: unknown) =>
+          logEvent("error", "statement_terminate_failed", {
+            tenant: this.record.tenantId,
+            failure: describeFailure(error),
+          }),
+      ),
+    );
+  }
+}

@@ -1,0 +1,63 @@
+/**
+ * Every file in examples/ runs against the test stack, so the README's quotes of them never rot
+ * (test/unit/client-examples.test.ts checks that the README quotes them verbatim and that this file
+ * imports each one). Each example exports `main(options)`; here it gets a fresh tenant's connection
+ * string and Lessor's fetch handler, and no LESSOR_URL, so it finds Lessor from the connection
+ * string's host and port as it does on a laptop.
+ */
+import { exports } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import { main as drizzleExample } from "../../examples/drizzle.mjs";
+import { main as leaseExample } from "../../examples/lease.mjs";
+import { main as quickstart } from "../../examples/quickstart.mjs";
+import { main as transactionExample } from "../../examples/transaction.mjs";
+import { asSuperuser, type CreatedTenant, createTenant, runtimeOf, uniqueTenantId } from "./harness.ts";
+
+function lessorFetch(url: string, init: RequestInit): Promise<Response> {
+  return exports.default.fetch(new Request(url, init));
+}
+
+async function options(prefix: string): Promise<{ tenant: CreatedTenant; connectionString: string }> {
+  const tenant = await createTenant(uniqueTenantId(prefix));
+  return { tenant, connectionString: tenant.connectionString };
+}
+
+/** The notes as Postgres has them, read around Lessor. */
+async function notesOf(tenant: CreatedTenant): Promise<{ body: string; stars: number }[]> {
+  const { rows } = await asSuperuser(
+    (client) => client.query("SELECT body, stars FROM notes ORDER BY id"),
+    tenant.database,
+  );
+  return rows as { body: string; stars: number }[];
+}
+
+describe("examples/", () => {
+  it("quickstart.mjs: neon() inserts a note and reads it back", async () => {
+    const { tenant, connectionString } = await options("ex-quick");
+    const rows = await quickstart({ connectionString, fetchFunction: lessorFetch });
+    expect(rows).toEqual([{ id: 1, body: "hello from the quickstart", created_at: expect.anything() }]);
+    expect(await notesOf(tenant)).toEqual([{ body: "hello from the quickstart", stars: 0 }]);
+  });
+
+  it("drizzle.mjs: drizzle's neon-http inserts into the typed notes table and selects", async () => {
+    const { tenant, connectionString } = await options("ex-drizzle");
+    const rows = await drizzleExample({ connectionString, fetchFunction: lessorFetch });
+    expect(rows).toEqual([{ id: 1, body: "hello from drizzle", tags: ["example"], stars: 5 }]);
+    expect(await notesOf(tenant)).toEqual([{ body: "hello from drizzle", stars: 5 }]);
+  });
+
+  it("transaction.mjs: commits both statements, and a failing transaction leaves nothing", async () => {
+    const { tenant, connectionString } = await options("ex-tx");
+    const outcome = await transactionExample({ connectionString, fetchFunction: lessorFetch });
+    expect(outcome).toEqual({ committed: [1, 2], failure: "rolled back: division by zero", notesAdded: 2 });
+    expect((await notesOf(tenant)).map((note) => note.body)).toEqual(["first of two", "second of two"]);
+  });
+
+  it("lease.mjs: an interactive transaction on a session lease, released afterwards", async () => {
+    const { tenant, connectionString } = await options("ex-lease");
+    const starred = await leaseExample({ connectionString, fetchFunction: lessorFetch });
+    expect(starred).toMatchObject({ id: 1, body: "starred on a lease", stars: 1 });
+    expect(await notesOf(tenant)).toEqual([{ body: "starred on a lease", stars: 1 }]);
+    expect((await runtimeOf(tenant.id)).leases).toBe(0);
+  });
+});

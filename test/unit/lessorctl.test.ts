@@ -1,0 +1,398 @@
+/**
+ * lessorctl driven in-process with a fake `fetch`: the output formats (the seed's capacity lines,
+ * status, eviction dry run, campaign progress), `--json`, error codes and exit codes, and help.
+ * tests/browser and the README's captured output run it against a real Lessor.
+ */
+import { describe, expect, it } from "vitest";
+import { formatDuration, formatValue, kv } from "../../cli/output.ts";
+import { runCli } from "../../cli/program.ts";
+import type { CapacityStatus, EvictionReport } from "../../src/rpc/budget.ts";
+
+type Route = (request: Request) => unknown | Response;
+
+interface Run {
+  code: number;
+  stdout: string[];
+  stderr: string[];
+  requests: Request[];
+}
+
+async function lessorctl(
+  argv: string[],
+  routes: Record<string, Route>,
+  env: Record<string, string> = {},
+): Promise<Run> {
+  const stdout: string[] = [];
+  const stderr: string[] = [];
+  const requests: Request[] = [];
+  const fakeFetch = (async (input: RequestInfo | URL, init?: RequestInit) => {
+    const request = new Request(input, init);
+    requests.push(request);
+    const url = new URL(request.url);
+    const route = routes[`${request.method} ${url.pathname}`];
+    if (!route) return Response.json({ code: "not_found", message: "No such route." }, { status: 404 });
+    const answer = await route(request);
+    return answer instanceof Response ? answer : Response.json(answer);
+  }) as typeof fetch;
+  const code = await runCli(argv, {
+    out: {
+      line: (text) => stdout.push(text),
+      error: (text) => stderr.push(text),
+      isTTY: false,
+      redraw: (text) => stdout.push(text),
+    },
+    fetch: fakeFetch,
+    env: { LESSOR_URL: "http://lessor.test", LESSOR_ADMIN_KEY: "admin", ...env },
+    cwd: "/nonexistent",
+    sleep: async () => undefined,
+  });
+  return { code, stdout, stderr, requests };
+}
+
+const capacity: CapacityStatus = {
+  host: "local",
+  budget: 60,
+  reserve: 10,
+  poolCapacity: 50,
+  allocated: 40,
+  reserved: 5,
+  draining: 5,
+  pools: { reserved: 1, allocated: 8, draining: 1 },
+  waiters: 3,
+  evictions: 16,
+  saturations: 2,
+  admissions: 40,
+  leases: 7,
+  candidates: [
+    { tenantId: "t-099", generation: 4, size: 5, idleMs: 43 * 60_000 + 5_000, leases: 0, pinned: false },
+  ],
+};
+
+const failing = { windowSeconds: 86_400, count: 2, byHost: { local: 2 }, tenants: [] };
+
+describe("lessorctl capacity", () => {
+  it("prints the seed's three lines per host, then the eviction candidates", async () => {
+    const run = await lessorctl(["capacity"], {
+      "GET /v1/capacity": () => ({ hosts: [capacity] }),
+      "GET /v1/fleet/failing": () => failing,
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual([
+      "repos host=local ready=8 starting=1 draining=1 failed=2",
+      "connections allocated=40 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=10 leases=7",
+      "eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5",
+    ]);
+    expect(run.requests[0]?.headers.get("Authorization")).toBe("Bearer admin");
+  });
+
+  it("says failed is unknown when the control plane is down, and filters by --host", async () => {
+    const run = await lessorctl(["capacity", "--host", "local"], {
+      "GET /v1/capacity": () => ({ hosts: [capacity, { ...capacity, host: "other" }] }),
+      "GET /v1/fleet/failing": () =>
+        Response.json({ code: "control_plane_unavailable", message: "down" }, { status: 503 }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout[0]).toBe("repos host=local ready=8 starting=1 draining=1 failed=unknown");
+    expect(run.stdout.filter((l) => l.startsWith("repos"))).toHaveLength(1);
+  });
+
+  it("prints JSON with --json", async () => {
+    const run = await lessorctl(["--json", "capacity"], {
+      "GET /v1/capacity": () => ({ hosts: [capacity] }),
+      "GET /v1/fleet/failing": () => failing,
+    });
+    expect(JSON.parse(run.stdout.join("\n"))).toMatchObject({
+      hosts: [{ host: "local" }],
+      failing: { count: 2 },
+    });
+  });
+});
+
+describe("lessorctl errors", () => {
+  it("prints the API's code and message and exits non-zero", async () => {
+    const run = await lessorctl(["status", "nobody"], {
+      "GET /v1/tenants/nobody": () =>
+        Response.json({ code: "tenant_not_found", message: "No such tenant." }, { status: 404 }),
+    });
+    expect(run.code).toBe(1);
+    expect(run.stderr).toEqual(['error code=tenant_not_found status=404 message="No such tenant."']);
+    expect(run.stdout).toEqual([]);
+  });
+
+  it("says so when Lessor cannot be reached or no admin key is known", async () => {
+    const errors: string[] = [];
+    const unreachable = await runCli(["capacity"], {
+      out: { line: () => undefined, error: (t) => errors.push(t), isTTY: false, redraw: () => undefined },
+      fetch: (async () => {
+        throw new TypeError("fetch failed");
+      }) as typeof fetch,
+      env: { LESSOR_URL: "http://127.0.0.1:1", LESSOR_ADMIN_KEY: "k" },
+      cwd: "/nonexistent",
+      sleep: async () => undefined,
+    });
+    expect(unreachable).toBe(1);
+    expect(errors[0]).toMatch(
+      /^error code=unreachable status=0 message="Could not reach Lessor at http:\/\/127.0.0.1:1/,
+    );
+    const noKey = await lessorctl(["capacity"], {}, { LESSOR_ADMIN_KEY: "" });
+    expect(noKey.code).toBe(1);
+    expect(noKey.stderr[0]).toMatch(/^error code=missing_admin_key status=0 /);
+    expect(noKey.requests).toEqual([]);
+  });
+
+  it("refuses evict without --dry-run and an unknown command, with usage on stderr", async () => {
+    const evict = await lessorctl(["evict"], {});
+    expect(evict.code).not.toBe(0);
+    expect(evict.stderr.join("\n")).toContain("--dry-run");
+    expect(evict.requests).toEqual([]);
+    const unknown = await lessorctl(["frobnicate"], {});
+    expect(unknown.code).not.toBe(0);
+  });
+});
+
+describe("lessorctl status, acquire, release", () => {
+  it("prints one key=value line with - for what is not set", async () => {
+    const run = await lessorctl(["status", "acme"], {
+      "GET /v1/tenants/acme": () => ({
+        tenant: { id: "acme", status: "active", tier: "standard", host: "local", schemaVersion: 3 },
+        runtime: {
+          state: "failed",
+          generation: 8,
+          poolSize: null,
+          leases: 0,
+          lastUsedAt: null,
+          idleSince: null,
+          failureReason: "unreachable",
+          retryAt: "2026-11-30T14:02:31.412Z",
+          pendingEvents: 0,
+          sessions: 0,
+          pinned: false,
+          migrating: false,
+          schemaVersion: null,
+          drain: null,
+          reclaimedLeases: 0,
+        },
+      }),
+    });
+    expect(run.stdout).toEqual([
+      "tenant=acme generation=8 state=failed pool_size=- leases=0 sessions=0 schema_version=3 last_used=- failure=unreachable retry_at=2026-11-30T14:02:31.412Z status=active tier=standard host=local pinned=false migrating=false",
+    ]);
+  });
+
+  it("acquires with the tenant's key, not the admin key, and releases", async () => {
+    const run = await lessorctl(["acquire", "acme", "--key", "lsk_tenant", "--ttl", "5000"], {
+      "POST /v1/tenants/acme/leases": async (request) => {
+        expect(request.headers.get("Authorization")).toBe("Bearer lsk_tenant");
+        expect(await request.json()).toEqual({ ttlMs: 5000 });
+        return { lease: "lsl_acme_ab", generation: 8, expiresAt: "2026-11-30T14:03:01.000Z" };
+      },
+    });
+    expect(run.stdout).toEqual([
+      "tenant=acme generation=8 state=ready lease=lsl_acme_ab expires_at=2026-11-30T14:03:01.000Z",
+    ]);
+    const released = await lessorctl(["release", "lsl_acme_ab", "--key", "lsk_tenant"], {
+      "DELETE /v1/leases/lsl_acme_ab": () => new Response(null, { status: 204 }),
+    });
+    expect(released.stdout).toEqual(["lease=lsl_acme_ab released=true"]);
+  });
+});
+
+describe("lessorctl evict --dry-run", () => {
+  it("prints the victims in order and why each other pool is spared", async () => {
+    const report: EvictionReport = {
+      host: "local",
+      budget: 60,
+      reserve: 10,
+      waiters: 0,
+      size: 5,
+      poolCapacity: 50,
+      used: 50,
+      draining: 0,
+      outcome: "evicts",
+      pools: [
+        {
+          tenantId: "old",
+          generation: 2,
+          size: 5,
+          phase: "allocated",
+          idleMs: 3_600_000,
+          leases: 0,
+          pinned: false,
+          migrating: false,
+          verdict: "evict",
+          order: 1,
+          reason: null,
+        },
+        {
+          tenantId: "new",
+          generation: 1,
+          size: 5,
+          phase: "allocated",
+          idleMs: 60_000,
+          leases: 0,
+          pinned: false,
+          migrating: false,
+          verdict: "eligible_not_needed",
+          order: null,
+          reason: null,
+        },
+        {
+          tenantId: "busy",
+          generation: 9,
+          size: 5,
+          phase: "allocated",
+          idleMs: null,
+          leases: 2,
+          pinned: false,
+          migrating: false,
+          verdict: "not_eligible",
+          order: null,
+          reason: "leased",
+        },
+      ],
+    };
+    const run = await lessorctl(["evict", "--dry-run", "--host", "local", "--tier", "standard"], {
+      "GET /v1/capacity/evictions": (request) => {
+        expect(new URL(request.url).search).toBe("?host=local&tier=standard");
+        return { tier: "standard", hosts: [report] };
+      },
+    });
+    expect(run.stdout).toEqual([
+      "evict_dry_run host=local size=5 outcome=evicts used=50 budget=50 draining=0 waiters=0",
+      "evict order=1 tenant=old generation=2 size=5 idle=1h",
+      "eligible_not_needed tenant=new generation=1 size=5 idle=1m",
+      "not_eligible tenant=busy generation=9 size=5 idle=- reason=leased leases=2",
+    ]);
+  });
+});
+
+describe("lessorctl campaign", () => {
+  const cohort = (o: Partial<Record<string, number>> = {}) => ({
+    pending: 0,
+    running: 0,
+    succeeded: 0,
+    failed: 0,
+    skippedRetry: 0,
+    skippedFinal: 0,
+    ...o,
+  });
+  const answer = (state: string, canary: ReturnType<typeof cohort>, rollout: ReturnType<typeof cohort>) => ({
+    campaign: {
+      id: "cmp_0123456789abcdef",
+      state,
+      toVersion: 3,
+      concurrency: 4,
+      blockedReason: null,
+      reason: null,
+    },
+    counts: { pending: 0, running: 0, succeeded: 0, failed: 0, skipped: 0, total: 10 },
+    cohorts: { canary, rollout },
+    tenants: [],
+  });
+
+  it("--watch prints progress until the campaign is done, and exits 0", async () => {
+    const answers = [
+      answer("canary", cohort({ running: 2 }), cohort({ pending: 8 })),
+      answer("rollout", cohort({ succeeded: 2 }), cohort({ pending: 4, running: 4 })),
+      answer("done", cohort({ succeeded: 2 }), cohort({ succeeded: 7, skippedFinal: 1 })),
+    ];
+    let read = 0;
+    const run = await lessorctl(["campaign", "status", "cmp_0123456789abcdef", "--watch"], {
+      "GET /v1/campaigns/cmp_0123456789abcdef": () => answers[Math.min(read++, answers.length - 1)],
+    });
+    expect(run.code).toBe(0);
+    // Three progress lines (one per change), then the final status: the summary and each cohort.
+    expect(run.stdout).toHaveLength(6);
+    expect(run.stdout[4]).toBe(
+      "cohort=canary pending=0 running=0 succeeded=2 failed=0 skipped_retry=0 skipped_final=0",
+    );
+    expect(run.stdout[0]).toMatch(
+      /^\[░+\] {3}0% campaign=cmp_0123456789abcdef state=canary .*remaining=10 total=10 batch=2 canary=running/,
+    );
+    expect(run.stdout[1]).toMatch(/ 20% .*done=2 .*batch=4 canary=passed/);
+    expect(run.stdout[2]).toMatch(/^\[█+\] 100% .*state=done .*done=9 failed=0 skipped=1 remaining=0/);
+  });
+
+  it("--watch exits 1 when the campaign fails; abort cancels", async () => {
+    const run = await lessorctl(["campaign", "status", "cmp_0123456789abcdef", "--watch"], {
+      "GET /v1/campaigns/cmp_0123456789abcdef": () =>
+        answer("failed", cohort({ failed: 1 }), cohort({ pending: 9 })),
+    });
+    expect(run.code).toBe(1);
+    expect(run.stdout[0]).toContain("canary=failed");
+    const aborted = await lessorctl(["campaign", "abort", "cmp_0123456789abcdef"], {
+      "POST /v1/campaigns/cmp_0123456789abcdef/cancel": () => ({
+        campaign: {
+          id: "cmp_0123456789abcdef",
+          state: "cancelled",
+          toVersion: 3,
+          reason: "cancelled by the operator",
+        },
+      }),
+    });
+    expect(aborted.stdout).toEqual([
+      'campaign=cmp_0123456789abcdef state=cancelled to_version=3 reason="cancelled by the operator"',
+    ]);
+  });
+
+  it("create sends only the options given", async () => {
+    const run = await lessorctl(
+      ["campaign", "create", "--to-version", "3", "--canary", "a,b", "--concurrency", "2"],
+      {
+        "POST /v1/campaigns": async (request) => {
+          expect(await request.json()).toEqual({ toVersion: 3, concurrency: 2, canary: ["a", "b"] });
+          return {
+            campaign: { id: "cmp_0123456789abcdef", state: "pending", toVersion: 3 },
+            enrolled: 12,
+            canary: ["a", "b"],
+            alreadyCurrent: 0,
+          };
+        },
+      },
+    );
+    expect(run.stdout).toEqual([
+      "campaign=cmp_0123456789abcdef state=pending to_version=3 enrolled=12 canary=a,b already_current=0",
+    ]);
+  });
+});
+
+describe("lessorctl help and output", () => {
+  it("lists every command, and every command has help", async () => {
+    const top = await lessorctl(["--help"], {});
+    expect(top.code).toBe(0);
+    for (const name of ["capacity", "evict", "status", "acquire", "release", "tenants", "campaign"])
+      expect(top.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
+    const tenants = await lessorctl(["tenants", "--help"], {});
+    for (const name of [
+      "list",
+      "search",
+      "create",
+      "disable",
+      "enable",
+      "drain",
+      "pin",
+      "unpin",
+      "events",
+      "usage",
+    ])
+      expect(tenants.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
+    const campaign = await lessorctl(["campaign", "--help"], {});
+    for (const name of ["create", "list", "status", "pause", "resume", "abort"])
+      expect(campaign.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
+    const capacityHelp = await lessorctl(["capacity", "--help"], {});
+    expect(capacityHelp.stdout.join("\n")).toContain("failed is not in the ledger");
+  });
+
+  it("quotes values that would break a key=value line, and writes durations as operators read them", () => {
+    expect(formatValue("cancelled by the operator")).toBe('"cancelled by the operator"');
+    expect(formatValue(null)).toBe("-");
+    expect(formatValue(["a", "b"])).toBe("a,b");
+    expect(kv("x", { a: 1, b: "two words" })).toBe('x a=1 b="two words"');
+    expect([5_000, 43 * 60_000, 125 * 60_000, 3 * 86_400_000 + 3_600_000].map(formatDuration)).toEqual([
+      "5s",
+      "43m",
+      "2h5m",
+      "3d1h",
+    ]);
+  });
+});

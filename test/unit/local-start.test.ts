@@ -1,0 +1,241 @@
+/**
+ * What `npm start` decides before and around the stack: refusing a second start (and taking over
+ * a stale pid file), refusing a taken port, which Postgres log lines it shows, and the cron
+ * self-trigger. Node-side, on loopback and in temporary folders; no Postgres, no wrangler.
+ */
+import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import {
+  localCronEnabled,
+  msUntilNextMinute,
+  scheduledUrl,
+  startLocalCron,
+  triggerScheduled,
+} from "../../local/cron.ts";
+import { lineSplitter, stackOutputFilter } from "../../local/output-filter.ts";
+import { claimStateDir, describeRunning, isRunning, portFromEnv, portInUse } from "../../local/preflight.ts";
+
+const cleanups: (() => void | Promise<void>)[] = [];
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+});
+
+function tempStateDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), "lessor-start-"));
+  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** A live process whose command line carries `marker` (as `local/start.ts` or `postgres` would). */
+function sleeper(marker: string): ChildProcess {
+  const child = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)", marker], { stdio: "ignore" });
+  cleanups.push(() => void child.kill("SIGKILL"));
+  return child;
+}
+
+/** The pid of a process that has exited. */
+async function deadPid(): Promise<number> {
+  const child = spawn(process.execPath, ["-e", ""], { stdio: "ignore" });
+  await new Promise((done) => child.once("exit", done));
+  if (child.pid === undefined) throw new Error("no pid");
+  return child.pid;
+}
+
+async function listen(handler: Parameters<typeof createServer>[1]): Promise<{ server: Server; url: string }> {
+  const server = createServer(handler);
+  await new Promise<void>((done) => server.listen(0, "127.0.0.1", done));
+  cleanups.push(() => {
+    server.closeAllConnections();
+    return new Promise<void>((done) => server.close(() => done()));
+  });
+  return { server, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
+}
+
+const hasProc = existsSync("/proc/self/cmdline");
+
+describe("npm start: already running", () => {
+  it("takes over a stale pid file whose process is dead, and releases it on exit", async () => {
+    const dir = tempStateDir();
+    writeFileSync(join(dir, "lessor.pid"), `${await deadPid()}\n`);
+    const claim = claimStateDir(dir);
+    expect(claim.ok).toBe(true);
+    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${process.pid}\n`);
+    if (claim.ok) claim.release();
+    expect(existsSync(join(dir, "lessor.pid"))).toBe(false);
+  });
+
+  it("refuses while the pid file's Lessor runs, with the line npm start prints", async () => {
+    const dir = tempStateDir();
+    const other = sleeper("local/start.ts");
+    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\n`);
+    const claim = claimStateDir(dir);
+    expect(claim).toEqual({ ok: false, running: { kind: "lessor", pid: other.pid } });
+    if (!claim.ok)
+      expect(describeRunning(claim.running, dir)).toBe(`Lessor is already running (pid ${other.pid})`);
+    // The refused start leaves the running one's pid file alone.
+    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${other.pid}\n`);
+  });
+
+  it.skipIf(!hasProc)("takes a live pid of an unrelated process for a stale one (pid reuse)", () => {
+    const dir = tempStateDir();
+    const unrelated = sleeper("something-else");
+    writeFileSync(join(dir, "lessor.pid"), `${unrelated.pid}\n`);
+    expect(claimStateDir(dir).ok).toBe(true);
+  });
+
+  it("refuses over a live Postgres left by a killed run, and says how to stop it", () => {
+    const dir = tempStateDir();
+    mkdirSync(join(dir, "pg"));
+    const postgres = sleeper("postgres");
+    writeFileSync(join(dir, "pg", "postmaster.pid"), `${postgres.pid}\n/data\n1700000000\n54329\n`);
+    const claim = claimStateDir(dir);
+    expect(claim).toEqual({ ok: false, running: { kind: "postgres", pid: postgres.pid } });
+    if (!claim.ok) expect(describeRunning(claim.running, dir)).toContain(`kill -INT ${postgres.pid}`);
+    expect(existsSync(join(dir, "lessor.pid"))).toBe(false);
+  });
+
+  it("starts over a postmaster.pid whose Postgres is dead", async () => {
+    const dir = tempStateDir();
+    mkdirSync(join(dir, "pg"));
+    writeFileSync(join(dir, "pg", "postmaster.pid"), `${await deadPid()}\n`);
+    expect(claimStateDir(dir).ok).toBe(true);
+  });
+
+  it("isRunning: a dead pid is not running", async () => {
+    expect(isRunning(await deadPid(), /./)).toBe(false);
+    expect(isRunning(process.pid, /./)).toBe(true);
+  });
+});
+
+describe("npm start: ports", () => {
+  it("finds a port in use while a server holds it, and free once it is closed", async () => {
+    const { server } = await listen((_req, res) => res.end());
+    const { port } = server.address() as AddressInfo;
+    expect(await portInUse(port)).toBe(true);
+    await new Promise<void>((done) => server.close(() => done()));
+    expect(await portInUse(port)).toBe(false);
+  });
+
+  it("reads a port from the environment, or refuses one that is not a port", () => {
+    expect(portFromEnv("PORT", undefined, 8787)).toBe(8787);
+    expect(portFromEnv("PORT", "", 8787)).toBe(8787);
+    expect(portFromEnv("PORT", "9000", 8787)).toBe(9000);
+    expect(() => portFromEnv("PORT", "80a", 8787)).toThrow('PORT must be a port number (1-65535), not "80a"');
+    expect(() => portFromEnv("LESSOR_PG_PORT", "70000", 1)).toThrow("LESSOR_PG_PORT must be a port number");
+  });
+});
+
+describe("npm start: what it shows of Postgres and wrangler", () => {
+  const terminating =
+    "2026-11-30 12:00:00.000 UTC [42] FATAL:  terminating connection due to administrator command";
+  const poolWarning =
+    '▲ [WARNING] {"level":"warn","event":"pool_connection_error","tenant":"acme","generation":1,"failure":"error 57P01"}';
+
+  it("shows errors, and hides the noise of a shutdown only once one is under way", () => {
+    const filter = stackOutputFilter();
+    expect(filter.showPostgres("2026-11-30 12:00:00.000 UTC [40] LOG:  checkpoint starting: time")).toBe(
+      false,
+    );
+    expect(filter.showPostgres('2026-11-30 12:00:00.000 UTC [41] ERROR:  relation "x" does not exist')).toBe(
+      true,
+    );
+    // Outside a shutdown the same lines mean someone terminated backends: they show.
+    expect(filter.showPostgres(terminating)).toBe(true);
+    expect(filter.showWorker(poolWarning)).toBe(true);
+    filter.expectShutdown();
+    expect(filter.showPostgres(terminating)).toBe(false);
+    expect(
+      filter.showPostgres("2026-11-30 12:00:00.000 UTC [43] FATAL:  the database system is shutting down"),
+    ).toBe(false);
+    expect(filter.showWorker(poolWarning)).toBe(false);
+    // Real errors still show during a shutdown.
+    expect(
+      filter.showPostgres(
+        '2026-11-30 12:00:00.000 UTC [44] FATAL:  password authentication failed for user "x"',
+      ),
+    ).toBe(true);
+    expect(filter.showPostgres("2026-11-30 12:00:00.000 UTC [45] PANIC:  could not write to file")).toBe(
+      true,
+    );
+    expect(filter.showWorker("✘ [ERROR] Address already in use (127.0.0.1:8787)")).toBe(true);
+  });
+
+  it("takes a shutdown Postgres announces itself (a Ctrl-C that reached it directly) as expected", () => {
+    const filter = stackOutputFilter();
+    expect(filter.showPostgres("2026-11-30 12:00:00.000 UTC [1] LOG:  received fast shutdown request")).toBe(
+      false,
+    );
+    expect(filter.showPostgres(terminating)).toBe(false);
+    expect(filter.showWorker(poolWarning)).toBe(false);
+  });
+
+  it("cuts output into lines however the chunks fall, multi-byte characters included", () => {
+    const lines: string[] = [];
+    const splitter = lineSplitter((line) => lines.push(line));
+    const bytes = Buffer.from("⛅️ wrangler\nReady on http://127.0.0.1:8787\ntail");
+    for (let i = 0; i < bytes.length; i += 3) splitter.push(bytes.subarray(i, i + 3));
+    expect(lines).toEqual(["⛅️ wrangler", "Ready on http://127.0.0.1:8787"]);
+    splitter.flush();
+    expect(lines).toEqual(["⛅️ wrangler", "Ready on http://127.0.0.1:8787", "tail"]);
+  });
+});
+
+describe("npm start: cron self-trigger", () => {
+  it("is on unless LESSOR_LOCAL_CRON says off", () => {
+    for (const value of [undefined, "", "on", "1", "yes"]) expect(localCronEnabled(value)).toBe(true);
+    for (const value of ["off", "OFF", "0", "false", "no", " off "])
+      expect(localCronEnabled(value)).toBe(false);
+  });
+
+  it("fires at the start of each minute", () => {
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:00.000Z"))).toBe(60_000);
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.250Z"))).toBe(750);
+  });
+
+  it("calls wrangler's /__scheduled with the cron expression, and reports failures in one line", async () => {
+    const seen: string[] = [];
+    const ok = await listen((req, res) => {
+      seen.push(req.url ?? "");
+      res.end("Ran scheduled event");
+    });
+    expect(scheduledUrl(ok.url)).toBe(`${ok.url}/__scheduled?cron=*+*+*+*+*`);
+    expect(await triggerScheduled(ok.url)).toBeUndefined();
+    expect(seen).toEqual(["/__scheduled?cron=*+*+*+*+*"]);
+
+    const broken = await listen((_req, res) =>
+      res.writeHead(500).end("Error: boom\n    at scheduled (x.ts:1)\n"),
+    );
+    expect(await triggerScheduled(broken.url)).toBe("HTTP 500: Error: boom at scheduled (x.ts:1)");
+
+    const slow = await listen(() => undefined);
+    expect(await triggerScheduled(slow.url, 100)).toBe("no answer within 100 ms");
+
+    await new Promise<void>((done) => broken.server.close(() => done()));
+    const refused = await triggerScheduled(broken.url);
+    expect(refused).toContain("ECONNREFUSED");
+    expect(refused).not.toContain("\n");
+  });
+
+  it("keeps firing after failures, logs each in one line, and stops when told", async () => {
+    let hits = 0;
+    const target = await listen((_req, res) => {
+      hits++;
+      res.writeHead(hits % 2 === 0 ? 503 : 200).end("nope");
+    });
+    const lines: string[] = [];
+    const cron = startLocalCron({ baseUrl: target.url, log: (line) => lines.push(line), delay: () => 40 });
+    for (let i = 0; i < 50 && hits < 4; i++) await new Promise((done) => setTimeout(done, 20));
+    cron.stop();
+    const hitsAtStop = hits;
+    await new Promise((done) => setTimeout(done, 150));
+    expect(hitsAtStop).toBeGreaterThanOrEqual(4);
+    expect(hits).toBeLessThanOrEqual(hitsAtStop + 1);
+    expect(lines.length).toBeGreaterThanOrEqual(1);
+    for (const line of lines) expect(line).toBe("[cron] scheduled self-trigger failed: HTTP 503: nope");
+  });
+});

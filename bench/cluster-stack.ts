@@ -19,7 +19,7 @@ import { fork } from "node:child_process";
 import { resolve } from "node:path";
 import pg from "pg";
 import { controlPlaneDatabase, migrateControlPlane } from "../local/stack.ts";
-import { startWsProxy } from "../local/wsproxy.ts";
+import { startWsProxy, type WsProxyStats } from "../local/wsproxy.ts";
 import { type Cluster, startCluster } from "./clusters.ts";
 import { within } from "./processes.ts";
 
@@ -56,7 +56,19 @@ export interface StackReady {
   wsProxyPid: number;
 }
 
-type Message = { type: "restart"; host: string; maxConnections: number } | { type: "fatal-counts" } | "stop";
+type Message =
+  | { type: "restart"; host: string; maxConnections: number }
+  | { type: "fatal-counts" }
+  | { type: "proxy-stats" }
+  | "stop";
+
+/**
+ * The WebSocket proxy's bounds for the benches: the defaults of local/wsproxy.ts are sized for one
+ * Postgres with `max_connections` 400, and a bench fleet holds thousands of tunnels (300 live pools
+ * on each of three hosts, 500 idle tenants of two systems) and opens hundreds at once in a storm.
+ * A tunnel the proxy refused would measure the proxy, not Lessor.
+ */
+const benchProxyLimits = { maxTunnels: 8_000, maxHandshakes: 2_048 };
 
 async function ensureDatabase(adminUrl: string, name: string): Promise<void> {
   const client = new pg.Client(adminUrl);
@@ -109,7 +121,10 @@ async function serve(spec: StackSpec, send: (message: unknown) => void): Promise
   const [control, ...hosts] = clusters as [Cluster, ...Cluster[]];
   await ensureDatabase(control.url(), controlPlaneDatabase);
   await migrateControlPlane(control.url(controlPlaneDatabase));
-  const proxy = await startWsProxy({ allowed: clusters.map((c) => `${c.host}:${c.port}`) });
+  const proxy = await startWsProxy({
+    allowed: clusters.map((c) => `${c.host}:${c.port}`),
+    limits: benchProxyLimits,
+  });
   let stopping = false;
   const stop = async () => {
     if (stopping) return;
@@ -125,6 +140,10 @@ async function serve(spec: StackSpec, send: (message: unknown) => void): Promise
     }
     if (message.type === "fatal-counts") {
       send({ type: "fatal-counts", counts: { ...fatalCounts } });
+      return;
+    }
+    if (message.type === "proxy-stats") {
+      send({ type: "proxy-stats", stats: proxy.stats() });
       return;
     }
     if (message.type === "restart") {
@@ -166,6 +185,11 @@ export interface RunningClusterStack {
   info: StackReady;
   /** FATAL log lines of every cluster so far, by message (cumulative). */
   fatalCounts(): Promise<Record<string, number>>;
+  /**
+   * The WebSocket proxy's counters: every connection Lessor opens to any Postgres of the stack
+   * (control plane or host) is a tunnel, counted per target `host:port` (`tunnels`).
+   */
+  proxyStats(): Promise<WsProxyStats>;
   /** Restarts one host with another max_connections; resolves with its new postmaster pid. */
   restartHost(host: string, maxConnections: number): Promise<number | null>;
   stop(): Promise<void>;
@@ -207,6 +231,19 @@ export async function startClusterStack(spec: StackSpec): Promise<RunningCluster
       });
       child.send({ type: "fatal-counts" });
       return within(answer, 10_000, "FATAL counts");
+    },
+    proxyStats: async () => {
+      const answer = new Promise<WsProxyStats>((done) => {
+        const listen = (message: unknown) => {
+          const typed = message as { type: string; stats?: WsProxyStats };
+          if (typed.type !== "proxy-stats" || !typed.stats) return;
+          child.off("message", listen);
+          done(typed.stats);
+        };
+        child.on("message", listen);
+      });
+      child.send({ type: "proxy-stats" });
+      return within(answer, 10_000, "proxy stats");
     },
     restartHost: async (host, maxConnections) => {
       const answer = new Promise<number | null>((done, reject) => {

@@ -63,6 +63,7 @@ import {
   sleep,
   sourceRevision,
   type TenantCredentials,
+  tenantDatabaseNames,
   wranglerVars,
 } from "./harness.ts";
 import { closeConnections, lightFetch, percentile, runLoad } from "./load.ts";
@@ -130,6 +131,8 @@ interface FleetState {
   password: string;
   adminKey: string;
   sealKey: string;
+  /** `LESSOR_KEY_MAC_KEYS`: tenant keys carry a MAC under it, so it lives as long as the fleet. */
+  keyMacKey: string;
   /** The campaign of the run in progress, if one was created. */
   campaignId: string | null;
   /** Phases already measured in the run in progress (skipped when it is resumed). */
@@ -156,6 +159,11 @@ function loadState(): FleetState {
         `.lessor/bench-fleet holds a fleet on ${state.hosts} hosts, not ${hostCount}: run with --hosts ${state.hosts}, or --fresh to start over`,
       );
     }
+    if (!state.keyMacKey) {
+      throw new Error(
+        ".lessor/bench-fleet holds a fleet from before tenant keys carried a MAC (LESSOR_KEY_MAC_KEYS): its keys no longer work; run with --fresh",
+      );
+    }
     return state;
   }
   const state: FleetState = {
@@ -165,6 +173,7 @@ function loadState(): FleetState {
     password: randomBytes(18).toString("base64url"),
     adminKey: `lak_fleet_${randomBytes(24).toString("base64url")}`,
     sealKey: randomBytes(32).toString("base64"),
+    keyMacKey: randomBytes(32).toString("base64"),
     campaignId: null,
     done: [],
     results: {},
@@ -546,6 +555,7 @@ async function main(): Promise<number> {
     ...vars,
     LESSOR_ADMIN_KEY: state.adminKey,
     LESSOR_SEAL_KEY: state.sealKey,
+    LESSOR_KEY_MAC_KEYS: state.keyMacKey,
     LESSOR_CONTROL_PLANE_URL: stack.info.controlPlaneUrl,
     LESSOR_HOSTS: JSON.stringify(Object.fromEntries(stack.info.hosts.map((h) => [h.name, h.adminUrl]))),
     LESSOR_BUDGETS: JSON.stringify({ "*": hostBudget }),
@@ -1044,6 +1054,13 @@ async function main(): Promise<number> {
   return 0;
 }
 
+/** A tenant's database name, from {@link tenantDatabaseNames}. */
+function databaseOf(names: ReadonlyMap<string, string>, tenant: string): string {
+  const name = names.get(tenant);
+  if (!name) throw new Error(`tenant ${tenant} is not in the catalog`);
+  return name;
+}
+
 // ── Disk ─────────────────────────────────────────────────────────────────────────────────────────
 
 function duMiB(path: string): number {
@@ -1058,13 +1075,13 @@ async function diskFigures(stack: RunningClusterStack, catalogTenants: number) {
       const { rows } = await client.query<{ n: number; avg: string; total: string; template: string }>(
         `SELECT count(*)::int AS n, avg(pg_database_size(datname))::bigint AS avg,
                 sum(pg_database_size(datname))::bigint AS total, pg_database_size('template1') AS template
-           FROM pg_database WHERE datname LIKE 'tenant\\_%'`,
+           FROM pg_database WHERE datname ~ '^t_[0-9a-f]{16}$'`,
       );
       return rows[0];
     });
     const sample = await asSuperuser(host.adminUrl, async (client) => {
       const { rows } = await client.query<{ datname: string }>(
-        "SELECT datname FROM pg_database WHERE datname LIKE 'tenant\\_%' ORDER BY datname LIMIT 1",
+        "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]{16}$' ORDER BY datname LIMIT 1",
       );
       return rows[0]?.datname ?? null;
     });
@@ -1193,12 +1210,13 @@ async function campaignPhase(
     // Every tenant back to schema version 1, by hand (as bench/campaign.ts does): undo the example
     // steps and their ledger rows in each database, and the catalog's recorded version.
     const all = ids.slice(0, catalogTenants);
+    const names = await tenantDatabaseNames(stack.info.controlPlaneUrl);
     progress(`campaign: rolling ${all.length} tenant databases back to schema version 1 (superuser DDL)`);
     const begin = performance.now();
     await inParallel(all, 8, async (tenant) => {
       const host = hosts.get(hostOfId(tenant));
       if (!host) throw new Error(`no host for ${tenant}`);
-      await asSuperuser(databaseUrl(host.adminUrl, `tenant_${tenant}`), async (client) => {
+      await asSuperuser(databaseUrl(host.adminUrl, databaseOf(names, tenant)), async (client) => {
         await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
         await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
         await client.query("DELETE FROM lessor.schema_migrations WHERE version > 1");
@@ -1274,13 +1292,14 @@ async function campaignPhase(
   const bad: string[] = [];
   const notMigratedAt: Record<string, number> = {};
   const succeededIds = new Set(finished.filter((t) => t.state === "succeeded").map((t) => t.tenantId));
+  const names = await tenantDatabaseNames(stack.info.controlPlaneUrl);
   await inParallel(
     finished.map((t) => t.tenantId),
     8,
     async (tenant) => {
       const host = hosts.get(hostOfId(tenant));
       if (!host) return;
-      const row = await asSuperuser(databaseUrl(host.adminUrl, `tenant_${tenant}`), async (client) => {
+      const row = await asSuperuser(databaseUrl(host.adminUrl, databaseOf(names, tenant)), async (client) => {
         const { rows } = await client.query<{ n: number; d: number; v: number }>(
           "SELECT count(*)::int AS n, count(DISTINCT version)::int AS d, max(version) AS v FROM lessor.schema_migrations",
         );

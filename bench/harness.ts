@@ -160,6 +160,19 @@ export async function rawSql(
   return { status: response.status, retryAfter: response.headers.get("retry-after"), body, ms };
 }
 
+/**
+ * Each tenant's database name, from the control plane's catalog: Lessor names a tenant's database
+ * and role opaquely (`t_<16 hex>`, src/core/names.ts) and its API never shows them.
+ */
+export async function tenantDatabaseNames(controlPlaneUrl: string): Promise<Map<string, string>> {
+  return asSuperuser(controlPlaneUrl, async (client) => {
+    const { rows } = await client.query<{ id: string; database_name: string }>(
+      "SELECT id, database_name FROM tenants",
+    );
+    return new Map(rows.map((row) => [row.id, row.database_name]));
+  });
+}
+
 /** Whether a raw answer is the one row `n = 1` (`SELECT 1 AS n`). */
 export function isOne(answer: RawAnswer): boolean {
   const rows = (answer.body as { rows?: unknown } | null)?.rows;

@@ -55,6 +55,7 @@ import {
   sleep,
   sourceRevision,
   type TenantCredentials,
+  tenantDatabaseNames,
   wranglerVars,
 } from "./harness.ts";
 import { closeConnections, type LoadResult, lightFetch, percentile, runLoad } from "./load.ts";
@@ -149,7 +150,16 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 // ── Names and passwords ──────────────────────────────────────────────────────────────────────────
 
 const roleOf = (tenant: string) => `pgb_${tenant}`;
-const databaseOf = (tenant: string) => `tenant_${tenant}`;
+/**
+ * Each tenant's database, as Lessor named it at provisioning (opaque `t_<16 hex>`, kept in the
+ * catalog): read from the control plane once every tenant is provisioned.
+ */
+const databaseNames = new Map<string, string>();
+function databaseOf(tenant: string): string {
+  const name = databaseNames.get(tenant);
+  if (!name) throw new Error(`no database name for tenant ${tenant} (not provisioned?)`);
+  return name;
+}
 const passwords = new Map<string, string>();
 function passwordOf(role: string): string {
   let password = passwords.get(role);
@@ -1061,11 +1071,14 @@ async function main(): Promise<number> {
   const sealKey = randomBytes(32).toString("base64");
   const adminKey = `lak_peers_${randomBytes(24).toString("base64url")}`;
   const baselinePassword = randomBytes(18).toString("base64url");
-  const baselineUrl = `postgres://${bareRole}:${baselinePassword}@127.0.0.1:${host.port}/${databaseOf(warmTenantId)}`;
+  const keyMacKey = randomBytes(32).toString("base64");
+  // The bare Durable Object's login on the warm tenant's database, known once it is provisioned.
+  let baselineUrl = "";
   const envFor = (budget: { connections: number; reserve: number }) => ({
     ...vars,
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: sealKey,
+    LESSOR_KEY_MAC_KEYS: keyMacKey,
     LESSOR_CONTROL_PLANE_URL: stack.info.controlPlaneUrl,
     LESSOR_HOSTS: JSON.stringify({ [hostName]: superuserUrl }),
     LESSOR_BUDGETS: JSON.stringify({ [hostName]: budget }),
@@ -1099,6 +1112,16 @@ async function main(): Promise<number> {
   const provisionS = (performance.now() - provisionBegin) / 1000;
   progress(`  ${fleetIds.length + 1} tenants in ${num(provisionS, 1)} s`);
   const fleet: TenantCredentials[] = fleetIds.map((id) => ({ id, key: keys.get(id) ?? "" }));
+  for (const [id, name] of await tenantDatabaseNames(stack.info.controlPlaneUrl)) databaseNames.set(id, name);
+  baselineUrl = `postgres://${bareRole}:${baselinePassword}@127.0.0.1:${host.port}/${databaseOf(warmTenantId)}`;
+  // The bench Worker's bare object reads BENCH_DATABASE_URL from its environment: start it again
+  // with the warm tenant's database in it. No pool is open yet (provisioning opens none).
+  progress("restarting wrangler dev with the bare object's database URL");
+  await stopWorker(worker);
+  worker = await startWorker(script, envFor(roomyBudget));
+  endpoints.set("lessor-direct", `${worker.direct}/sql`);
+  endpoints.set("noop-direct", `${worker.direct}/bench/noop`);
+  endpoints.set("bare-direct", `${worker.direct}/bench/bare`);
 
   progress(`creating bench_items (${tableRows} rows) in ${warmTenantId} and PgBouncer's login roles`);
   const setup = neonFor(warm, "lessor-direct");
@@ -1127,6 +1150,12 @@ async function main(): Promise<number> {
       await client.query(`GRANT CONNECT ON DATABASE "${databaseOf(tenant)}" TO ${sharedRole}`);
     await client.query(`CREATE ROLE ${bareRole} LOGIN PASSWORD '${baselinePassword}'`);
     await client.query(`GRANT CONNECT ON DATABASE "${databaseOf(warmTenantId)}" TO ${bareRole}`);
+    // Every tenant database has Lessor's login guard (an event trigger on login that refuses any
+    // login of a non-admin role without a one-time token Lessor mints). PgBouncer has no such thing,
+    // so its roles and the baselines' skip it: a superuser-set `event_triggers = off` on those roles
+    // only. Lessor's own tenant roles still pass the guard on every login, as in production.
+    for (const role of [...[warmTenantId, ...fleetIds].map(roleOf), sharedRole, bareRole])
+      await client.query(`ALTER ROLE ${role} SET event_triggers = off`);
   });
   await asSuperuser(databaseUrl(superuserUrl, databaseOf(warmTenantId)), (client) =>
     client.query(`GRANT SELECT ON bench_items TO ${roleOf(warmTenantId)}, ${bareRole}`),

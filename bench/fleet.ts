@@ -412,7 +412,7 @@ async function tick(worker: FleetWrangler): Promise<CronLine[]> {
   for (;;) {
     const lines = worker.cron.slice(before);
     const jobs = new Set(lines.map((l) => l.job));
-    if (jobs.has("usage-fold") && jobs.has("budget_reconcile") && jobs.has("migration-campaigns"))
+    if (jobs.has("usage-fold") && jobs.has("budget-reconcile") && jobs.has("migration-campaigns"))
       return lines;
     if (performance.now() > deadline)
       throw new Error(`a cron tick did not finish within 120 s:\n${worker.tail()}`);
@@ -591,7 +591,7 @@ async function main(): Promise<number> {
     // wake or the reconcile (allocations quiet for 30 s) releases them.
     progress("resumed: one cron tick first, so the budget reconcile releases the last run's dead pools");
     const lines = await tick(worker);
-    const reconcile = lines.find((l) => l.job === "budget_reconcile");
+    const reconcile = lines.find((l) => l.job === "budget-reconcile");
     progress(`  ${reconcile?.summary ?? "no reconcile line"}`);
   }
 
@@ -1344,7 +1344,7 @@ async function campaignPhase(
     ticksClaimingNothing: stalls,
     migrationsAbandonedAtTheTickDeadline: abandoned,
     foldDurationMs: jobDurations("usage-fold"),
-    reconcileDurationMs: jobDurations("budget_reconcile"),
+    reconcileDurationMs: jobDurations("budget-reconcile"),
     productionProjection: {
       cronPerMinute: 1,
       tenantsPerMinute: campaignConcurrency,

@@ -105,6 +105,17 @@ for (const phase of phases) {
   if (!["warm", "idle", "storm"].includes(phase)) throw new Error(`PEERS_PHASES: unknown phase ${phase}`);
 }
 
+/** Lessor [vars] this run overrides (`PEERS_LESSOR_VARS`, JSON of strings); none by default. */
+const lessorVarOverrides = JSON.parse(process.env.PEERS_LESSOR_VARS ?? "{}") as Record<string, string>;
+for (const [name, value] of Object.entries(lessorVarOverrides)) {
+  if (!/^LESSOR_[A-Z_]+$/.test(name) || typeof value !== "string")
+    throw new Error(`PEERS_LESSOR_VARS: ${name} must be a LESSOR_ variable with a string value`);
+}
+/** `PEERS_STORM_SYSTEMS=lessor` storms Lessor alone (PgBouncer's storms do not change with Lessor). */
+const stormSystems = new Set(
+  (process.env.PEERS_STORM_SYSTEMS ?? "lessor,pgbouncer").split(",").map((p) => p.trim()),
+);
+
 const hostName = "pg";
 const warmTenantId = "peerwarm";
 const fleetIds = Array.from({ length: idleTenantCount }, (_, i) => `peer${String(i + 1).padStart(4, "0")}`);
@@ -1067,7 +1078,8 @@ async function main(): Promise<number> {
     async (c) => (await c.query("SHOW server_version")).rows[0]?.server_version as string,
   );
 
-  const vars = wranglerVars();
+  // PEERS_LESSOR_VARS: Lessor [vars] overridden for this run (JSON), to test a hypothesis; recorded.
+  const vars = { ...wranglerVars(), ...lessorVarOverrides };
   const sealKey = randomBytes(32).toString("base64");
   const adminKey = `lak_peers_${randomBytes(24).toString("base64url")}`;
   const baselinePassword = randomBytes(18).toString("base64url");
@@ -1346,6 +1358,7 @@ async function main(): Promise<number> {
         await waitForNoBackends(superuserUrl, `after ${name}`);
       }
     };
+    if (!stormSystems.has("pgbouncer")) return;
     storms.push(
       await bouncerStorm(
         "per-tenant",
@@ -1430,6 +1443,9 @@ async function main(): Promise<number> {
       lessorIdleTimeoutMs,
       bouncerIdleTimeoutsS: bouncerIdleTimeouts,
       provisionConcurrency,
+      phases: [...phases],
+      stormSystems: [...stormSystems],
+      lessorVarOverrides,
     },
     provisioning: { tenants: fleetIds.length + 1, seconds: round(provisionS, 1) },
     backgroundCpuSecondsPerSecond: Object.fromEntries(
@@ -1445,7 +1461,17 @@ async function main(): Promise<number> {
   };
   const resultsDir = resolve(root, "bench/results");
   mkdirSync(resultsDir, { recursive: true });
-  const file = resolve(resultsDir, `peers-${date}.json`);
+  // A run of some phases only (PEERS_PHASES) must not replace the day's full run.
+  const partial = ["warm", "idle", "storm"].filter((p) => phases.has(p));
+  const variant = [
+    ...(partial.length === 3 ? [] : partial),
+    ...(stormSystems.has("pgbouncer") ? [] : ["lessor-only"]),
+    ...Object.entries(lessorVarOverrides).map(([k, v]) => `${k.replace(/^LESSOR_/, "").toLowerCase()}-${v}`),
+  ];
+  const file = resolve(
+    resultsDir,
+    `peers-${date}${variant.length === 0 ? "" : `-${variant.join("-")}`}.json`,
+  );
   writeFileSync(file, `${JSON.stringify(results, null, 2)}\n`);
   console.log(report(results));
   progress(`wrote ${file}`);

@@ -143,7 +143,7 @@ async function upgradeTenantFor(
   tooOldMessage: string,
 ): Promise<void> {
   if (required > tenantMigrations.length) {
-    throw new LessorError("schema_too_old", {
+    throw new LessorError("schema_version_unknown", {
       publicMessage: `${tooOldMessage} This deployment bundles schema versions up to ${tenantMigrations.length}.`,
     });
   }
@@ -180,6 +180,8 @@ async function upgradeTenantFor(
       });
       return;
     case "skipped":
+      if (answer.reason === "maintenance_busy")
+        throw new LessorError("maintenance_busy", { retryAfterSeconds: 1 });
       // Another upgrade is running, or leases did not drain in time: the usual migrating answer.
       throw new LessorError("tenant_migrating", { retryAfterSeconds: 2 });
     case "failed":

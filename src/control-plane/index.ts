@@ -28,7 +28,7 @@ export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: 
  * Runs `work` on a control-plane session: one warm connection of a ControlPlaneObject shard,
  * checked out for `work` and returned after it (reset), with drizzle over it exactly as over a
  * direct connection, transactions included. No handshake happens here: the shard keeps its
- * connections open (docs/adr/009-control-plane-through-a-pooled-object.md). `applicationName`
+ * connections open (docs/adr/010-control-plane-pool-and-maintenance-reserve.md). `applicationName`
  * names the session in `pg_stat_activity` while it lasts. If no connection can be had, this throws
  * `control_plane_unavailable`. Raw SQL work uses `db.$client`.
  */

@@ -72,6 +72,12 @@ export const errorCatalog = {
     message: "The tenant's schema is being migrated; retry shortly.",
     retryable: true,
   },
+  maintenance_busy: {
+    status: 503,
+    message:
+      "Every maintenance connection of the database host's reserve is in use (migrations, provisioning); retry shortly.",
+    retryable: true,
+  },
   capacity_saturated: {
     status: 503,
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",
@@ -113,6 +119,11 @@ export const errorCatalog = {
     message:
       "Every connection of the tenant's pool is held by a session lease; release one or retry shortly.",
     retryable: true,
+  },
+  schema_version_unknown: {
+    status: 409,
+    message:
+      "The request needs a schema version this deployment does not bundle; deploy a Lessor whose tenant migrations include it.",
   },
   schema_too_old: {
     status: 409,

@@ -241,6 +241,60 @@ export function sendCancel(config: LessorConfig, target: ConnectionTarget, clien
   (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
 }
 
+/** Thrown by `underDeadline` when the work outlived its deadline and was cancelled. */
+export class DeadlineExceeded extends Error {
+  override readonly name = "DeadlineExceeded";
+  constructor(readonly deadlineMs: number) {
+    super(`cancelled after its deadline of ${deadlineMs} ms`);
+  }
+}
+
+/** After a cancel, how long a statement may take to stop before its connection is cut. */
+const cancelGraceMs = 2_000;
+
+/**
+ * Runs `work` on `client` within `deadlineMs`: past it, the running statement is cancelled (its
+ * transaction rolls back), and if it has not stopped `cancelGraceMs` later the connection is cut.
+ * Work that ran past its deadline fails with `DeadlineExceeded`, never quietly goes on.
+ */
+export async function underDeadline<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  client: Client,
+  deadlineMs: number,
+  work: () => Promise<T>,
+): Promise<T> {
+  let expired = false;
+  let cut: ReturnType<typeof setTimeout> | undefined;
+  const timer = setTimeout(() => {
+    expired = true;
+    sendCancel(config, target, client);
+    cut = setTimeout(() => cutConnection(client), cancelGraceMs);
+  }, deadlineMs);
+  try {
+    const result = await work();
+    if (expired) throw new DeadlineExceeded(deadlineMs);
+    return result;
+  } catch (error) {
+    throw expired ? new DeadlineExceeded(deadlineMs) : error;
+  } finally {
+    clearTimeout(timer);
+    clearTimeout(cut);
+  }
+}
+
+/** The address part of a connection string, for a cancel request. */
+export function targetOfUrl(connectionString: string): ConnectionTarget {
+  const url = new URL(connectionString);
+  return {
+    host: url.hostname,
+    port: Number(url.port || 5432),
+    user: decodeURIComponent(url.username),
+    password: "",
+    database: decodeURIComponent(url.pathname.replace(/^\//, "")) || "postgres",
+  };
+}
+
 /** Cuts a connection at once (its socket), whatever it is doing; its pending queries fail. */
 export function cutConnection(client: object): void {
   (client as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();

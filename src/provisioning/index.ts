@@ -19,11 +19,18 @@ import { mintTenantKey } from "../crypto/tenant-keys.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import { adminUrlFor, withConnection, withTenantConnection } from "../postgres/index.ts";
+import {
+  adminUrlFor,
+  targetOfUrl,
+  underDeadline,
+  withConnection,
+  withTenantConnection,
+} from "../postgres/index.ts";
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
-import { guardKeyId, roleLimits, sessionLimits, tenantCredential } from "../tenant-db/connect.ts";
+import { guardKeyId, migrationLimits, roleLimits, tenantCredential } from "../tenant-db/connect.ts";
 import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
+import { adminDeadlineMs, withMaintenanceSlot } from "../tenant-db/maintenance.ts";
 import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
 
 export interface ProvisionInput {
@@ -60,19 +67,44 @@ export async function provisionTenant(
   config: LessorConfig,
   input: ProvisionInput,
 ): Promise<Provisioned> {
-  if (!config.poolSizes.has(input.tier)) throw new LessorError("unknown_tier");
-  if (!config.hosts.has(input.host)) throw new LessorError("unknown_host");
-  const provisioned = await withControlPlane(config, env, async (db) => {
-    const { rows } = await db.execute<{ locked: boolean }>(
-      sql`SELECT pg_try_advisory_lock(hashtext('lessor:provision'), hashtext(${input.id})) AS locked`,
-    );
-    if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
-    try {
-      return await provisionLocked(db, env, config, input);
-    } finally {
-      await db.execute(sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`);
-    }
-  });
+  if (!config.poolSizes.has(input.tier)) {
+    throw new LessorError("unknown_tier", {
+      publicMessage: `No tier "${input.tier}"; the configured tiers are ${[...config.poolSizes.keys()].join(", ")}.`,
+    });
+  }
+  if (!config.hosts.has(input.host)) {
+    throw new LessorError("unknown_host", {
+      publicMessage: `No database host "${input.host}"; the configured hosts are ${[...config.hosts.keys()].join(", ")}.`,
+    });
+  }
+  // A resumed create keeps the host it started on; a new one goes where it was asked.
+  const [existing] = await withControlPlane(config, env, (db) =>
+    db.select({ host: tenants.host }).from(tenants).where(eq(tenants.id, input.id)).limit(1),
+  );
+  // The maintenance slot comes first, so a create waiting for one holds no control-plane session.
+  // Its connections (admin, login guard, first migration) open one after another under it.
+  const provisioned = await withMaintenanceSlot(
+    env,
+    config,
+    existing?.host ?? input.host,
+    { purpose: "provision", tenantId: input.id, deadlineMs: 3 * adminDeadlineMs },
+    () =>
+      withControlPlane(config, env, async (db) => {
+        // The lock is on the control-plane session, which withControlPlane keeps for this call and
+        // resets (pg_advisory_unlock_all) before its connection serves anyone else.
+        const { rows } = await db.execute<{ locked: boolean }>(
+          sql`SELECT pg_try_advisory_lock(hashtext('lessor:provision'), hashtext(${input.id})) AS locked`,
+        );
+        if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
+        try {
+          return await provisionLocked(db, env, config, input);
+        } finally {
+          await db.execute(
+            sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`,
+          );
+        }
+      }),
+  );
   // Tell the tenant's object about its record now, so the first query needs no catalog read.
   // If this fails, the object loads the record from the catalog on its first request instead.
   const record = tenantRecordFromRow(provisioned.row, provisioned.keys, config);
@@ -127,16 +159,22 @@ async function provisionLocked(
     const verifier = await scramVerifier(password);
     const guardKey = await loginGuardKey(password);
     const { roleName, databaseName } = row;
-    await withConnection(config, host.adminUrl, hostApplicationName("provision"), async (admin) => {
-      await revokePublicConnect(admin);
-      await ensureTenantRole(admin, roleName, verifier, roleLimits(config, poolSize));
-      await ensureTenantDatabase(admin, databaseName, roleName);
-    });
-    await withConnection(
-      config,
-      adminUrlFor(host.adminUrl, databaseName),
-      hostApplicationName("provision"),
-      async (admin) => installLoginGuard(admin, await guardKeyId(guardKey), guardKey),
+    const applicationName = hostApplicationName(host.name, "provision");
+    await withConnection(config, host.adminUrl, applicationName, (admin) =>
+      underDeadline(config, targetOfUrl(host.adminUrl), admin, adminDeadlineMs, async () => {
+        // Serialise the host's catalog edits: two provisionings granting and revoking on the same
+        // pg_database row at once fail with "tuple concurrently updated". Released at close.
+        await admin.query("SELECT pg_advisory_lock(hashtext('lessor:host-admin'))");
+        await revokePublicConnect(admin);
+        await ensureTenantRole(admin, roleName, verifier, roleLimits(config, poolSize));
+        await ensureTenantDatabase(admin, databaseName, roleName);
+      }),
+    );
+    const guardUrl = adminUrlFor(host.adminUrl, databaseName);
+    await withConnection(config, guardUrl, applicationName, (admin) =>
+      underDeadline(config, targetOfUrl(guardUrl), admin, adminDeadlineMs, async () =>
+        installLoginGuard(admin, await guardKeyId(guardKey), guardKey),
+      ),
     );
     const credential = await tenantCredential(config, row, password);
     const run = await withTenantConnection(
@@ -144,10 +182,13 @@ async function provisionLocked(
       credential.target,
       {
         applicationName: tenantMaintenanceApplicationName(roleName, "migrate"),
-        limits: sessionLimits(config),
+        limits: migrationLimits(config),
         loginToken: credential.loginToken,
       },
-      (client) => migrateTenantDatabase(client, tenantMigrations),
+      (client) =>
+        underDeadline(config, credential.target, client, adminDeadlineMs, () =>
+          migrateTenantDatabase(client, tenantMigrations),
+        ),
     );
     schemaVersion = run.toVersion;
   } catch (error) {

@@ -72,7 +72,11 @@ export type Verdict = { ok: true } | { ok: false; error: WireError };
 
 export type MigrateOutcome =
   | { outcome: "migrated"; fromVersion: number; toVersion: number; applied: number[] }
-  | { outcome: "skipped"; reason: "tenant_unknown" | "already_migrating" | "leases_held"; leases?: number }
+  | {
+      outcome: "skipped";
+      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "maintenance_busy";
+      leases?: number;
+    }
   | { outcome: "failed"; version: number | null; summary: string };
 
 /** Session lease tokens: `lsl_<tenant>_<random>`; the tenant part routes the request to the object. */

@@ -6,6 +6,7 @@ import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { hashesEqual } from "../crypto/keys.ts";
 import { LessorError } from "../errors/index.ts";
 import type { KeyProof, TenantRecord } from "../rpc/tenant.ts";
+import { pendingCatalogVersionKey } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** Compared against when no key matches, so that path costs what a wrong key costs. */
@@ -20,8 +21,14 @@ export class TenantAuth {
   constructor(private readonly rt: TenantRuntime) {}
 
   /** Installs or replaces the catalog record; the tenant exists, so its storage may be created. */
-  async install(record: TenantRecord): Promise<void> {
+  async install(catalogRecord: TenantRecord): Promise<void> {
     await this.rt.storage.open();
+    // A migration the catalog has not heard of yet (a control-plane blip): the database's version wins.
+    const pending = this.rt.storage.read<number>(pendingCatalogVersionKey);
+    const record =
+      pending !== null && pending > catalogRecord.schemaVersion
+        ? { ...catalogRecord, schemaVersion: pending }
+        : catalogRecord;
     this.rt.record = record;
     this.unknownUntil = 0;
     this.rt.storage.write("record", record);

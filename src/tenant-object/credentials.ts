@@ -5,15 +5,15 @@
  * none of its writes can commit after).
  */
 import type { Client } from "@neondatabase/serverless";
-import { hostApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import { tenantMaintenanceApplicationName } from "../core/names.ts";
 import { scramVerifier } from "../crypto/scram.ts";
 import { unseal } from "../crypto/seal.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { withConnection } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
 import { setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
+import { withHostAdmin } from "../tenant-db/maintenance.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** The password and the ways to connect with it. */
@@ -30,17 +30,27 @@ export class TenantCredentials {
     return { password, ...(await tenantCredential(this.rt.config, record, password)) };
   }
 
-  /** Runs `work` on the host's admin connection, named for `purpose`. */
+  /**
+   * Runs `work` on the host's admin connection, named for `purpose`, within a slot of the host's
+   * maintenance reserve (waiting at most `waitMs` for one).
+   */
   private withHostAdmin<T>(
     record: TenantRecord,
     purpose: string,
     work: (admin: Client) => Promise<T>,
+    waitMs?: number,
   ): Promise<T> {
     const host = this.rt.config.hosts.get(record.host);
     if (!host) {
       throw new LessorError("misconfigured", { internal: `tenant host ${record.host} is not configured` });
     }
-    return withConnection(this.rt.config, host.adminUrl, hostApplicationName(purpose), work);
+    return withHostAdmin(
+      this.rt.env,
+      this.rt.config,
+      host,
+      { purpose, tenantId: record.tenantId, ...(waitMs === undefined ? {} : { waitMs }) },
+      work,
+    );
   }
 
   /**
@@ -56,11 +66,16 @@ export class TenantCredentials {
 
   /** Ends one backend of the role through the admin role (a statement that would not stop). */
   async terminate(record: TenantRecord, pid: number): Promise<boolean> {
-    const { rows } = await this.withHostAdmin(record, "terminate", (admin) =>
-      admin.query(
-        "SELECT pg_terminate_backend(pid, 5000) AS ended FROM pg_stat_activity WHERE pid = $1 AND usename = $2",
-        [pid, record.roleName],
-      ),
+    // The watchdog has already cut the connection: a short wait, so a busy reserve delays nothing.
+    const { rows } = await this.withHostAdmin(
+      record,
+      "terminate",
+      (admin) =>
+        admin.query(
+          "SELECT pg_terminate_backend(pid, 5000) AS ended FROM pg_stat_activity WHERE pid = $1 AND usename = $2",
+          [pid, record.roleName],
+        ),
+      500,
     );
     return rows[0]?.ended === true;
   }

@@ -32,10 +32,11 @@ import {
 import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { type ConnectionTarget, openPool, withTenantConnection } from "../postgres/index.ts";
+import { type ConnectionTarget, openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { sessionLimits } from "../tenant-db/connect.ts";
+import { migrationLimits, sessionLimits } from "../tenant-db/connect.ts";
+import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
 import { trackTransactionStatus } from "./connection-state.ts";
 import { TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
@@ -277,10 +278,12 @@ export class TenantPool {
         rt.apply(startRefused(rt.lifecycle), "capacity_saturated");
         throw error;
       }
-      const reason: FailureReason =
-        error instanceof LessorError && error.code === "control_plane_unavailable"
-          ? "control_plane_unavailable"
-          : classifyStartFailure(error);
+      if (error instanceof LessorError && error.code === "control_plane_unavailable") {
+        // Not the tenant's fault, and no connection was opened: no backoff, the caller retries.
+        rt.apply(startRefused(rt.lifecycle), "control_plane_unavailable");
+        throw error;
+      }
+      const reason: FailureReason = classifyStartFailure(error);
       logEvent("warn", "pool_start_failed", {
         tenant: record.tenantId,
         generation,
@@ -363,26 +366,39 @@ export class TenantPool {
     this.rt.clearFence();
   }
 
-  /** A connection outside the pool, for maintenance (migrations). It draws on the host's reserve. */
+  /**
+   * A connection outside the pool, for maintenance (migrations): it holds a slot of the host's
+   * maintenance reserve while open (`maintenance_busy` if none comes within the admission wait),
+   * and its work is cancelled at the migration deadline rather than left running.
+   */
   async withDedicatedConnection<T>(
     record: TenantRecord,
     purpose: "migrate",
     work: (client: Client) => Promise<T>,
   ): Promise<T> {
-    const sealed = await withControlPlane(this.rt.config, this.rt.env, (db) =>
+    const config = this.rt.config;
+    const sealed = await withControlPlane(config, this.rt.env, (db) =>
       loadSealedPassword(db, record.tenantId),
     );
     if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
     const credential = await this.credentials.open(record, sealed);
-    return withTenantConnection(
-      this.rt.config,
-      credential.target,
-      {
-        applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
-        limits: sessionLimits(this.rt.config),
-        loginToken: credential.loginToken,
-      },
-      work,
+    return withMaintenanceSlot(
+      this.rt.env,
+      config,
+      record.host,
+      { purpose, tenantId: record.tenantId, deadlineMs: config.migrationTimeoutMs },
+      () =>
+        withTenantConnection(
+          config,
+          credential.target,
+          {
+            applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
+            limits: migrationLimits(config),
+            loginToken: credential.loginToken,
+          },
+          (client) =>
+            underDeadline(config, credential.target, client, config.migrationTimeoutMs, () => work(client)),
+        ),
     );
   }
 

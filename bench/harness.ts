@@ -115,11 +115,29 @@ export async function provision(
   id: string,
   host?: string,
 ): Promise<TenantCredentials> {
-  const body = (await admin(base, adminKey, "/v1/tenants", host === undefined ? { id } : { id, host })) as {
-    key?: unknown;
-  };
-  if (typeof body.key !== "string") throw new Error(`provisioning ${id} returned no key`);
-  return { id, key: body.key };
+  // Provisioning takes a maintenance connection from the host's reserve: more concurrent creates
+  // than the reserve holds answer 503 maintenance_busy, which a caller retries (bounded).
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const body = (await admin(
+        base,
+        adminKey,
+        "/v1/tenants",
+        host === undefined ? { id } : { id, host },
+      )) as {
+        key?: unknown;
+      };
+      if (typeof body.key !== "string") throw new Error(`provisioning ${id} returned no key`);
+      return { id, key: body.key };
+    } catch (error) {
+      const retryable =
+        error instanceof ApiError &&
+        error.status === 503 &&
+        /maintenance_busy|control_plane_unavailable/.test(error.body);
+      if (!retryable || attempt >= 30) throw error;
+      await sleep(500 + Math.random() * 500);
+    }
+  }
 }
 
 export interface RawAnswer {

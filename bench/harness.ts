@@ -98,14 +98,23 @@ export async function admin(
   body?: unknown,
   method?: string,
 ): Promise<unknown> {
-  const response = await lightFetch(`${base}${path}`, {
-    method: method ?? (body === undefined ? "GET" : "POST"),
-    headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
-  });
-  const text = await response.text();
-  if (!response.ok) throw new ApiError(response.status, text, `${method ?? "GET/POST"} ${path}`);
-  return text === "" ? null : (JSON.parse(text) as unknown);
+  // A read that meets a control-plane blip (503 control_plane_unavailable, which Lessor marks
+  // retryable) is asked again, a few times; anything else is the caller's to judge.
+  const reads = body === undefined && (method ?? "GET") === "GET";
+  for (let attempt = 1; ; attempt++) {
+    const response = await lightFetch(`${base}${path}`, {
+      method: method ?? (body === undefined ? "GET" : "POST"),
+      headers: { authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+    });
+    const text = await response.text();
+    if (reads && attempt < 5 && response.status === 503 && text.includes("control_plane_unavailable")) {
+      await sleep(1_000 * attempt);
+      continue;
+    }
+    if (!response.ok) throw new ApiError(response.status, text, `${method ?? "GET/POST"} ${path}`);
+    return text === "" ? null : (JSON.parse(text) as unknown);
+  }
 }
 
 /** `POST /v1/tenants`; returns the key. */

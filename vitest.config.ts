@@ -50,6 +50,9 @@ export default defineConfig({
           name: "unit",
           include: ["test/unit/**/*.test.ts"],
           environment: "node",
+          // A few unit tests drive real sockets (the WebSocket proxy's backpressure) and take seconds
+          // on a loaded machine; their own loops are bounded.
+          testTimeout: 60_000,
         },
       },
       workersProject("workers", ["test/integration/**/*.test.ts"], "./test/global-setup.ts"),

@@ -175,6 +175,7 @@ interface HostCapacity {
   waiters: number;
   evictions: number;
   saturations: number;
+  admissions: number;
 }
 
 async function capacity(): Promise<HostCapacity> {
@@ -278,11 +279,23 @@ interface DemoTenant {
 
 async function provision(controlPlane: pg.Client): Promise<DemoTenant[]> {
   const ids = Array.from({ length: tenantCount }, (_, i) => `demo-${String(i).padStart(4, "0")}`);
+  let provisioned = 0;
   const created = await mapConcurrent(ids, 8, async (id) => {
-    let answer: { status: number; body: unknown } = { status: 0, body: null };
-    for (let attempt = 0; attempt < 5 && answer.status !== 201; attempt++) {
-      if (attempt > 0) await sleep(500);
+    let answer: { status: number; body: unknown; retryAfter: string | null } = {
+      status: 0,
+      body: null,
+      retryAfter: null,
+    };
+    // Creates share the host's maintenance reserve: a 503 (maintenance_busy) is retried after its
+    // Retry-After, as any client should; anything else a few times.
+    for (let attempt = 0; attempt < 40 && answer.status !== 201; attempt++) {
+      if (attempt > 0) await sleep(answer.status === 503 ? Number(answer.retryAfter ?? 1) * 1_000 : 500);
       answer = await api("/v1/tenants", { method: "POST", json: { id, tier } });
+      if (answer.status !== 201 && answer.status !== 503 && attempt >= 4) break;
+    }
+    provisioned++;
+    if (provisioned % Math.max(1, Math.ceil(tenantCount / 10)) === 0 || provisioned === tenantCount) {
+      console.log(`# provisioning: ${provisioned}/${tenantCount} tenants`);
     }
     if (answer.status !== 201)
       throw new Error(`create ${id}: ${answer.status} ${JSON.stringify(answer.body)}`);
@@ -627,7 +640,23 @@ async function main(): Promise<{ summary: string[]; pass: boolean }> {
     const leaseKeeper = keepLeasesBusy(leases);
     const runStarted = Date.now();
     const plan = Array.from({ length: operationCount }, (_, i) => tenants[i % tenants.length] as DemoTenant);
-    const operations = await mapConcurrent(plan, concurrency, runOperation);
+    let done = 0;
+    // Progress every 5 s: operations done of the total, pool starts ("repos") and evictions so far.
+    const progress = setInterval(() => {
+      void capacity()
+        .then((status) => {
+          console.log(
+            `# progress: ${done}/${operationCount} operations, ${status.admissions} pool starts granted, ` +
+              `${status.evictions - evictionsBefore} evictions, ${status.waiters} starts waiting`,
+          );
+        })
+        .catch(() => undefined);
+    }, 5_000);
+    const operations = await mapConcurrent(plan, concurrency, async (tenant) => {
+      const op = await runOperation(tenant);
+      done++;
+      return op;
+    }).finally(() => clearInterval(progress));
     const runMs = Date.now() - runStarted;
     await leaseKeeper.stop();
     // One last use of every lease after the storm, then give them back.

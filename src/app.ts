@@ -25,10 +25,13 @@ const bodyLimits = new WeakMap<object, MiddlewareHandler<AppEnv>>();
 app.use("*", (c, next) => {
   let limit = bodyLimits.get(c.env);
   if (!limit) {
+    const maxBytes = loadConfig(c.env).maxBodyBytes;
     limit = bodyLimit({
-      maxSize: loadConfig(c.env).maxBodyBytes,
+      maxSize: maxBytes,
       onError: () => {
-        throw new LessorError("payload_too_large");
+        throw new LessorError("payload_too_large", {
+          publicMessage: `The request body is larger than ${maxBytes} bytes (LESSOR_MAX_BODY_BYTES).`,
+        });
       },
     });
     bodyLimits.set(c.env, limit);

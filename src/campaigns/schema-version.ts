@@ -143,7 +143,7 @@ async function upgradeTenantFor(
   tooOldMessage: string,
 ): Promise<void> {
   if (required > tenantMigrations.length) {
-    throw new LessorError("schema_too_old", {
+    throw new LessorError("schema_version_unknown", {
       publicMessage: `${tooOldMessage} This deployment bundles schema versions up to ${tenantMigrations.length}.`,
     });
   }

@@ -120,6 +120,11 @@ export const errorCatalog = {
       "Every connection of the tenant's pool is held by a session lease; release one or retry shortly.",
     retryable: true,
   },
+  schema_version_unknown: {
+    status: 409,
+    message:
+      "The request needs a schema version this deployment does not bundle; deploy a Lessor whose tenant migrations include it.",
+  },
   schema_too_old: {
     status: 409,
     message: "The tenant's schema is older than the version this request needs.",

@@ -67,8 +67,16 @@ export async function provisionTenant(
   config: LessorConfig,
   input: ProvisionInput,
 ): Promise<Provisioned> {
-  if (!config.poolSizes.has(input.tier)) throw new LessorError("unknown_tier");
-  if (!config.hosts.has(input.host)) throw new LessorError("unknown_host");
+  if (!config.poolSizes.has(input.tier)) {
+    throw new LessorError("unknown_tier", {
+      publicMessage: `No tier "${input.tier}"; the configured tiers are ${[...config.poolSizes.keys()].join(", ")}.`,
+    });
+  }
+  if (!config.hosts.has(input.host)) {
+    throw new LessorError("unknown_host", {
+      publicMessage: `No database host "${input.host}"; the configured hosts are ${[...config.hosts.keys()].join(", ")}.`,
+    });
+  }
   // A resumed create keeps the host it started on; a new one goes where it was asked.
   const [existing] = await withControlPlane(config, env, (db) =>
     db.select({ host: tenants.host }).from(tenants).where(eq(tenants.id, input.id)).limit(1),

@@ -31,7 +31,9 @@ function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
 /** Requires `Authorization: Bearer <LESSOR_ADMIN_KEY>`, compared in constant time. */
 export const requireAdmin = createMiddleware<AppEnv>(async (c, next) => {
   if (!(await isAdminKey(c, bearerToken(c)))) {
-    throw new LessorError("invalid_credentials", { publicMessage: "Invalid key." });
+    throw new LessorError("invalid_credentials", {
+      publicMessage: "This endpoint needs the admin key (LESSOR_ADMIN_KEY); a tenant key does not open it.",
+    });
   }
   await next();
 });

@@ -7,6 +7,7 @@ import type { PoolClient } from "@neondatabase/serverless";
 import type { SqlRequest } from "../core/neon-protocol.ts";
 import { shapeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
+import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
@@ -35,6 +36,11 @@ export class TenantQueries {
     try {
       const record = await this.auth.authenticate(tenantId, proof);
       authenticated = true;
+      if (requiredSchemaVersion !== null && requiredSchemaVersion > tenantMigrations.length) {
+        throw new LessorError("schema_version_unknown", {
+          publicMessage: `This request needs schema version ${requiredSchemaVersion}; this deployment bundles versions up to ${tenantMigrations.length}.`,
+        });
+      }
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
         throw new LessorError("schema_too_old", {
           publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,

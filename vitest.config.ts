@@ -20,6 +20,7 @@ function workersProject(name: string, include: string[], globalSetup: string) {
               small: { connections: 12, reserve: 2 },
               tiny: { connections: 12, reserve: 2 },
               faulty: { connections: 100, reserve: 4 },
+              silent: { connections: 20, reserve: 2 },
             }),
             LESSOR_SEAL_KEY: testSealKey,
             LESSOR_KEY_MAC_KEYS: testKeyMacKey,

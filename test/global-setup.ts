@@ -5,6 +5,7 @@
  */
 import type { TestProject } from "vitest/node";
 import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
+import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -13,6 +14,7 @@ declare module "vitest" {
     wsProxy: string;
     pgSuperuserUrl: string;
     proxyControlUrl: string;
+    jwksServerUrl: string;
   }
 }
 
@@ -22,11 +24,15 @@ declare module "vitest" {
  */
 export function localStackSetup(name: string, options: { controlPlaneAddress?: string } = {}) {
   let stack: LocalStack | undefined;
+  let jwks: JwksServer | undefined;
   return {
     setup: async (project: TestProject) => {
       stack = await startTestStack(project, name, options.controlPlaneAddress);
+      jwks = await startJwksServer();
+      project.provide("jwksServerUrl", jwks.url);
     },
     teardown: async () => {
+      await jwks?.close();
       await stack?.stop();
     },
   };
@@ -61,6 +67,8 @@ async function startTestStack(
       // Another small host, for the maintenance tests (each file's budgets are its own, but Postgres is shared).
       tiny: superuser,
       faulty: superuser.replace("@127.0.0.1:", "@127.0.0.2:"),
+      // A host the blackhole tests stall; where 127.0.0.3 is the control plane, there is none.
+      ...(controlPlaneAddress ? {} : { silent: superuser.replace("@127.0.0.1:", "@127.0.0.3:") }),
     }),
   );
   project.provide("wsProxy", stack.wsProxy);

@@ -112,10 +112,11 @@ export async function sqlWithSchemaVersion(
   proof: KeyProof,
   request: SqlRequest,
   rawHeader: string | undefined,
+  bearer: string | null = null,
 ): Promise<SqlOutcome> {
   const required = requiredSchemaVersion(rawHeader);
   const tenant = env.TENANTS.getByName(tenantId);
-  const outcome = await tenant.sql(tenantId, proof, request, required);
+  const outcome = await tenant.sql(tenantId, proof, request, required, bearer);
   const authenticated = outcome.ok || !("error" in outcome) || outcome.error.code !== "invalid_credentials";
   if (required !== null && authenticated) noteAppSchemaVersion(env, tenantId, required, waitUntil);
   if (
@@ -129,7 +130,7 @@ export async function sqlWithSchemaVersion(
   }
   // Only an authenticated caller gets `schema_too_old`, so only it can trigger an upgrade.
   await upgradeTenantFor(env, tenantId, required, outcome.error.message);
-  return tenant.sql(tenantId, proof, request, required);
+  return tenant.sql(tenantId, proof, request, required, bearer);
 }
 
 /**

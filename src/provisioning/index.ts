@@ -11,6 +11,7 @@ import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../con
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import { hostApplicationName, newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
+import { hmacPads, jwtClaimsKey } from "../crypto/jwt-claims.ts";
 import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
 import { scramVerifier } from "../crypto/scram.ts";
@@ -29,6 +30,7 @@ import {
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
 import { guardKeyId, migrationLimits, roleLimits, tenantCredential } from "../tenant-db/connect.ts";
 import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
+import { installAuthFunctions } from "../tenant-db/jwt-install.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
 import { adminDeadlineMs, withMaintenanceSlot } from "../tenant-db/maintenance.ts";
 import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
@@ -172,9 +174,12 @@ async function provisionLocked(
     );
     const guardUrl = adminUrlFor(host.adminUrl, databaseName);
     await withConnection(config, guardUrl, applicationName, (admin) =>
-      underDeadline(config, targetOfUrl(guardUrl), admin, adminDeadlineMs, async () =>
-        installLoginGuard(admin, await guardKeyId(guardKey), guardKey),
-      ),
+      underDeadline(config, targetOfUrl(guardUrl), admin, adminDeadlineMs, async () => {
+        const keyId = await guardKeyId(guardKey);
+        await installLoginGuard(admin, keyId, guardKey);
+        // auth.session() and friends: readable before JWT mode is on (they answer null until then).
+        await installAuthFunctions(admin, keyId, hmacPads(await jwtClaimsKey(password)));
+      }),
     );
     const credential = await tenantCredential(config, row, password);
     const run = await withTenantConnection(
@@ -212,5 +217,9 @@ async function provisionLocked(
   });
   if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });
   logEvent("info", "tenant_provisioned", { tenant: input.id, host: active.host, schemaVersion });
-  return { row: active, key: minted.key, keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null }] };
+  return {
+    row: active,
+    key: minted.key,
+    keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null, scope: "full" }],
+  };
 }

@@ -5,7 +5,7 @@
 import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { hashesEqual } from "../crypto/keys.ts";
 import { LessorError } from "../errors/index.ts";
-import type { KeyProof, TenantRecord } from "../rpc/tenant.ts";
+import type { KeyProof, KeyScope, TenantRecord } from "../rpc/tenant.ts";
 import { pendingCatalogVersionKey } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
@@ -52,9 +52,20 @@ export class TenantAuth {
   /**
    * The record, if `proof` names one of the tenant's usable keys and carries its hash. A revoked,
    * expired or unknown key and an unknown tenant are indistinguishable to the caller; a disabled
-   * tenant is refused only after the key checks out.
+   * tenant is refused only after the key checks out. An end-user key (scope `jwt`) opens only what
+   * asks for it (`/sql`, with a token: `authenticateAny`); everywhere else it is refused.
    */
   async authenticate(tenantId: string, proof: KeyProof): Promise<TenantRecord> {
+    const { record, scope } = await this.authenticateAny(tenantId, proof);
+    if (scope !== "full") throw new LessorError("key_scope_refused");
+    return record;
+  }
+
+  /** As `authenticate`, for a route that serves end-user keys too: says which scope the key has. */
+  async authenticateAny(
+    tenantId: string,
+    proof: KeyProof,
+  ): Promise<{ record: TenantRecord; scope: KeyScope }> {
     const record = await this.resolve(tenantId);
     const key = record?.tenantId === tenantId ? record.keys.find((k) => k.keyId === proof.keyId) : undefined;
     // The hash is compared whatever happened before, so a known key id answers no faster.
@@ -64,7 +75,8 @@ export class TenantAuth {
     }
     if (record.status === "disabled") throw new LessorError("tenant_disabled");
     this.rt.noteKeyUse(key.keyId);
-    return record;
+    // A record installed before keys had scopes has none: those keys are full keys.
+    return { record, scope: key.scope ?? "full" };
   }
 
   /**

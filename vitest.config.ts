@@ -24,6 +24,7 @@ function workersProject(name: string, include: string[], globalSetup: string) {
               // Pools 7 + rotation reserve 1: a standard pool's rotation never fits, a free one's only after a release.
               rotfull: { connections: 9, reserve: 2, rotationReserve: 1 },
               faulty: { connections: 100, reserve: 4 },
+              silent: { connections: 20, reserve: 2 },
             }),
             LESSOR_SEAL_KEY: testSealKey,
             LESSOR_KEY_MAC_KEYS: testKeyMacKey,

@@ -259,15 +259,38 @@ async function main(): Promise<void> {
     console.log(`provisioning ${tenantCount} tenants …`);
     const ids = Array.from({ length: tenantCount }, (_, i) => `bench-${String(i).padStart(4, "0")}`);
     await pool(ids, 8, async (id) => {
-      await api("/v1/tenants", { method: "POST", json: { id } });
+      // Creates share the host's maintenance reserve: a 503 (maintenance_busy) is retried.
+      for (let attempt = 0; ; attempt++) {
+        try {
+          await api("/v1/tenants", { method: "POST", json: { id } });
+          return;
+        } catch (error) {
+          if (attempt >= 40 || !String(error).includes(": 503 ")) throw error;
+          await sleep(1_000);
+        }
+      }
     });
+
+    // Tenant databases have opaque names chosen at provisioning: read them from the catalog.
+    const databases = await withPg(stack.controlPlaneUrl, async (client) => {
+      const { rows } = await client.query<{ id: string; database_name: string }>(
+        "SELECT id, database_name FROM tenants WHERE id = ANY($1)",
+        [ids],
+      );
+      return new Map(rows.map((row) => [row.id, row.database_name]));
+    });
+    const databaseOf = (id: string): string => {
+      const name = databases.get(id);
+      if (!name) throw new Error(`no database recorded for ${id}`);
+      return name;
+    };
 
     const results: RunResult[] = [];
     let totalTicks = 0;
     for (const concurrency of concurrencies) {
       // Back to version 1, by hand: undo the example steps and the ledger rows, and the catalog.
       await pool(ids, 8, (id) =>
-        withPg(databaseUrl(stack, `tenant_${id}`), async (client) => {
+        withPg(databaseUrl(stack, databaseOf(id)), async (client) => {
           await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
           await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
           await client.query("DELETE FROM lessor.schema_migrations WHERE version > 1");
@@ -310,7 +333,7 @@ async function main(): Promise<void> {
       }
       // Trust, but verify: every database recorded each version exactly once.
       await pool(ids, 8, (tenant) =>
-        withPg(databaseUrl(stack, `tenant_${tenant}`), async (client) => {
+        withPg(databaseUrl(stack, databaseOf(tenant)), async (client) => {
           const { rows } = await client.query(
             "SELECT count(*)::int AS n, count(DISTINCT version)::int AS d, max(version) AS v FROM lessor.schema_migrations",
           );

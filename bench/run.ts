@@ -1067,7 +1067,9 @@ async function main(): Promise<number> {
     const { rows } = await client.query<{ server_version: string }>("SHOW server_version");
     return rows[0]?.server_version ?? "?";
   });
-  const warmDatabase = `tenant_${warmTenant}`;
+  // The baselines read an identical table in a database of their own: tenant databases have opaque
+  // names chosen at provisioning (and a login guard), and the Worker's env is written before that.
+  const warmDatabase = "bench_baseline";
   const baselineUrl = `postgres://${baselineRole}:${baselinePassword}@127.0.0.1:${pgPort}/${warmDatabase}`;
 
   // wrangler reads secrets from an env file (git-ignored, removed at exit); single quotes keep the
@@ -1127,12 +1129,21 @@ async function main(): Promise<number> {
     [tableRows],
   );
   await setup.query("ANALYZE bench_items");
-  await asSuperuser(superuserUrl, (client) =>
-    client.query(`GRANT CONNECT ON DATABASE "${warmDatabase}" TO ${baselineRole}`),
-  );
-  await asSuperuser(databaseUrl(superuserUrl, warmDatabase), (client) =>
-    client.query(`GRANT SELECT ON bench_items TO ${baselineRole}`),
-  );
+  await asSuperuser(superuserUrl, async (client) => {
+    await client.query(`CREATE DATABASE "${warmDatabase}"`);
+    await client.query(`GRANT CONNECT ON DATABASE "${warmDatabase}" TO ${baselineRole}`);
+  });
+  await asSuperuser(databaseUrl(superuserUrl, warmDatabase), async (client) => {
+    await client.query(
+      "CREATE TABLE bench_items (id integer PRIMARY KEY, label text NOT NULL, amount integer NOT NULL)",
+    );
+    await client.query(
+      "INSERT INTO bench_items SELECT g, 'item-' || g, (g * 7) % 1000 FROM generate_series(1, $1::int) AS g",
+      [tableRows],
+    );
+    await client.query("ANALYZE bench_items");
+    await client.query(`GRANT SELECT ON bench_items TO ${baselineRole}`);
+  });
   const plan = (await setup.query(`EXPLAIN ${indexedQuery.replace("$1", "42")}`)) as {
     "QUERY PLAN"?: string;
   }[];

@@ -70,6 +70,8 @@ async function startTestStack(
       rot: superuser,
       rotfull: superuser,
       faulty: superuser.replace("@127.0.0.1:", "@127.0.0.2:"),
+      // A host the blackhole tests stall; where 127.0.0.3 is the control plane, there is none.
+      ...(controlPlaneAddress ? {} : { silent: superuser.replace("@127.0.0.1:", "@127.0.0.3:") }),
     }),
   );
   project.provide("wsProxy", stack.wsProxy);

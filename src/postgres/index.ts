@@ -10,6 +10,7 @@
  */
 import { Client, neonConfig, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
+import { PromptCloseWebSocket } from "./prompt-close.ts";
 
 export type { Queryable } from "./queryable.ts";
 
@@ -32,6 +33,8 @@ export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>>
 export function configureDriver(config: LessorConfig): void {
   if (configuredProxy === config.wsProxy) return;
   configuredProxy = config.wsProxy;
+  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
+  neonConfig.webSocketConstructor = PromptCloseWebSocket;
   if (config.wsProxy) {
     const proxy = config.wsProxy;
     neonConfig.wsProxy = (host, port) => `${proxy}/v2?address=${host}:${port}`;

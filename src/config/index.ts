@@ -44,6 +44,10 @@ export interface LessorConfig {
   /** ControlPlaneObject shards, and the connections each holds at most. */
   controlPlaneShards: number;
   controlPlanePoolSize: number;
+  /** How long an erase waits for running statements and session leases before it ends them. */
+  eraseLeaseWaitMs: number;
+  /** Audit rows older than this many days are aged out by the cron trigger. */
+  auditRetentionDays: number;
 }
 
 /** Largest pool a tenant may hold. */
@@ -159,6 +163,8 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_CONTROL_PLANE_POOL_SIZE,
       4,
     ),
+    eraseLeaseWaitMs: positiveInt("LESSOR_ERASE_LEASE_WAIT_MS", vars.LESSOR_ERASE_LEASE_WAIT_MS, 30_000),
+    auditRetentionDays: positiveInt("LESSOR_AUDIT_RETENTION_DAYS", vars.LESSOR_AUDIT_RETENTION_DAYS, 400),
   };
   cache.set(env, config);
   return config;

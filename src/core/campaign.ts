@@ -564,7 +564,10 @@ export function resultOfAttempt(
         answer.reason === "leases_held" && answer.leases !== undefined
           ? `leases_held (${answer.leases})`
           : answer.reason;
-      if (answer.reason === "tenant_unknown") return { state: "skipped", reason, retryAt: null };
+      // A tenant that does not exist, or is being erased, will not need migrating again.
+      if (answer.reason === "tenant_unknown" || answer.reason === "tenant_erasing") {
+        return { state: "skipped", reason, retryAt: null };
+      }
       return exhausted
         ? { state: "skipped", reason: `${reason}; gave up after ${attempts} attempts`, retryAt: null }
         : { state: "skipped", reason, retryAt: now + retryDelayMs(attempts) };

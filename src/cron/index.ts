@@ -4,14 +4,22 @@
  * To add a job, append it to `cronJobs`.
  */
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
+import { auditRetentionJob } from "./jobs/audit-retention.ts";
 import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
+import { eraseResumeJob } from "./jobs/erase-resume.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
 
 export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
 
 /** Every job, in no particular order: they run concurrently and independently. */
-export const cronJobs: readonly CronJob[] = [usageFoldJob, budgetReconcileJob, campaignJob];
+export const cronJobs: readonly CronJob[] = [
+  usageFoldJob,
+  budgetReconcileJob,
+  campaignJob,
+  eraseResumeJob,
+  auditRetentionJob,
+];
 
 /** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */
 export function runScheduled(

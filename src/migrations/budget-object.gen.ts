@@ -8,10 +8,17 @@ export const budgetObjectMigrations = {
         "when": 1796045329803,
         "tag": "0000_init",
         "breakpoints": true
+      },
+      {
+        "idx": 1,
+        "when": 1796057898135,
+        "tag": "0001_closed_tenants",
+        "breakpoints": true
       }
     ]
   },
   "migrations": {
-    "m0000": "-- IF NOT EXISTS: objects created before this migration already hold these tables (they were\n-- created by hand-written DDL); this first migration adopts them as they are.\nCREATE TABLE IF NOT EXISTS `allocations` (\n\t`tenant_id` text NOT NULL,\n\t`generation` integer NOT NULL,\n\t`size` integer NOT NULL,\n\t`phase` text NOT NULL,\n\t`idle_since` integer,\n\t`leases` integer DEFAULT 0 NOT NULL,\n\t`pinned` integer DEFAULT 0 NOT NULL,\n\t`migrating` integer DEFAULT 0 NOT NULL,\n\t`updated_at` integer NOT NULL,\n\tPRIMARY KEY(`tenant_id`, `generation`)\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `counters` (\n\t`name` text PRIMARY KEY NOT NULL,\n\t`value` integer NOT NULL\n);"
+    "m0000": "-- IF NOT EXISTS: objects created before this migration already hold these tables (they were\n-- created by hand-written DDL); this first migration adopts them as they are.\nCREATE TABLE IF NOT EXISTS `allocations` (\n\t`tenant_id` text NOT NULL,\n\t`generation` integer NOT NULL,\n\t`size` integer NOT NULL,\n\t`phase` text NOT NULL,\n\t`idle_since` integer,\n\t`leases` integer DEFAULT 0 NOT NULL,\n\t`pinned` integer DEFAULT 0 NOT NULL,\n\t`migrating` integer DEFAULT 0 NOT NULL,\n\t`updated_at` integer NOT NULL,\n\tPRIMARY KEY(`tenant_id`, `generation`)\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `counters` (\n\t`name` text PRIMARY KEY NOT NULL,\n\t`value` integer NOT NULL\n);",
+    "m0001": "CREATE TABLE `closed_tenants` (\n\t`tenant_id` text PRIMARY KEY NOT NULL,\n\t`closed_at` integer NOT NULL\n);\n"
   }
 };

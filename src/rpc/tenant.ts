@@ -55,6 +55,8 @@ export interface TenantRuntimeStatus {
   /** While draining: leases held longer than the maximum drain time (never killed unless forced). */
   drain: { startedAt: string; overdue: boolean; heldLeases: { lease: string; ageMs: number }[] } | null;
   reclaimedLeases: number;
+  /** An erase holds the gate closed. */
+  erasing: boolean;
 }
 
 /** The answer to a statement. The answer is serialised once, in the object: the Worker passes the text through. */
@@ -72,8 +74,27 @@ export type Verdict = { ok: true } | { ok: false; error: WireError };
 
 export type MigrateOutcome =
   | { outcome: "migrated"; fromVersion: number; toVersion: number; applied: number[] }
-  | { outcome: "skipped"; reason: "tenant_unknown" | "already_migrating" | "leases_held"; leases?: number }
+  | {
+      outcome: "skipped";
+      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "tenant_erasing";
+      leases?: number;
+    }
   | { outcome: "failed"; version: number | null; summary: string };
 
 /** Session lease tokens: `lsl_<tenant>_<random>`; the tenant part routes the request to the object. */
 export const sessionTokenPrefix = "lsl_";
+
+/** Where a tenant's erase stands (`GET /v1/tenants/:id/erase`). */
+export type EraseStatus =
+  | {
+      state: "erasing";
+      /** The stage running or next to run. */
+      stage: string;
+      startedAt: string;
+      attempts: number;
+      lastError: string | null;
+    }
+  | { state: "erased"; erasedAt: string };
+
+/** The answer of an erase request or resume. */
+export type EraseAnswer = { ok: true; status: EraseStatus } | { ok: false; error: WireError };

@@ -15,6 +15,7 @@
  *     drain.ts      operator drain and budget eviction
  *     migrate.ts    schema migrations under the object
  *     outbox.ts     lifecycle events and usage to the control plane
+ *     erase.ts      the tenant erase: the gate and the stages
  *     heartbeat.ts  the alarm
  */
 import { DurableObject } from "cloudflare:workers";
@@ -23,6 +24,7 @@ import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import type { EvictOutcome } from "../rpc/budget.ts";
 import type {
+  EraseAnswer,
   KeyProof,
   MigrateOutcome,
   SessionOpened,
@@ -34,11 +36,12 @@ import type {
 import { asLessorError } from "./answers.ts";
 import { TenantAuth } from "./auth.ts";
 import { TenantDrain } from "./drain.ts";
+import { TenantErase } from "./erase.ts";
 import { heartbeat } from "./heartbeat.ts";
 import { SchemaMigration } from "./migrate.ts";
 import { TenantPool } from "./pool.ts";
 import { TenantQueries } from "./query.ts";
-import { TenantRuntime } from "./runtime.ts";
+import { type EraseGate, TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
 
 export class TenantObject extends DurableObject<Env> {
@@ -49,6 +52,7 @@ export class TenantObject extends DurableObject<Env> {
   private readonly sessions: SessionLeases;
   private readonly drains: TenantDrain;
   private readonly migration: SchemaMigration;
+  private readonly erasure: TenantErase;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -65,6 +69,7 @@ export class TenantObject extends DurableObject<Env> {
     this.sessions = new SessionLeases(rt, this.auth, this.pool);
     this.drains = new TenantDrain(rt, this.pool, this.sessions);
     this.migration = new SchemaMigration(rt, this.auth, this.pool);
+    this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions);
     ctx.blockConcurrencyWhile(() => this.load());
   }
 
@@ -76,6 +81,7 @@ export class TenantObject extends DurableObject<Env> {
     rt.record = rt.storage.read<TenantRecord>("record");
     rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
     rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
+    rt.erase = rt.storage.read<EraseGate>("erase");
     rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
     const { lifecycle, deadGeneration } = recoverAfterRestart(rt.lifecycle);
     if (deadGeneration !== null || lifecycle.migrating !== rt.lifecycle.migrating) {
@@ -92,7 +98,7 @@ export class TenantObject extends DurableObject<Env> {
           .catch(() => undefined),
       );
     }
-    if (rt.storage.pendingOutboxRows() > 0) await rt.ensureAlarm(Date.now() + 1_000);
+    if (rt.storage.pendingOutboxRows() > 0 || rt.erasing) await rt.ensureAlarm(Date.now() + 1_000);
   }
 
   // ── Catalog ────────────────────────────────────────────────────────────────────────────────────
@@ -105,6 +111,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Pins or unpins the pool: a pinned pool is never chosen as an eviction victim. */
   async setPinned(pinned: boolean): Promise<void> {
+    // An erase owns the object now (the route refuses first; this covers a race with it).
+    if (this.rt.erasing) return;
     // Called only for a tenant the catalog holds, so its storage may be created.
     await this.rt.storage.open();
     this.rt.pinned = pinned;
@@ -185,6 +193,7 @@ export class TenantObject extends DurableObject<Env> {
           }
         : null,
       reclaimedLeases: this.rt.reclaimedLeases,
+      erasing: this.rt.erasing,
     };
   }
 
@@ -209,7 +218,24 @@ export class TenantObject extends DurableObject<Env> {
     return this.migration.migrate(tenantId, targetVersion, drainTimeoutMs);
   }
 
+  // ── Erase ──────────────────────────────────────────────────────────────────────────────────────
+
+  /** Starts erasing the tenant (or answers the erase running); the gate is closed when this answers. */
+  requestErase(tenantId: string, actor: string, force: boolean): Promise<EraseAnswer> {
+    return this.erasure.request(tenantId, actor, force);
+  }
+
+  /** Resumes a running erase from its progress row (the cron trigger calls this); answers its status. */
+  resumeErase(tenantId: string): Promise<EraseAnswer> {
+    return this.erasure.resume(tenantId);
+  }
+
   override async alarm(): Promise<void> {
-    await heartbeat(this.rt, { pool: this.pool, sessions: this.sessions, drain: this.drains });
+    await heartbeat(this.rt, {
+      pool: this.pool,
+      sessions: this.sessions,
+      drain: this.drains,
+      erase: this.erasure,
+    });
   }
 }

@@ -9,10 +9,14 @@
  */
 import type { EraseStage } from "../core/erase.ts";
 
-/** Where the runner is: the gate just closed, or a stage started, did its work, or was recorded. */
+/**
+ * Where the runner is: the gate just closed; a stage started, did its work, or was recorded; an
+ * attempt failed (`stage` null: the job could not even be loaded).
+ */
 export type EraseStep =
   | { point: "gate"; stage: null }
-  | { point: "started" | "worked" | "recorded"; stage: EraseStage };
+  | { point: "started" | "worked" | "recorded"; stage: EraseStage }
+  | { point: "failed"; stage: EraseStage | null; message: string };
 
 export interface EraseStepEvent {
   tenantId: string;

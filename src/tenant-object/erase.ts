@@ -277,8 +277,10 @@ export class TenantErase {
         counts = await this.runStage(current, stage);
         await this.step(tenantId, { point: "worked", stage });
         const next = stageAfter(stage) ?? "commit";
+        // A stage the re-check sent the job back to adds what it removed this time.
+        const total = addCounts(current.counts[stage] ?? {}, counts);
         await withControlPlane(rt.config, rt.env, (db) =>
-          advanceErase(db, current.ordinal, stage, next, counts),
+          advanceErase(db, current.ordinal, stage, next, total),
         );
         this.failures = 0;
         this.retryAt = 0;
@@ -472,6 +474,15 @@ export class TenantErase {
     await rt.budget(job.host).reopenTenant(job.tenantId);
     return { outboxRows: rows.outbox + rows.usageOutbox, sessionTokens: rows.sessionTokens };
   }
+}
+
+function addCounts(before: Record<string, number>, now: Record<string, number>): Record<string, number> {
+  const sum: Record<string, number> = { ...before };
+  for (const [name, n] of Object.entries(now)) {
+    // Times (waitedMs) and the generation are not amounts: the last one stands.
+    sum[name] = name === "waitedMs" || name === "generation" ? n : (sum[name] ?? 0) + n;
+  }
+  return sum;
 }
 
 function statusOf(job: EraseJob): EraseStatus {

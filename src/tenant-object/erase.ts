@@ -307,13 +307,14 @@ export class TenantErase {
     this.failures++;
     const delay = eraseRetryDelay(this.failures, Math.random());
     this.retryAt = Date.now() + delay;
-    const message = `${stage ?? "load"}: ${error instanceof LessorError ? `${error.code}: ` : ""}${describeFailure(error)}`;
+    const message = `${stage ?? "load"}: ${describeFailure(error)}`;
     logEvent("warn", "erase_stage_failed", {
       tenant: tenantId,
       stage,
       attempt: this.failures,
       failure: message,
     });
+    await this.step(tenantId, { point: "failed", stage, message }).catch(() => undefined);
     const pending = { failures: (this.unrecorded?.failures ?? 0) + 1, message };
     const target = ordinal ?? rt.erase?.ordinal ?? null;
     try {
@@ -410,7 +411,7 @@ export class TenantErase {
     const held = this.pool.leases;
     let ended = await this.pool.waitForNoLeases(rt.config.eraseLeaseWaitMs);
     let forcedSessions = 0;
-    let forcedStatements = 0;
+    let backendsEnded = 0;
     if (!ended) {
       for (const session of this.sessions.all()) {
         this.sessions.end(session, new Error("tenant erased"), "lost");
@@ -418,13 +419,13 @@ export class TenantErase {
       }
       ended = await this.pool.waitForNoLeases(1_000);
       if (!ended && rt.record) {
-        forcedStatements = await this.pool.credentials.fence(rt.record, "erase");
+        backendsEnded = await this.pool.credentials.fence(rt.record, "erase");
         ended = await this.pool.waitForNoLeases(forcedEndWaitMs);
       }
       if (!ended) throw new Error(`${this.pool.leases} lease(s) would not end`);
-      logEvent("warn", "erase_leases_forced", { tenant: rt.tenantId, forcedSessions, forcedStatements });
+      logEvent("warn", "erase_leases_forced", { tenant: rt.tenantId, forcedSessions, backendsEnded });
     }
-    return { leasesHeld: held, waitedMs: Date.now() - started, forcedSessions, forcedStatements };
+    return { leasesHeld: held, waitedMs: Date.now() - started, forcedSessions, backendsEnded };
   }
 
   /**

@@ -131,22 +131,28 @@ async function leftovers(tenant: CreatedTenant) {
       alarm: await state.storage.getAlarm(),
     }),
   );
-  const budget = await runInDurableObject(env.BUDGETS.getByName("local"), async (_instance, state) => {
-    const found: Record<string, number> = {};
-    const tables = state.storage.sql
-      .exec("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '\\_cf\\_%' ESCAPE '\\'")
-      .toArray()
-      .map((row) => String(row.name));
-    for (const table of tables) {
-      const columns = state.storage.sql.exec(`SELECT name FROM pragma_table_info('${table}')`).toArray();
-      if (!columns.some((column) => column.name === "tenant_id")) continue;
-      const n = Number(
-        state.storage.sql.exec(`SELECT count(*) AS n FROM "${table}" WHERE tenant_id = ?`, tenant.id).one().n,
-      );
-      if (n > 0) found[table] = n;
-    }
-    return found;
-  });
+  // Every host's budget ledger (the tenant's own host, and any other: none may hold it).
+  const budget: Record<string, number> = {};
+  for (const hostName of Object.keys(JSON.parse(env.LESSOR_HOSTS) as Record<string, string>)) {
+    const found = await runInDurableObject(env.BUDGETS.getByName(hostName), async (_instance, state) => {
+      const counted: Record<string, number> = {};
+      const tables = state.storage.sql
+        .exec("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '\\_cf\\_%' ESCAPE '\\'")
+        .toArray()
+        .map((row) => String(row.name));
+      for (const table of tables) {
+        const columns = state.storage.sql.exec(`SELECT name FROM pragma_table_info('${table}')`).toArray();
+        if (!columns.some((column) => column.name === "tenant_id")) continue;
+        const n = Number(
+          state.storage.sql.exec(`SELECT count(*) AS n FROM "${table}" WHERE tenant_id = ?`, tenant.id).one()
+            .n,
+        );
+        if (n > 0) counted[`${hostName}.${table}`] = n;
+      }
+      return counted;
+    });
+    Object.assign(budget, found);
+  }
   return { host, rows, objectStorage, budget };
 }
 
@@ -734,6 +740,39 @@ describe("erase: faults and the commit's re-check", () => {
     expect((await untilErased(tenant.id)).state).toBe("erased");
     const [row] = await auditRows(tenant.id, "tenant.erase");
     expect(Number(row?.detail.attempts)).toBeGreaterThanOrEqual(failures.length);
+    await expectNothingLeft(tenant);
+  });
+
+  it("an unreachable host fails the database stage with lastError, retried with backoff until it answers", async () => {
+    const tenant = await createTenant(uniqueTenantId("erase-host"), { tier: "free", host: "faulty" });
+    const faulty = new URL(
+      (JSON.parse(env.LESSOR_HOSTS) as Record<string, string>).faulty?.replace(/^postgres:/, "http:") ?? "",
+    );
+    const proxy = (action: "block" | "unblock") =>
+      fetch(
+        `${env.TEST_PROXY_CONTROL_URL}/${action}?address=${encodeURIComponent(`${faulty.hostname}:${faulty.port}`)}`,
+      );
+    expect((await proxy("block")).status).toBe(200);
+    try {
+      expect((await requestErase(tenant.id)).status).toBe(202);
+      const stuck = await pollUntil(
+        () => eraseView(tenant.id),
+        (view) => view.state === "erasing" && (view.attempts ?? 0) >= 2,
+        { attempts: 120, intervalMs: 250 },
+      );
+      expect(stuck).toMatchObject({
+        state: "erasing",
+        stage: "database",
+        lastError: expect.stringMatching(/^database: /),
+      });
+      expect(stuck.attempts).toBeGreaterThanOrEqual(2);
+    } finally {
+      expect((await proxy("unblock")).status).toBe(200);
+    }
+    expect((await untilErased(tenant.id)).state).toBe("erased");
+    expect(Number((await auditRows(tenant.id, "tenant.erase"))[0]?.detail.attempts)).toBeGreaterThanOrEqual(
+      2,
+    );
     await expectNothingLeft(tenant);
   });
 

@@ -18,7 +18,9 @@ function workersProject(name: string, include: string[], globalSetup: string) {
             LESSOR_BUDGETS: JSON.stringify({
               local: { connections: 300, reserve: 10 },
               small: { connections: 12, reserve: 2 },
+              tiny: { connections: 12, reserve: 2 },
               faulty: { connections: 100, reserve: 4 },
+              silent: { connections: 20, reserve: 2 },
             }),
             LESSOR_SEAL_KEY: testSealKey,
             LESSOR_KEY_MAC_KEYS: testKeyMacKey,
@@ -32,6 +34,7 @@ function workersProject(name: string, include: string[], globalSetup: string) {
             LESSOR_WS_PROXY: inject("wsProxy"),
             TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
+            TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
           },
         },
       })),
@@ -50,11 +53,20 @@ export default defineConfig({
           name: "unit",
           include: ["test/unit/**/*.test.ts"],
           environment: "node",
+          // A few unit tests drive real sockets (the WebSocket proxy's backpressure) and take seconds
+          // on a loaded machine; their own loops are bounded.
+          testTimeout: 60_000,
         },
       },
       workersProject("workers", ["test/integration/**/*.test.ts"], "./test/global-setup.ts"),
       // Stops and restarts its own Postgres under load: kept apart so no other test sees the outage.
       workersProject("pg-restart", ["test/pg-restart/**/*.test.ts"], "./test/pg-restart/global-setup.ts"),
+      // Cuts the control plane off (and only it): kept apart so no other test sees the outage.
+      workersProject(
+        "control-plane-outage",
+        ["test/control-plane-outage/**/*.test.ts"],
+        "./test/control-plane-outage/global-setup.ts",
+      ),
     ],
   },
 });

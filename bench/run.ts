@@ -103,7 +103,7 @@ const poolSize = 5;
  * pools of the default size. Bounded: a fixed number of requests, and the phase has a deadline.
  */
 const tightHost = "tight";
-const tightBudget = { connections: 2 * poolSize, reserve: 0 };
+const tightBudget = { connections: 2 * poolSize + 1, reserve: 1 };
 const admissionTenants = Array.from({ length: 6 }, (_, i) => `bench-adm-${i + 1}`);
 const evictingSamples = setting("BENCH_ADMISSION_SAMPLES", 20, 4, 60);
 const saturatedRounds = setting("BENCH_ADMISSION_ROUNDS", 5, 1, 10);

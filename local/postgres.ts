@@ -71,7 +71,7 @@ export async function startLocalPostgres(options: {
     createPostgresUser: process.getuid?.() === 0,
     postgresFlags: [
       "-c",
-      "listen_addresses=127.0.0.1,127.0.0.2",
+      "listen_addresses=127.0.0.1,127.0.0.2,127.0.0.3",
       "-c",
       "max_connections=400",
       "-c",

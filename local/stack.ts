@@ -50,8 +50,13 @@ export async function startLocalStack(options: {
     await ensureDatabase(pgServer.url(), controlPlaneDatabase);
     await migrateControlPlane(pgServer.url(controlPlaneDatabase));
     const proxy = await startWsProxy({
-      // 127.0.0.2 reaches the same cluster; tests use it as a second host they can cut off.
-      allowed: [`${pgServer.host}:${pgServer.port}`, `127.0.0.2:${pgServer.port}`],
+      // 127.0.0.2 and 127.0.0.3 reach the same cluster; tests use them as a second host and as a
+      // control plane they can cut off.
+      allowed: [
+        `${pgServer.host}:${pgServer.port}`,
+        `127.0.0.2:${pgServer.port}`,
+        `127.0.0.3:${pgServer.port}`,
+      ],
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
       ...(options.proxyLimits ? { limits: options.proxyLimits } : {}),
       ...(options.proxyControl

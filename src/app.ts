@@ -11,6 +11,7 @@ import { capacityRoutes } from "./routes/capacity.ts";
 import type { AppEnv } from "./routes/context.ts";
 import { eraseRoutes } from "./routes/erase.ts";
 import { fleetRoutes } from "./routes/fleet.ts";
+import { jwtRoutes } from "./routes/jwt.ts";
 import { keyRoutes } from "./routes/keys.ts";
 import { leaseRoutes } from "./routes/leases.ts";
 import { maintenanceRoutes } from "./routes/maintenance.ts";
@@ -27,10 +28,13 @@ const bodyLimits = new WeakMap<object, MiddlewareHandler<AppEnv>>();
 app.use("*", (c, next) => {
   let limit = bodyLimits.get(c.env);
   if (!limit) {
+    const maxBytes = loadConfig(c.env).maxBodyBytes;
     limit = bodyLimit({
-      maxSize: loadConfig(c.env).maxBodyBytes,
+      maxSize: maxBytes,
       onError: () => {
-        throw new LessorError("payload_too_large");
+        throw new LessorError("payload_too_large", {
+          publicMessage: `The request body is larger than ${maxBytes} bytes (LESSOR_MAX_BODY_BYTES).`,
+        });
       },
     });
     bodyLimits.set(c.env, limit);
@@ -47,6 +51,7 @@ app.route("/", eraseRoutes);
 app.route("/", auditRoutes);
 app.route("/", leaseRoutes);
 app.route("/", keyRoutes);
+app.route("/", jwtRoutes);
 app.route("/", capacityRoutes);
 app.route("/", campaignRoutes);
 app.route("/", fleetRoutes);

@@ -4,6 +4,8 @@ interface LessorTestBindings {
   TEST_PG_SUPERUSER_URL: string;
   /** Fault injection on the test WebSocket proxy: /stats, /block?address=, /unblock?address=. */
   TEST_PROXY_CONTROL_URL: string;
+  /** Loopback JWKS host (test/jwks-server.ts): PUT/GET /jwks/<name>, GET /hits/<name>. */
+  TEST_JWKS_SERVER_URL: string;
 }
 interface Env extends LessorTestBindings {}
 declare namespace Cloudflare {

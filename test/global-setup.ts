@@ -5,6 +5,7 @@
  */
 import type { TestProject } from "vitest/node";
 import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
+import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -13,6 +14,7 @@ declare module "vitest" {
     wsProxy: string;
     pgSuperuserUrl: string;
     proxyControlUrl: string;
+    jwksServerUrl: string;
   }
 }
 
@@ -20,19 +22,27 @@ declare module "vitest" {
  * A setup/teardown pair with a stack of its own: each vitest project that calls this gets its own
  * Postgres (the Postgres-restart project stops and starts its cluster without touching the others).
  */
-export function localStackSetup(name: string) {
+export function localStackSetup(name: string, options: { controlPlaneAddress?: string } = {}) {
   let stack: LocalStack | undefined;
+  let jwks: JwksServer | undefined;
   return {
     setup: async (project: TestProject) => {
-      stack = await startTestStack(project, name);
+      stack = await startTestStack(project, name, options.controlPlaneAddress);
+      jwks = await startJwksServer();
+      project.provide("jwksServerUrl", jwks.url);
     },
     teardown: async () => {
+      await jwks?.close();
       await stack?.stop();
     },
   };
 }
 
-async function startTestStack(project: TestProject, name: string): Promise<LocalStack> {
+async function startTestStack(
+  project: TestProject,
+  name: string,
+  controlPlaneAddress?: string,
+): Promise<LocalStack> {
   const stack = await startLocalStack({
     dataDir: `.lessor/test-${name}-pg-${process.pid}`,
     pgPort: await freePort(),
@@ -40,7 +50,13 @@ async function startTestStack(project: TestProject, name: string): Promise<Local
     persistent: false,
     proxyControl: true,
   });
-  project.provide("controlPlaneUrl", stack.controlPlaneUrl);
+  // A control plane under an address of its own can be cut off alone (the outage project).
+  project.provide(
+    "controlPlaneUrl",
+    controlPlaneAddress
+      ? stack.controlPlaneUrl.replace("@127.0.0.1:", `@${controlPlaneAddress}:`)
+      : stack.controlPlaneUrl,
+  );
   const superuser = stack.pg.url("postgres");
   project.provide(
     "hostsJson",
@@ -48,7 +64,11 @@ async function startTestStack(project: TestProject, name: string): Promise<Local
       local: superuser,
       // Same cluster under other names: a host with a small budget, and one the tests can cut off.
       small: superuser,
+      // Another small host, for the maintenance tests (each file's budgets are its own, but Postgres is shared).
+      tiny: superuser,
       faulty: superuser.replace("@127.0.0.1:", "@127.0.0.2:"),
+      // A host the blackhole tests stall; where 127.0.0.3 is the control plane, there is none.
+      ...(controlPlaneAddress ? {} : { silent: superuser.replace("@127.0.0.1:", "@127.0.0.3:") }),
     }),
   );
   project.provide("wsProxy", stack.wsProxy);

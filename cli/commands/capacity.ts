@@ -30,6 +30,11 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       reserve: status.reserve,
       leases: status.leases,
     }),
+    kv("maintenance", {
+      in_use: status.maintenance?.inUse ?? 0,
+      reserve: status.reserve,
+      waiting: status.maintenance?.waiting ?? 0,
+    }),
     ...status.candidates.map((c) =>
       kv("", {
         eviction_candidate: c.tenantId,

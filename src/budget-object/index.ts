@@ -17,12 +17,21 @@ import {
   evictionCandidates,
   evictionDryRun,
   fits,
+  maintenanceFits,
   planEviction,
   poolCapacity,
 } from "../core/budget.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import type { AdmitResult, CapacityStatus, EvictionReport, EvictOutcome, PoolReport } from "../rpc/budget.ts";
+import type {
+  AdmitResult,
+  CapacityStatus,
+  EvictionReport,
+  EvictOutcome,
+  MaintenanceGrant,
+  MaintenanceRequest,
+  PoolReport,
+} from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
 
 interface Waiter {
@@ -30,6 +39,11 @@ interface Waiter {
   generation: number;
   size: number;
   settle: (result: AdmitResult) => void;
+}
+
+interface MaintenanceWaiter {
+  request: MaintenanceRequest;
+  settle: (grant: MaintenanceGrant) => void;
 }
 
 /** Starts waiting for capacity at once, at most; more are refused at once. */
@@ -40,6 +54,9 @@ const maxVictimsPerPass = 8;
 export class BudgetObject extends DurableObject<Env> {
   private ledgerStore: CapacityLedger | null = null;
   private waiters: Waiter[] = [];
+  private maintenanceWaiters: MaintenanceWaiter[] = [];
+  private expiryTimer: ReturnType<typeof setTimeout> | null = null;
+  private expiryAt = 0;
   private reclaiming: Promise<void> | null = null;
 
   constructor(ctx: DurableObjectState, env: Env) {
@@ -153,6 +170,55 @@ export class BudgetObject extends DurableObject<Env> {
     return this.ledger.reopen(tenantId);
   }
 
+  /**
+   * Reserves one maintenance connection from the host's reserve, waiting up to `waitMs` in FIFO
+   * order. Pools never use the reserve and maintenance never uses the pools' share, so the two
+   * together never exceed the host's connections. The holder releases it when done; a holder that
+   * died is reclaimed when its `holdMs` runs out.
+   */
+  async acquireMaintenance(hostName: string, request: MaintenanceRequest): Promise<MaintenanceGrant> {
+    const host = this.host(hostName);
+    this.expireMaintenance();
+    if (
+      this.maintenanceWaiters.length === 0 &&
+      maintenanceFits(this.ledger.maintenanceRows().length, host.budget)
+    ) {
+      return this.grantMaintenance(request);
+    }
+    if (request.waitMs <= 0 || this.maintenanceWaiters.length >= maxWaiters) {
+      this.ledger.bump("maintenance_refused");
+      return { granted: false, retryAfterMs: 1_000 };
+    }
+    const grant = new Promise<MaintenanceGrant>((resolve) => {
+      const waiter: MaintenanceWaiter = {
+        request,
+        settle: (g) => {
+          clearTimeout(timer);
+          resolve(g);
+        },
+      };
+      const timer = setTimeout(() => {
+        this.maintenanceWaiters = this.maintenanceWaiters.filter((w) => w !== waiter);
+        this.ledger.bump("maintenance_refused");
+        resolve({ granted: false, retryAfterMs: 1_000 });
+      }, request.waitMs);
+      this.maintenanceWaiters.push(waiter);
+    });
+    this.scheduleExpiry(host);
+    return grant;
+  }
+
+  /** The maintenance connection is closed. Idempotent. */
+  async releaseMaintenance(hostName: string, leaseId: string): Promise<void> {
+    this.ledger.releaseMaintenance(leaseId);
+    this.serveMaintenance(this.host(hostName));
+  }
+
+  /** Counts what the cron reconcile found on the host itself (orphaned backends it terminated). */
+  async recordReconcile(orphansTerminated: number): Promise<void> {
+    for (let i = 0; i < orphansTerminated; i++) this.ledger.bump("orphans_terminated");
+  }
+
   /** Per-host capacity for `GET /v1/capacity`: counts, and only the first few eviction candidates. */
   async status(hostName: string, candidateLimit = 5): Promise<CapacityStatus> {
     const host = this.host(hostName);
@@ -175,6 +241,12 @@ export class BudgetObject extends DurableObject<Env> {
       saturations: this.ledger.counter("saturations"),
       admissions: this.ledger.counter("admissions"),
       leases: allocations.reduce((n, a) => n + a.leases, 0),
+      maintenance: this.maintenanceStatus(),
+      reconciled: {
+        allocationsReleased: this.ledger.counter("allocations_released"),
+        orphansTerminated: this.ledger.counter("orphans_terminated"),
+        maintenanceExpired: this.ledger.counter("maintenance_expired"),
+      },
       candidates: evictionCandidates(allocations)
         .slice(0, candidateLimit)
         .map((a) => ({
@@ -226,7 +298,12 @@ export class BudgetObject extends DurableObject<Env> {
    * Releases allocations whose tenant no longer confirms the generation (a tenant object that
    * died, a start that never finished). Run by the cron trigger; safe to run at any time.
    */
-  async reconcile(hostName: string, olderThanMs = 30_000): Promise<{ checked: number; released: number }> {
+  async reconcile(
+    hostName: string,
+    olderThanMs = 30_000,
+  ): Promise<{ checked: number; released: number; maintenanceExpired: number }> {
+    const maintenanceExpired = this.expireMaintenance();
+    this.serveMaintenance(this.host(hostName));
     const cutoff = Date.now() - olderThanMs;
     const stale = this.ledger.rows().filter((row) => row.updatedAt < cutoff);
     let released = 0;
@@ -244,11 +321,76 @@ export class BudgetObject extends DurableObject<Env> {
       }
       if (!live) {
         await this.release(hostName, row.tenantId, row.generation);
+        this.ledger.bump("allocations_released");
         released++;
       }
     }
     if (released > 0) logEvent("info", "budget_reconciled", { host: hostName, released });
-    return { checked: stale.length, released };
+    return { checked: stale.length, released, maintenanceExpired };
+  }
+
+  // ── Maintenance ──────────────────────────────────────────────────────────────────────────────────
+
+  private grantMaintenance(request: MaintenanceRequest): MaintenanceGrant {
+    const now = Date.now();
+    const row = {
+      id: crypto.randomUUID(),
+      purpose: request.purpose,
+      tenantId: request.tenantId,
+      acquiredAt: now,
+      expiresAt: now + request.holdMs,
+    };
+    this.ledger.holdMaintenance(row);
+    this.ledger.bump("maintenance_granted");
+    return { granted: true, leaseId: row.id, expiresAt: row.expiresAt };
+  }
+
+  /** Grants maintenance waiters in FIFO order while the reserve has room. */
+  private serveMaintenance(host: DatabaseHost): void {
+    this.expireMaintenance();
+    while (this.maintenanceWaiters.length > 0) {
+      if (!maintenanceFits(this.ledger.maintenanceRows().length, host.budget)) break;
+      const head = this.maintenanceWaiters.shift();
+      head?.settle(this.grantMaintenance(head.request));
+    }
+    if (this.maintenanceWaiters.length > 0) this.scheduleExpiry(host);
+    else if (this.expiryTimer) {
+      // Nobody waits: no timer keeps the object busy.
+      clearTimeout(this.expiryTimer);
+      this.expiryTimer = null;
+    }
+  }
+
+  /** Frees the slots of holders that outlived their deadline: they died, and so did their connections. */
+  private expireMaintenance(): number {
+    const expired = this.ledger.expireMaintenance(Date.now());
+    for (let i = 0; i < expired; i++) this.ledger.bump("maintenance_expired");
+    if (expired > 0) logEvent("warn", "maintenance_slot_expired", { expired });
+    return expired;
+  }
+
+  /** While someone waits, wakes up when the earliest held slot expires (its holder may be dead). */
+  private scheduleExpiry(host: DatabaseHost): void {
+    const earliest = Math.min(...this.ledger.maintenanceRows().map((row) => row.expiresAt));
+    if (!Number.isFinite(earliest)) return;
+    // A timer already set for that moment or sooner will do; a later one is replaced.
+    if (this.expiryTimer && this.expiryAt <= earliest) return;
+    if (this.expiryTimer) clearTimeout(this.expiryTimer);
+    this.expiryAt = earliest;
+    this.expiryTimer = setTimeout(
+      () => {
+        this.expiryTimer = null;
+        this.serveMaintenance(host);
+      },
+      Math.max(0, earliest - Date.now()) + 10,
+    );
+  }
+
+  private maintenanceStatus(): CapacityStatus["maintenance"] {
+    const rows = this.ledger.maintenanceRows().filter((row) => row.expiresAt > Date.now());
+    const byPurpose: Record<string, number> = {};
+    for (const row of rows) byPurpose[row.purpose] = (byPurpose[row.purpose] ?? 0) + 1;
+    return { inUse: rows.length, waiting: this.maintenanceWaiters.length, byPurpose };
   }
 
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────

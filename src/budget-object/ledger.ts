@@ -2,13 +2,13 @@
  * The BudgetObject's ledger in its own SQLite storage (storage-schema.ts, drizzle migrations in
  * drizzle/budget-object/): one row per pool generation holding capacity on the host, and counters.
  */
-import { and, eq, sql } from "drizzle-orm";
+import { and, eq, lte, sql } from "drizzle-orm";
 import { type DrizzleSqliteDODatabase, drizzle } from "drizzle-orm/durable-sqlite";
 import { migrate } from "drizzle-orm/durable-sqlite/migrator";
 import type { Allocation, AllocationPhase } from "../core/budget.ts";
 import { budgetObjectMigrations } from "../migrations/budget-object.gen.ts";
 import type { PoolReport } from "../rpc/budget.ts";
-import { allocations, budgetObjectSchema, closedTenants, counters } from "./storage-schema.ts";
+import { allocations, budgetObjectSchema, closedTenants, counters, maintenance } from "./storage-schema.ts";
 
 /** An allocation as stored, with when it last changed (reconcile looks only at quiet ones). */
 export interface LedgerRow extends Allocation {
@@ -16,7 +16,24 @@ export interface LedgerRow extends Allocation {
 }
 
 /** Monotonic counters: pools evicted, starts refused for want of capacity, starts granted. */
-export type CounterName = "evictions" | "saturations" | "admissions";
+export type CounterName =
+  | "evictions"
+  | "saturations"
+  | "admissions"
+  | "maintenance_granted"
+  | "maintenance_refused"
+  | "maintenance_expired"
+  | "allocations_released"
+  | "orphans_terminated";
+
+/** A maintenance connection's slot of the reserve. */
+export interface MaintenanceRow {
+  id: string;
+  purpose: string;
+  tenantId: string | null;
+  acquiredAt: number;
+  expiresAt: number;
+}
 
 export class CapacityLedger {
   private constructor(private readonly db: DrizzleSqliteDODatabase<typeof budgetObjectSchema>) {}
@@ -113,6 +130,24 @@ export class CapacityLedger {
         .returning({ tenantId: closedTenants.tenantId })
         .all().length > 0
     );
+  }
+
+  maintenanceRows(): MaintenanceRow[] {
+    return this.db.select().from(maintenance).all();
+  }
+
+  holdMaintenance(row: MaintenanceRow): void {
+    this.db.insert(maintenance).values(row).run();
+  }
+
+  /** Frees a maintenance slot; true if it was held. */
+  releaseMaintenance(id: string): boolean {
+    return this.db.delete(maintenance).where(eq(maintenance.id, id)).returning().all().length > 0;
+  }
+
+  /** Frees the slots whose holders outlived their deadline (they died): how many. */
+  expireMaintenance(now: number): number {
+    return this.db.delete(maintenance).where(lte(maintenance.expiresAt, now)).returning().all().length;
   }
 
   counter(name: CounterName): number {

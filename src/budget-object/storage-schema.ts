@@ -21,6 +21,19 @@ export const allocations = sqliteTable(
   (t) => [primaryKey({ columns: [t.tenantId, t.generation] })],
 );
 
+/**
+ * One row per maintenance connection (a migration, a provisioning, an admin statement) holding a
+ * slot of the host's reserve. A holder that dies leaves its row until `expires_at`, when the slot is
+ * reclaimed (its connection is gone by then: every holder closes it within its own deadline).
+ */
+export const maintenance = sqliteTable("maintenance", {
+  id: text("id").primaryKey(),
+  purpose: text("purpose").notNull(),
+  tenantId: text("tenant_id"),
+  acquiredAt: integer("acquired_at").notNull(),
+  expiresAt: integer("expires_at").notNull(),
+});
+
 /** Monotonic counters (evictions, saturations). */
 export const counters = sqliteTable("counters", {
   name: text("name").primaryKey(),
@@ -36,4 +49,4 @@ export const closedTenants = sqliteTable("closed_tenants", {
   closedAt: integer("closed_at").notNull(),
 });
 
-export const budgetObjectSchema = { allocations, counters, closedTenants };
+export const budgetObjectSchema = { allocations, maintenance, counters, closedTenants };

@@ -112,10 +112,11 @@ export async function sqlWithSchemaVersion(
   proof: KeyProof,
   request: SqlRequest,
   rawHeader: string | undefined,
+  bearer: string | null = null,
 ): Promise<SqlOutcome> {
   const required = requiredSchemaVersion(rawHeader);
   const tenant = env.TENANTS.getByName(tenantId);
-  const outcome = await tenant.sql(tenantId, proof, request, required);
+  const outcome = await tenant.sql(tenantId, proof, request, required, bearer);
   const authenticated = outcome.ok || !("error" in outcome) || outcome.error.code !== "invalid_credentials";
   if (required !== null && authenticated) noteAppSchemaVersion(env, tenantId, required, waitUntil);
   if (
@@ -129,7 +130,7 @@ export async function sqlWithSchemaVersion(
   }
   // Only an authenticated caller gets `schema_too_old`, so only it can trigger an upgrade.
   await upgradeTenantFor(env, tenantId, required, outcome.error.message);
-  return tenant.sql(tenantId, proof, request, required);
+  return tenant.sql(tenantId, proof, request, required, bearer);
 }
 
 /**
@@ -143,7 +144,7 @@ async function upgradeTenantFor(
   tooOldMessage: string,
 ): Promise<void> {
   if (required > tenantMigrations.length) {
-    throw new LessorError("schema_too_old", {
+    throw new LessorError("schema_version_unknown", {
       publicMessage: `${tooOldMessage} This deployment bundles schema versions up to ${tenantMigrations.length}.`,
     });
   }
@@ -180,6 +181,8 @@ async function upgradeTenantFor(
       });
       return;
     case "skipped":
+      if (answer.reason === "maintenance_busy")
+        throw new LessorError("maintenance_busy", { retryAfterSeconds: 1 });
       // Another upgrade is running, or leases did not drain in time: the usual migrating answer.
       throw new LessorError("tenant_migrating", { retryAfterSeconds: 2 });
     case "failed":

@@ -31,6 +31,8 @@ export interface LessorConfig {
   maxDrainMs: number;
   /** Longest any tenant statement (or `/sql` transaction) may run before it is cancelled. */
   statementTimeoutMs: number;
+  /** A tenant migration running longer is cancelled (its step rolls back) and reported failed. */
+  migrationTimeoutMs: number;
   /** A session lease ends this long after it was opened, however often it is renewed. */
   leaseMaxLifetimeMs: number;
   /** `temp_file_limit` for tenant roles (superuser-only, so the tenant cannot lift it); null: host default. */
@@ -49,6 +51,9 @@ export interface LessorConfig {
   /** Audit rows older than this many days are aged out by the cron trigger. */
   auditRetentionDays: number;
 }
+
+/** Maintenance connections a host keeps back when its budget names no reserve. */
+export const defaultReserve = 2;
 
 /** Largest pool a tenant may hold. */
 export const maxPoolSize = 6;
@@ -121,7 +126,7 @@ export function loadConfig(env: Env): LessorConfig {
     if (typeof rawBudget !== "object" || rawBudget === null) {
       fail("LESSOR_BUDGETS", `host ${name} has no budget (give it one, or a "*" default)`);
     }
-    const { connections, reserve = 0 } = rawBudget as Record<string, unknown>;
+    const { connections, reserve = defaultReserve } = rawBudget as Record<string, unknown>;
     const budget = { connections: Number(connections), reserve: Number(reserve) };
     const problem = validateLimits(budget, largestPool);
     if (problem) fail("LESSOR_BUDGETS", `host ${name}: ${problem}`);
@@ -144,6 +149,7 @@ export function loadConfig(env: Env): LessorConfig {
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),
     maxDrainMs: positiveInt("LESSOR_MAX_DRAIN_MS", env.LESSOR_MAX_DRAIN_MS, 30_000),
     statementTimeoutMs: positiveInt("LESSOR_STATEMENT_TIMEOUT_MS", vars.LESSOR_STATEMENT_TIMEOUT_MS, 30_000),
+    migrationTimeoutMs: positiveInt("LESSOR_MIGRATION_TIMEOUT_MS", vars.LESSOR_MIGRATION_TIMEOUT_MS, 600_000),
     leaseMaxLifetimeMs: positiveInt(
       "LESSOR_LEASE_MAX_LIFETIME_MS",
       vars.LESSOR_LEASE_MAX_LIFETIME_MS,

@@ -2,7 +2,7 @@
  * ControlPlaneObject: a few Durable Objects (shards) that hold Lessor's connections to the
  * control-plane database, so that a cold start, an outbox flush, a catalog lookup or a cron job
  * borrows a warm connection instead of paying a SCRAM handshake each
- * (docs/adr/009-control-plane-through-a-pooled-object.md).
+ * (docs/adr/010-control-plane-pool-and-maintenance-reserve.md).
  *
  * A caller opens a session (one pooled connection, checked out for it), runs statements on it by
  * RPC, and closes it; `withControlPlane` (src/control-plane/index.ts) does this around drizzle, so

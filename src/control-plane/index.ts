@@ -8,6 +8,12 @@ import type { Client } from "@neondatabase/serverless";
 import { and, eq, gt, isNull, max, or, sql } from "drizzle-orm";
 import { drizzle, type NeonDatabase } from "drizzle-orm/neon-serverless";
 import type { LessorConfig } from "../config/index.ts";
+import {
+  type JsonWebKeySetRecord,
+  type JwtAlgorithm,
+  jwtLoginRoleName,
+  type TenantJwt,
+} from "../core/jwt-config.ts";
 import { LessorError } from "../errors/index.ts";
 import type { Queryable } from "../postgres/queryable.ts";
 import type { TenantKeyRecord, TenantRecord } from "../rpc/tenant.ts";
@@ -17,6 +23,7 @@ import {
   generationLedger,
   lifecycleEvents,
   tenantCredentials,
+  tenantJwt,
   tenantKeys,
   tenants,
 } from "./schema.ts";
@@ -35,7 +42,7 @@ export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: 
  * Runs `work` on a control-plane session: one warm connection of a ControlPlaneObject shard,
  * checked out for `work` and returned after it (reset), with drizzle over it exactly as over a
  * direct connection, transactions included. No handshake happens here: the shard keeps its
- * connections open (docs/adr/009-control-plane-through-a-pooled-object.md). `applicationName`
+ * connections open (docs/adr/010-control-plane-pool-and-maintenance-reserve.md). `applicationName`
  * names the session in `pg_stat_activity` while it lasts. If no connection can be had, this throws
  * `control_plane_unavailable`. Raw SQL work uses `db.$client`.
  */
@@ -84,13 +91,37 @@ export async function loadTenantRecord(
 ): Promise<TenantRecord | null> {
   const [row] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
   if (!row || row.status === "provisioning" || row.status === "erasing") return null;
-  return tenantRecordFromRow(row, await loadUsableKeys(db, tenantId), config);
+  return tenantRecordFromRow(row, await loadUsableKeys(db, tenantId), config, await loadTenantJwt(db, row));
+}
+
+/** A tenant's end-user JWT configuration, with the login role derived from its role; null if none. */
+export async function loadTenantJwt(
+  db: ControlPlane,
+  tenant: { id: string; roleName: string },
+): Promise<TenantJwt | null> {
+  const [row] = await db.select().from(tenantJwt).where(eq(tenantJwt.tenantId, tenant.id)).limit(1);
+  if (!row) return null;
+  return {
+    issuer: row.issuer,
+    audiences: row.audiences,
+    jwks: (row.jwks as JsonWebKeySetRecord | null) ?? null,
+    jwksUrl: row.jwksUrl,
+    role: row.role,
+    algorithms: row.algorithms as JwtAlgorithm[],
+    clockSkewSeconds: row.clockSkewSeconds,
+    loginRole: jwtLoginRoleName(tenant.roleName),
+  };
 }
 
 /** A tenant's keys that still work: not revoked, not expired. */
 export async function loadUsableKeys(db: ControlPlane, tenantId: string): Promise<TenantKeyRecord[]> {
   const rows = await db
-    .select({ keyId: tenantKeys.keyId, hash: tenantKeys.keyHash, expiresAt: tenantKeys.expiresAt })
+    .select({
+      keyId: tenantKeys.keyId,
+      hash: tenantKeys.keyHash,
+      expiresAt: tenantKeys.expiresAt,
+      scope: tenantKeys.scope,
+    })
     .from(tenantKeys)
     .where(
       and(
@@ -104,6 +135,7 @@ export async function loadUsableKeys(db: ControlPlane, tenantId: string): Promis
     keyId: row.keyId,
     hash: row.hash,
     expiresAt: row.expiresAt?.getTime() ?? null,
+    scope: row.scope,
   }));
 }
 
@@ -112,6 +144,7 @@ export function tenantRecordFromRow(
   row: typeof tenants.$inferSelect,
   keys: TenantKeyRecord[],
   config: LessorConfig,
+  jwt: TenantJwt | null = null,
 ): TenantRecord | null {
   if (row.status === "provisioning" || row.status === "erasing") return null;
   return {
@@ -124,6 +157,7 @@ export function tenantRecordFromRow(
     databaseName: row.databaseName,
     roleName: row.roleName,
     schemaVersion: row.schemaVersion,
+    jwt,
   };
 }
 

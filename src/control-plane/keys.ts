@@ -33,7 +33,7 @@ async function lockTenant(tx: Pick<ControlPlane, "select">, tenantId: string): P
 /** Adds a key, unless the tenant already holds `limit` usable keys. */
 export async function issueKey(
   db: ControlPlane,
-  key: { tenantId: string; keyId: string; keyHash: string; expiresAt: Date | null },
+  key: { tenantId: string; keyId: string; keyHash: string; expiresAt: Date | null; scope: "full" | "jwt" },
   limit: number,
 ): Promise<KeyRow> {
   return db.transaction(async (tx) => {

@@ -57,9 +57,36 @@ export const tenantKeys = pgTable(
     expiresAt: timestamp("expires_at", { withTimezone: true }),
     revokedAt: timestamp("revoked_at", { withTimezone: true }),
     lastUsedAt: timestamp("last_used_at", { withTimezone: true }),
+    /**
+     * `full`: the tenant's own role (every route). `jwt`: an end-user key, safe to ship to a browser:
+     * it opens `/sql` only, and only with a valid end-user token (docs/adr/012-end-user-jwts.md).
+     */
+    scope: text("scope", { enum: ["full", "jwt"] })
+      .notNull()
+      .default("full"),
   },
   (t) => [primaryKey({ columns: [t.tenantId, t.keyId] })],
 );
+
+/**
+ * A tenant's end-user JWT configuration (docs/adr/012-end-user-jwts.md): whose tokens `/sql` accepts
+ * in `Authorization: Bearer`, and the role their statements run as. Exactly one of `jwks` (a static
+ * key set) and `jwks_url` is set. No row: the tenant has no JWT mode and refuses a Bearer token.
+ */
+export const tenantJwt = pgTable("tenant_jwt", {
+  tenantId: text("tenant_id")
+    .primaryKey()
+    .references(() => tenants.id),
+  issuer: text("issuer").notNull(),
+  audiences: text("audiences").array().notNull(),
+  jwks: jsonb("jwks"),
+  jwksUrl: text("jwks_url"),
+  /** The NOLOGIN role statements run as (`SET LOCAL ROLE`), e.g. `authenticated`. */
+  role: text("role").notNull(),
+  algorithms: text("algorithms").array().notNull(),
+  clockSkewSeconds: integer("clock_skew_seconds").notNull(),
+  updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
+});
 
 /** The tenant role's password, sealed with AES-GCM (tenant id as associated data). */
 export const tenantCredentials = pgTable("tenant_credentials", {
@@ -361,6 +388,7 @@ export const controlPlaneSchema = {
   tenants,
   tenantKeys,
   tenantCredentials,
+  tenantJwt,
   generationLedger,
   lifecycleEvents,
   usageDeltas,

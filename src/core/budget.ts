@@ -33,6 +33,14 @@ export function poolCapacity(limits: BudgetLimits): number {
   return limits.connections - limits.reserve;
 }
 
+/**
+ * Whether one more maintenance connection fits the reserve. Pools never use the reserve and
+ * maintenance never uses the pools' share, so pools plus maintenance never exceed `connections`.
+ */
+export function maintenanceFits(held: number, limits: BudgetLimits): boolean {
+  return held + 1 <= limits.reserve;
+}
+
 export function usedConnections(allocations: readonly Allocation[]): number {
   return allocations.reduce((sum, a) => sum + a.size, 0);
 }
@@ -87,8 +95,8 @@ export function planEviction(
 export function validateLimits(limits: BudgetLimits, largestPool: number): string | null {
   if (!Number.isInteger(limits.connections) || limits.connections < 1)
     return "connections must be a positive integer";
-  if (!Number.isInteger(limits.reserve) || limits.reserve < 0)
-    return "reserve must be a non-negative integer";
+  if (!Number.isInteger(limits.reserve) || limits.reserve < 1)
+    return "reserve must be a positive integer (maintenance connections draw on it: migrations, provisioning, admin)";
   if (poolCapacity(limits) < largestPool) {
     return `connections minus reserve (${poolCapacity(limits)}) is smaller than the largest pool (${largestPool})`;
   }

@@ -568,6 +568,9 @@ export function resultOfAttempt(
       if (answer.reason === "tenant_unknown" || answer.reason === "tenant_erasing") {
         return { state: "skipped", reason, retryAt: null };
       }
+      // The host's maintenance reserve was full: deferred to a later tick, never given up on.
+      if (answer.reason === "maintenance_busy")
+        return { state: "skipped", reason, retryAt: now + retryDelayMs(1) };
       return exhausted
         ? { state: "skipped", reason: `${reason}; gave up after ${attempts} attempts`, retryAt: null }
         : { state: "skipped", reason, retryAt: now + retryDelayMs(attempts) };

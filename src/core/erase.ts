@@ -69,6 +69,7 @@ export function eraseRequestDecision(facts: EraseRequestFacts): EraseRequestDeci
 /** Rows that still name the tenant when the commit re-checks, per control-plane table. */
 export interface EraseLeftovers {
   tenantKeys: number;
+  tenantJwt: number;
   campaignTenants: number;
   tenantCredentials: number;
   usageDeltas: number;
@@ -80,6 +81,7 @@ export interface EraseLeftovers {
 /** The stage that removes each kind of leftover. */
 const leftoverStage: Record<keyof EraseLeftovers, EraseStage> = {
   tenantKeys: "keys",
+  tenantJwt: "keys",
   campaignTenants: "campaigns",
   tenantCredentials: "credentials",
   usageDeltas: "usage",

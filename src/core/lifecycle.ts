@@ -12,6 +12,8 @@ export type PoolState = "stopped" | "starting" | "ready" | "draining" | "failed"
 /** Why a start failed, classified so an operator can act on it. */
 export type FailureReason =
   | "unreachable"
+  /** The host took the connection and then said nothing within the connect bound (a blackhole). */
+  | "timeout"
   | "auth_failed"
   | "database_missing"
   | "too_many_connections"
@@ -213,6 +215,7 @@ export function classifyStartFailure(error: unknown): FailureReason {
     return "unreachable";
   }
   const message = error instanceof Error ? error.message : String(error);
-  if (/websocket|connect|closed|terminat|ECONN|timeout/i.test(message)) return "unreachable";
+  if (/timeout|timed out/i.test(message)) return "timeout";
+  if (/websocket|connect|closed|terminat|ECONN/i.test(message)) return "unreachable";
   return "unknown";
 }

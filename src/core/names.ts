@@ -27,9 +27,9 @@ export function tenantMaintenanceApplicationName(role: string, purpose: "migrate
   return `${lessorApplicationPrefix}${role}:${purpose}`;
 }
 
-/** A host admin connection: `lessor:host:<purpose>`. */
-export function hostApplicationName(purpose: string): string {
-  return `${lessorApplicationPrefix}host:${purpose}`;
+/** A host admin connection: `lessor:host:<host>:<purpose>`. */
+export function hostApplicationName(host: string, purpose: string): string {
+  return `${lessorApplicationPrefix}host:${host}:${purpose}`;
 }
 
 /** The generation a pooled connection's application_name names, or null for any other name. */

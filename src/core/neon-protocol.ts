@@ -121,10 +121,28 @@ function parseStatement(item: unknown): Statement | ParseProblem {
   for (const value of params) {
     if (value === null || typeof value === "string") out.push(value);
     else if (typeof value === "number" || typeof value === "boolean") out.push(String(value));
+    else if (Array.isArray(value)) out.push(arrayLiteral(value));
     else if (typeof value === "object") out.push(JSON.stringify(value));
     else return { problem: "a parameter must be a string, number, boolean, object or null." };
   }
   return { query, params: out };
+}
+
+/**
+ * A JSON array as a Postgres array literal, as Neon's endpoint turns one (`[1, null, "a\"b"]` →
+ * `{1,NULL,"a\"b"}`): null is NULL, strings are quoted and escaped, objects become quoted JSON,
+ * nested arrays nest. The official driver sends arrays already as literals; curl users send JSON.
+ */
+export function arrayLiteral(values: readonly unknown[]): string {
+  const quote = (text: string) => `"${text.replaceAll("\\", "\\\\").replaceAll('"', '\\"')}"`;
+  const items = values.map((value): string => {
+    if (value === null || value === undefined) return "NULL";
+    if (Array.isArray(value)) return arrayLiteral(value);
+    if (typeof value === "string") return quote(value);
+    if (typeof value === "number" || typeof value === "boolean") return String(value);
+    return quote(JSON.stringify(value));
+  });
+  return `{${items.join(",")}}`;
 }
 
 function parseTransactionOptions(headers: {

@@ -12,6 +12,7 @@ import { dropTenantDatabaseAndRole } from "../tenant-db/drop-tenant.ts";
 
 /** Where one tenant's database is. */
 export interface TenantPlacement {
+  tenantId: string;
   host: string;
   databaseName: string;
   roleName: string;
@@ -33,13 +34,16 @@ export interface TenantDatabaseProvider {
   remove(placement: TenantPlacement): Promise<DatabaseRemoval>;
 }
 
-/** A Postgres host reached through its admin role: `DROP DATABASE … WITH (FORCE)`, `DROP ROLE`. */
-export function localPostgresProvider(config: LessorConfig): TenantDatabaseProvider {
+/**
+ * A Postgres host reached through its admin role, within its maintenance reserve:
+ * `DROP DATABASE … WITH (FORCE)`, `DROP ROLE`.
+ */
+export function localPostgresProvider(env: Env, config: LessorConfig): TenantDatabaseProvider {
   return {
     name: "postgres-host",
     async remove(placement) {
-      const dropped = await dropTenantDatabaseAndRole(config, placement.host, placement);
-      return { databases: dropped.databaseDropped ? 1 : 0, roles: dropped.roleDropped ? 1 : 0 };
+      const dropped = await dropTenantDatabaseAndRole(env, config, placement.host, placement);
+      return { databases: dropped.databaseDropped ? 1 : 0, roles: dropped.rolesDropped };
     },
   };
 }

@@ -14,6 +14,7 @@ import {
   lifecycleEvents,
   tenantCredentials,
   tenantErasures,
+  tenantJwt,
   tenantKeys,
   tenants,
   usageDeltas,
@@ -188,15 +189,25 @@ export async function recordEraseFailure(
 
 // ── The control-plane stages ─────────────────────────────────────────────────────────────────────
 
-/** `keys`: every key of the tenant, and the first-format hash its catalog row may still hold. */
-export async function eraseKeys(db: ControlPlane, tenantId: string): Promise<{ keys: number }> {
+/**
+ * `keys`: every key of the tenant (end-user keys too), the first-format hash its catalog row may
+ * still hold, and its end-user JWT configuration (what lets end users' tokens in).
+ */
+export async function eraseKeys(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<{ keys: number; jwtConfigs: number }> {
   return db.transaction(async (tx) => {
     const deleted = await tx
       .delete(tenantKeys)
       .where(eq(tenantKeys.tenantId, tenantId))
       .returning({ keyId: tenantKeys.keyId });
+    const jwt = await tx
+      .delete(tenantJwt)
+      .where(eq(tenantJwt.tenantId, tenantId))
+      .returning({ tenantId: tenantJwt.tenantId });
     await tx.update(tenants).set({ keyHash: null }).where(eq(tenants.id, tenantId));
-    return { keys: deleted.length };
+    return { keys: deleted.length, jwtConfigs: jwt.length };
   });
 }
 
@@ -278,6 +289,7 @@ async function leftovers(db: Pick<ControlPlane, "execute">, tenantId: string): P
   const { rows } = await db.execute<Record<keyof EraseLeftovers, number>>(sql`
     SELECT
       (SELECT count(*) FROM ${tenantKeys} WHERE tenant_id = ${tenantId})::int AS "tenantKeys",
+      (SELECT count(*) FROM ${tenantJwt} WHERE tenant_id = ${tenantId})::int AS "tenantJwt",
       (SELECT count(*) FROM ${campaignTenants} WHERE tenant_id = ${tenantId})::int AS "campaignTenants",
       (SELECT count(*) FROM ${tenantCredentials} WHERE tenant_id = ${tenantId})::int AS "tenantCredentials",
       (SELECT count(*) FROM ${usageDeltas} WHERE tenant_id = ${tenantId})::int AS "usageDeltas",
@@ -287,6 +299,7 @@ async function leftovers(db: Pick<ControlPlane, "execute">, tenantId: string): P
   const row = rows[0];
   return {
     tenantKeys: Number(row?.tenantKeys ?? 0),
+    tenantJwt: Number(row?.tenantJwt ?? 0),
     campaignTenants: Number(row?.campaignTenants ?? 0),
     tenantCredentials: Number(row?.tenantCredentials ?? 0),
     usageDeltas: Number(row?.usageDeltas ?? 0),

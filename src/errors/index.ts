@@ -28,6 +28,57 @@ export const errorCatalog = {
     message: "Too many failed authentications for this tenant; retry after Retry-After.",
     retryable: true,
   },
+  jwt_not_configured: {
+    status: 401,
+    message:
+      "This tenant has no end-user JWT configuration, so it does not accept Authorization: Bearer on /sql; send no Authorization header, or configure JWT mode (PUT /v1/tenants/:id/jwt).",
+  },
+  jwt_required: {
+    status: 401,
+    message:
+      "This is an end-user key: /sql needs an end user's token in Authorization: Bearer (neon()'s authToken).",
+  },
+  jwt_invalid: {
+    status: 401,
+    message: "The end-user token is not a valid JWT signed by one of the tenant's keys.",
+  },
+  jwt_expired: { status: 401, message: "The end-user token has expired (exp); get a fresh one." },
+  jwt_not_yet_valid: { status: 401, message: "The end-user token is not valid yet (nbf)." },
+  jwt_issuer_mismatch: {
+    status: 401,
+    message: "The end-user token was issued by an issuer this tenant does not accept (iss).",
+  },
+  jwt_audience_mismatch: {
+    status: 401,
+    message: "The end-user token is not meant for this tenant (aud).",
+  },
+  jwt_algorithm_refused: {
+    status: 401,
+    message:
+      "The end-user token's algorithm (alg) is not one this tenant accepts; unsigned tokens never are.",
+  },
+  jwt_key_unknown: {
+    status: 401,
+    message: "No key of the tenant's key set matches the end-user token's key id (kid).",
+  },
+  jwks_unavailable: {
+    status: 503,
+    message: "The tenant's identity provider key set (JWKS URL) could not be fetched; retry shortly.",
+    retryable: true,
+  },
+  key_scope_refused: {
+    status: 403,
+    message: "This is an end-user key: it opens /sql with an end user's token, and nothing else.",
+  },
+  jwt_role_unavailable: {
+    status: 409,
+    message: "That role name is taken on the tenant's host by a role Lessor did not create; choose another.",
+  },
+  jwt_setup_failed: {
+    status: 502,
+    message: "JWT mode could not be installed in the tenant's database; send the same request again.",
+    retryable: true,
+  },
   invalid_connection_string: {
     status: 400,
     message: "Neon-Connection-String must be postgres://<tenant>:<tenant key>@<host>/<tenant>.",
@@ -92,6 +143,12 @@ export const errorCatalog = {
     message: "The tenant's schema is being migrated; retry shortly.",
     retryable: true,
   },
+  maintenance_busy: {
+    status: 503,
+    message:
+      "Every maintenance connection of the database host's reserve is in use (migrations, provisioning); retry shortly.",
+    retryable: true,
+  },
   capacity_saturated: {
     status: 503,
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",
@@ -133,6 +190,11 @@ export const errorCatalog = {
     message:
       "Every connection of the tenant's pool is held by a session lease; release one or retry shortly.",
     retryable: true,
+  },
+  schema_version_unknown: {
+    status: 409,
+    message:
+      "The request needs a schema version this deployment does not bundle; deploy a Lessor whose tenant migrations include it.",
   },
   schema_too_old: {
     status: 409,

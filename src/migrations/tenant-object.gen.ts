@@ -8,10 +8,17 @@ export const tenantObjectMigrations = {
         "when": 1796045328269,
         "tag": "0000_init",
         "breakpoints": true
+      },
+      {
+        "idx": 1,
+        "when": 1796057748210,
+        "tag": "0001_outbox_attempted",
+        "breakpoints": true
       }
     ]
   },
   "migrations": {
-    "m0000": "-- IF NOT EXISTS: objects created before this migration already hold these tables (they were\n-- created by hand-written DDL); this first migration adopts them as they are.\nCREATE TABLE IF NOT EXISTS `kv` (\n\t`k` text PRIMARY KEY NOT NULL,\n\t`v` text NOT NULL\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `outbox` (\n\t`seq` integer PRIMARY KEY AUTOINCREMENT NOT NULL,\n\t`generation` integer NOT NULL,\n\t`from_state` text NOT NULL,\n\t`to_state` text NOT NULL,\n\t`reason` text NOT NULL,\n\t`at` integer NOT NULL\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `session_tokens` (\n\t`token_hash` text PRIMARY KEY NOT NULL,\n\t`generation` integer NOT NULL,\n\t`expires_at` integer NOT NULL,\n\t`lost` integer DEFAULT 0 NOT NULL\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `usage_outbox` (\n\t`seq` integer PRIMARY KEY AUTOINCREMENT NOT NULL,\n\t`queries` integer NOT NULL,\n\t`rows_returned` integer NOT NULL,\n\t`errors` integer NOT NULL,\n\t`lease_ms` integer NOT NULL,\n\t`pool_starts` integer NOT NULL,\n\t`at` integer NOT NULL\n);"
+    "m0000": "-- IF NOT EXISTS: objects created before this migration already hold these tables (they were\n-- created by hand-written DDL); this first migration adopts them as they are.\nCREATE TABLE IF NOT EXISTS `kv` (\n\t`k` text PRIMARY KEY NOT NULL,\n\t`v` text NOT NULL\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `outbox` (\n\t`seq` integer PRIMARY KEY AUTOINCREMENT NOT NULL,\n\t`generation` integer NOT NULL,\n\t`from_state` text NOT NULL,\n\t`to_state` text NOT NULL,\n\t`reason` text NOT NULL,\n\t`at` integer NOT NULL\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `session_tokens` (\n\t`token_hash` text PRIMARY KEY NOT NULL,\n\t`generation` integer NOT NULL,\n\t`expires_at` integer NOT NULL,\n\t`lost` integer DEFAULT 0 NOT NULL\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `usage_outbox` (\n\t`seq` integer PRIMARY KEY AUTOINCREMENT NOT NULL,\n\t`queries` integer NOT NULL,\n\t`rows_returned` integer NOT NULL,\n\t`errors` integer NOT NULL,\n\t`lease_ms` integer NOT NULL,\n\t`pool_starts` integer NOT NULL,\n\t`at` integer NOT NULL\n);",
+    "m0001": "ALTER TABLE `outbox` ADD `attempted` integer DEFAULT 0 NOT NULL;--> statement-breakpoint\nALTER TABLE `usage_outbox` ADD `attempted` integer DEFAULT 0 NOT NULL;"
   }
 };

@@ -10,6 +10,7 @@
  */
 import { Client, neonConfig, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
+import { PromptCloseWebSocket } from "./prompt-close.ts";
 
 export type { Queryable } from "./queryable.ts";
 
@@ -32,6 +33,8 @@ export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>>
 export function configureDriver(config: LessorConfig): void {
   if (configuredProxy === config.wsProxy) return;
   configuredProxy = config.wsProxy;
+  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
+  neonConfig.webSocketConstructor = PromptCloseWebSocket;
   if (config.wsProxy) {
     const proxy = config.wsProxy;
     neonConfig.wsProxy = (host, port) => `${proxy}/v2?address=${host}:${port}`;
@@ -117,7 +120,7 @@ function tenantClientClass(options: TenantConnectionOptions): typeof Client {
 export function openPool(
   config: LessorConfig,
   target: ConnectionTarget,
-  options: TenantConnectionOptions & { max: number; onError: (error: Error) => void },
+  options: TenantConnectionOptions & { max: number; onError: (error: Error, client?: object) => void },
 ): Pool {
   configureDriver(config);
   const pool = new Pool({
@@ -239,6 +242,92 @@ export function sendCancel(config: LessorConfig, target: ConnectionTarget, clien
     () => undefined,
   );
   (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
+}
+
+/**
+ * Ends an idle connection the way Postgres sees it end: sends Terminate and waits (bounded) until
+ * the server closes the socket, which it does once the backend has exited, so the backend is gone
+ * from `pg_stat_activity` when this resolves (or the bound passed). The caller then releases it.
+ */
+export function terminateAndWait(client: object, timeoutMs = 2_000): Promise<void> {
+  const ending = client as unknown as {
+    _ending: boolean;
+    _queryable: boolean;
+    on(event: "error", listener: () => void): void;
+    connection: {
+      stream: { write(bytes: Uint8Array): boolean };
+      once(event: "end", listener: () => void): void;
+    };
+  };
+  // An end Lessor asked for: the driver must not report the server's close as an unexpected one,
+  // nor write to the closed socket when the pool ends the client (it destroys a non-queryable one).
+  ending._ending = true;
+  ending._queryable = false;
+  ending.on("error", () => undefined);
+  const { connection } = ending;
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, timeoutMs);
+    connection.once("end", () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    // Terminate ('X', length 4): the server ends the session and closes the socket.
+    connection.stream.write(new Uint8Array([0x58, 0, 0, 0, 4]));
+  });
+}
+
+/** Thrown by `underDeadline` when the work outlived its deadline and was cancelled. */
+export class DeadlineExceeded extends Error {
+  override readonly name = "DeadlineExceeded";
+  constructor(readonly deadlineMs: number) {
+    super(`cancelled after its deadline of ${deadlineMs} ms`);
+  }
+}
+
+/** After a cancel, how long a statement may take to stop before its connection is cut. */
+const cancelGraceMs = 2_000;
+
+/**
+ * Runs `work` on `client` within `deadlineMs`: past it, the running statement is cancelled (its
+ * transaction rolls back), and if it has not stopped `cancelGraceMs` later the connection is cut.
+ * Work that ran past its deadline fails with `DeadlineExceeded`, never quietly goes on.
+ */
+export async function underDeadline<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  client: Client,
+  deadlineMs: number,
+  work: () => Promise<T>,
+): Promise<T> {
+  let expired = false;
+  let cut: ReturnType<typeof setTimeout> | undefined;
+  const timer = setTimeout(() => {
+    expired = true;
+    sendCancel(config, target, client);
+    cut = setTimeout(() => cutConnection(client), cancelGraceMs);
+  }, deadlineMs);
+  try {
+    const result = await work();
+    if (expired) throw new DeadlineExceeded(deadlineMs);
+    return result;
+  } catch (error) {
+    throw expired ? new DeadlineExceeded(deadlineMs) : error;
+  } finally {
+    clearTimeout(timer);
+    clearTimeout(cut);
+  }
+}
+
+/** The address part of a connection string, for a cancel request. */
+export function targetOfUrl(connectionString: string): ConnectionTarget {
+  const url = new URL(connectionString);
+  return {
+    host: url.hostname,
+    port: Number(url.port || 5432),
+    user: decodeURIComponent(url.username),
+    password: "",
+    database: decodeURIComponent(url.pathname.replace(/^\//, "")) || "postgres",
+  };
 }
 
 /** Cuts a connection at once (its socket), whatever it is doing; its pending queries fail. */

@@ -12,6 +12,7 @@ import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../con
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import { hostApplicationName, newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
+import { hmacPads, jwtClaimsKey } from "../crypto/jwt-claims.ts";
 import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
 import { scramVerifier } from "../crypto/scram.ts";
@@ -20,11 +21,19 @@ import { mintTenantKey } from "../crypto/tenant-keys.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import { adminUrlFor, withConnection, withTenantConnection } from "../postgres/index.ts";
+import {
+  adminUrlFor,
+  targetOfUrl,
+  underDeadline,
+  withConnection,
+  withTenantConnection,
+} from "../postgres/index.ts";
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
-import { guardKeyId, roleLimits, sessionLimits, tenantCredential } from "../tenant-db/connect.ts";
+import { guardKeyId, migrationLimits, roleLimits, tenantCredential } from "../tenant-db/connect.ts";
 import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
+import { installAuthFunctions } from "../tenant-db/jwt-install.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
+import { adminDeadlineMs, withMaintenanceSlot } from "../tenant-db/maintenance.ts";
 import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
 
 export interface ProvisionInput {
@@ -66,19 +75,44 @@ export async function provisionTenant(
   input: ProvisionInput,
   actor: string,
 ): Promise<Provisioned> {
-  if (!config.poolSizes.has(input.tier)) throw new LessorError("unknown_tier");
-  if (!config.hosts.has(input.host)) throw new LessorError("unknown_host");
-  const provisioned = await withControlPlane(config, env, async (db) => {
-    const { rows } = await db.execute<{ locked: boolean }>(
-      sql`SELECT pg_try_advisory_lock(hashtext('lessor:provision'), hashtext(${input.id})) AS locked`,
-    );
-    if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
-    try {
-      return await provisionLocked(db, env, config, input, actor);
-    } finally {
-      await db.execute(sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`);
-    }
-  });
+  if (!config.poolSizes.has(input.tier)) {
+    throw new LessorError("unknown_tier", {
+      publicMessage: `No tier "${input.tier}"; the configured tiers are ${[...config.poolSizes.keys()].join(", ")}.`,
+    });
+  }
+  if (!config.hosts.has(input.host)) {
+    throw new LessorError("unknown_host", {
+      publicMessage: `No database host "${input.host}"; the configured hosts are ${[...config.hosts.keys()].join(", ")}.`,
+    });
+  }
+  // A resumed create keeps the host it started on; a new one goes where it was asked.
+  const [existing] = await withControlPlane(config, env, (db) =>
+    db.select({ host: tenants.host }).from(tenants).where(eq(tenants.id, input.id)).limit(1),
+  );
+  // The maintenance slot comes first, so a create waiting for one holds no control-plane session.
+  // Its connections (admin, login guard, first migration) open one after another under it.
+  const provisioned = await withMaintenanceSlot(
+    env,
+    config,
+    existing?.host ?? input.host,
+    { purpose: "provision", tenantId: input.id, deadlineMs: 3 * adminDeadlineMs },
+    () =>
+      withControlPlane(config, env, async (db) => {
+        // The lock is on the control-plane session, which withControlPlane keeps for this call and
+        // resets (pg_advisory_unlock_all) before its connection serves anyone else.
+        const { rows } = await db.execute<{ locked: boolean }>(
+          sql`SELECT pg_try_advisory_lock(hashtext('lessor:provision'), hashtext(${input.id})) AS locked`,
+        );
+        if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
+        try {
+          return await provisionLocked(db, env, config, input, actor);
+        } finally {
+          await db.execute(
+            sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`,
+          );
+        }
+      }),
+  );
   // Tell the tenant's object about its record now, so the first query needs no catalog read.
   // If this fails, the object loads the record from the catalog on its first request instead.
   const record = tenantRecordFromRow(provisioned.row, provisioned.keys, config);
@@ -136,16 +170,25 @@ async function provisionLocked(
     const verifier = await scramVerifier(password);
     const guardKey = await loginGuardKey(password);
     const { roleName, databaseName } = row;
-    await withConnection(config, host.adminUrl, hostApplicationName("provision"), async (admin) => {
-      await revokePublicConnect(admin);
-      await ensureTenantRole(admin, roleName, verifier, roleLimits(config, poolSize));
-      await ensureTenantDatabase(admin, databaseName, roleName);
-    });
-    await withConnection(
-      config,
-      adminUrlFor(host.adminUrl, databaseName),
-      hostApplicationName("provision"),
-      async (admin) => installLoginGuard(admin, await guardKeyId(guardKey), guardKey),
+    const applicationName = hostApplicationName(host.name, "provision");
+    await withConnection(config, host.adminUrl, applicationName, (admin) =>
+      underDeadline(config, targetOfUrl(host.adminUrl), admin, adminDeadlineMs, async () => {
+        // Serialise the host's catalog edits: two provisionings granting and revoking on the same
+        // pg_database row at once fail with "tuple concurrently updated". Released at close.
+        await admin.query("SELECT pg_advisory_lock(hashtext('lessor:host-admin'))");
+        await revokePublicConnect(admin);
+        await ensureTenantRole(admin, roleName, verifier, roleLimits(config, poolSize));
+        await ensureTenantDatabase(admin, databaseName, roleName);
+      }),
+    );
+    const guardUrl = adminUrlFor(host.adminUrl, databaseName);
+    await withConnection(config, guardUrl, applicationName, (admin) =>
+      underDeadline(config, targetOfUrl(guardUrl), admin, adminDeadlineMs, async () => {
+        const keyId = await guardKeyId(guardKey);
+        await installLoginGuard(admin, keyId, guardKey);
+        // auth.session() and friends: readable before JWT mode is on (they answer null until then).
+        await installAuthFunctions(admin, keyId, hmacPads(await jwtClaimsKey(password)));
+      }),
     );
     const credential = await tenantCredential(config, row, password);
     const run = await withTenantConnection(
@@ -153,10 +196,13 @@ async function provisionLocked(
       credential.target,
       {
         applicationName: tenantMaintenanceApplicationName(roleName, "migrate"),
-        limits: sessionLimits(config),
+        limits: migrationLimits(config),
         loginToken: credential.loginToken,
       },
-      (client) => migrateTenantDatabase(client, tenantMigrations),
+      (client) =>
+        underDeadline(config, credential.target, client, adminDeadlineMs, () =>
+          migrateTenantDatabase(client, tenantMigrations),
+        ),
     );
     schemaVersion = run.toVersion;
   } catch (error) {
@@ -188,5 +234,9 @@ async function provisionLocked(
   });
   if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });
   logEvent("info", "tenant_provisioned", { tenant: input.id, host: active.host, schemaVersion });
-  return { row: active, key: minted.key, keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null }] };
+  return {
+    row: active,
+    key: minted.key,
+    keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null, scope: "full" }],
+  };
 }

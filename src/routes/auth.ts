@@ -36,7 +36,9 @@ function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
 export const requireAdmin = createMiddleware<AppEnv>(async (c, next) => {
   const token = bearerToken(c);
   if (!(await isAdminKey(c, token))) {
-    throw new LessorError("invalid_credentials", { publicMessage: "Invalid key." });
+    throw new LessorError("invalid_credentials", {
+      publicMessage: "This endpoint needs the admin key (LESSOR_ADMIN_KEY); a tenant key does not open it.",
+    });
   }
   c.set("actor", await adminActor(token));
   await next();

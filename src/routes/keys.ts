@@ -1,13 +1,17 @@
 /**
  * A tenant's keys (the admin key, or one of the tenant's own keys):
  *
- *     POST   /v1/tenants/:id/keys            {"expiresAt"?}  → 201 {keyId, key, createdAt, expiresAt}
- *     GET    /v1/tenants/:id/keys                            → {keys: [{keyId, createdAt, lastUsedAt, expiresAt}]}
+ *     POST   /v1/tenants/:id/keys            {"expiresAt"?, "scope"?}  → 201 {keyId, key, scope, createdAt, expiresAt}
+ *     GET    /v1/tenants/:id/keys                            → {keys: [{keyId, scope, createdAt, lastUsedAt, expiresAt}]}
  *     DELETE /v1/tenants/:id/keys/:keyId     [?force=true]   → 204
  *
  * A key is shown once; its hash is never shown. Revocation is immediate: the tenant's object gets
  * its new key list before the answer, so no request with the key succeeds afterwards, on any route,
  * and a session lease opened with it ends.
+ *
+ * A key's scope is `full` (the default: the tenant role, every route) or `jwt`: an end-user key,
+ * safe to ship to a browser, that opens `/sql` only and only with a valid end-user token
+ * (docs/adr/012-end-user-jwts.md).
  */
 import { Hono } from "hono";
 import * as v from "valibot";
@@ -41,6 +45,7 @@ async function refreshObject(c: AppContext, tenantId: TenantId): Promise<void> {
 }
 
 const issueBody = jsonObject({
+  scope: v.optional(v.picklist(["full", "jwt"], "scope must be full or jwt."), "full"),
   expiresAt: v.optional(
     v.pipe(
       v.string("expiresAt must be an ISO 8601 time."),
@@ -57,13 +62,19 @@ const issueBody = jsonObject({
 keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
   const tenantId = tenantParam(c);
   await authenticateTenantOrAdmin(c, tenantId);
-  const { expiresAt } = c.req.valid("json");
+  const { expiresAt, scope } = c.req.valid("json");
   const config = loadConfig(c.env);
   const minted = await mintTenantKey(config.keyMacRing, tenantId);
   const row = await withControlPlane(config, c.env, async (db) =>
     issueKey(
       db,
-      { tenantId, keyId: minted.keyId, keyHash: await hashKey(minted.key), expiresAt: expiresAt ?? null },
+      {
+        tenantId,
+        keyId: minted.keyId,
+        keyHash: await hashKey(minted.key),
+        expiresAt: expiresAt ?? null,
+        scope,
+      },
       config.maxKeysPerTenant,
     ),
   );
@@ -72,6 +83,7 @@ keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
     {
       keyId: row.keyId,
       key: minted.key,
+      scope: row.scope,
       createdAt: row.createdAt.toISOString(),
       expiresAt: row.expiresAt?.toISOString() ?? null,
     },
@@ -86,6 +98,7 @@ keyRoutes.get("/v1/tenants/:id/keys", async (c) => {
   return c.json({
     keys: rows.map((row) => ({
       keyId: row.keyId,
+      scope: row.scope,
       createdAt: row.createdAt.toISOString(),
       lastUsedAt: row.lastUsedAt?.toISOString() ?? null,
       expiresAt: row.expiresAt?.toISOString() ?? null,

@@ -1,7 +1,9 @@
 /**
  * `GET /v1/maintenance` (admin): the folds as an operator needs to see them. Recent outcomes
  * (newest first, paged by `cursor`), counters over the retained outcomes, the deltas backlog
- * (count and oldest age) and whether the horizon is pinned right now, and by what.
+ * (count and oldest age) and whether the horizon is pinned right now, and by what; per host, the
+ * maintenance reserve in use and what the budget reconcile repaired (released allocations,
+ * terminated orphan backends, expired maintenance slots).
  */
 import { Hono } from "hono";
 import * as v from "valibot";
@@ -32,5 +34,17 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), a
     (db) => readMaintenanceStatus(db.$client, options, { before: cursor, limit }),
     "lessor-maintenance",
   );
-  return c.json(status);
+  // What the budget reconcile repaired on each host, and the maintenance reserve in use right now.
+  const hosts = await Promise.all(
+    [...config.hosts.keys()].map(async (host) => {
+      const budget = await c.env.BUDGETS.getByName(host).status(host, 0);
+      return {
+        host,
+        reserve: budget.reserve,
+        maintenance: budget.maintenance,
+        reconciled: budget.reconciled,
+      };
+    }),
+  );
+  return c.json({ ...status, hosts });
 });

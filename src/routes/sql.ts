@@ -8,6 +8,11 @@
  * `code`, so `neon()` throws a NeonDbError with that code): a failed authentication is `28P01`,
  * whatever failed (an unknown tenant, a forged key, another tenant's key, a revoked key), so the
  * answer says nothing about which tenants exist.
+ *
+ * `Authorization: Bearer <JWT>` (the driver's `authToken`) makes the request an end user's: the
+ * tenant's object verifies the token and runs the statements under the tenant's end-user role, with
+ * the claims readable through `auth.session()` (docs/adr/012-end-user-jwts.md). A token that fails,
+ * or a tenant without JWT mode, is a 401 with a `jwt_*` code; it never runs as the tenant role.
  */
 import { Hono } from "hono";
 import { cors } from "hono/cors";
@@ -103,10 +108,24 @@ async function callerOf(c: AppContext, header: string | undefined): Promise<SqlC
   return caller;
 }
 
+/** The end user's token from `Authorization: Bearer`, null without the header. */
+function bearerOf(c: AppContext): string | null {
+  const authorization = c.req.header("Authorization");
+  if (authorization === undefined) return null;
+  const match = /^Bearer ([A-Za-z0-9_.~+/=-]+)$/.exec(authorization.trim());
+  if (!match?.[1]) {
+    throw new LessorError("jwt_invalid", {
+      publicMessage: "Authorization on /sql must be `Bearer <JWT>` (an end user's token), or absent.",
+    });
+  }
+  return match[1];
+}
+
 sqlRoutes.post("/sql", async (c) => {
   const header = c.req.header("Neon-Connection-String");
   const caller = await callerOf(c, header);
   if (caller instanceof Response) return caller;
+  const bearer = bearerOf(c);
 
   const request = parseSqlRequest(await readJson(c), c.req.raw.headers);
   if ("problem" in request) throw new LessorError("invalid_request", { publicMessage: request.problem });
@@ -119,6 +138,7 @@ sqlRoutes.post("/sql", async (c) => {
     caller.proof,
     request,
     c.req.header(schemaVersionHeader),
+    bearer,
   );
   if (outcome.ok) return c.body(outcome.json, 200, { "content-type": "application/json" });
   if ("postgres" in outcome) return c.json(outcome.postgres, 400);

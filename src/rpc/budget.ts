@@ -11,6 +11,21 @@ export type AdmitResult =
       closed?: true;
     };
 
+/** A request for one maintenance connection from the host's reserve. */
+export interface MaintenanceRequest {
+  /** What the connection is for: `provision`, `migrate`, `repair`, `terminate`, `reconcile`, … */
+  purpose: string;
+  tenantId: string | null;
+  /** How long the holder may keep the slot: its own deadline plus a margin (a dead holder's slot comes back then). */
+  holdMs: number;
+  /** How long to wait for a slot; 0 answers at once. */
+  waitMs: number;
+}
+
+export type MaintenanceGrant =
+  | { granted: true; leaseId: string; expiresAt: number }
+  | { granted: false; retryAfterMs: number };
+
 /** What a tenant reports about its pool, for victim selection. */
 export interface PoolReport {
   leases: number;
@@ -41,6 +56,10 @@ export interface CapacityStatus {
   admissions: number;
   /** Leases held, as the pools last reported them (each heartbeat, at most 30 s old). */
   leases: number;
+  /** Maintenance connections (migrations, provisioning, admin) holding or waiting for the reserve. */
+  maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
+  /** What reconcile has repaired since the ledger was created (monotonic counters). */
+  reconciled: { allocationsReleased: number; orphansTerminated: number; maintenanceExpired: number };
   candidates: {
     tenantId: string;
     generation: number;

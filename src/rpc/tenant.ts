@@ -2,6 +2,7 @@
  * What crosses RPC between the Worker (routes, cron jobs, campaigns) and a TenantObject. Both sides
  * import these shapes from here, so no lower layer imports a Durable Object's module.
  */
+import type { TenantJwt } from "../core/jwt-config.ts";
 import type { PostgresErrorBody } from "../core/neon-protocol.ts";
 import type { WireError } from "../errors/index.ts";
 
@@ -12,7 +13,11 @@ export interface TenantKeyRecord {
   hash: string;
   /** Epoch ms after which the key no longer works; null: never. */
   expiresAt: number | null;
+  /** `full`: every route, as the tenant role. `jwt`: `/sql` only, with a valid end-user token. */
+  scope: KeyScope;
 }
+
+export type KeyScope = "full" | "jwt";
 
 /**
  * What a caller proves to a tenant's object: which of the tenant's keys it holds (the Worker has
@@ -35,6 +40,8 @@ export interface TenantRecord {
   roleName: string;
   /** Schema version Lessor last applied; the database's own ledger is the truth. */
   schemaVersion: number;
+  /** End-user JWT mode (docs/adr/012-end-user-jwts.md); null: a Bearer token is refused. */
+  jwt: TenantJwt | null;
 }
 
 /** The runtime half of `GET /v1/tenants/:id`. */
@@ -76,7 +83,7 @@ export type MigrateOutcome =
   | { outcome: "migrated"; fromVersion: number; toVersion: number; applied: number[] }
   | {
       outcome: "skipped";
-      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "tenant_erasing";
+      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "maintenance_busy" | "tenant_erasing";
       leases?: number;
     }
   | { outcome: "failed"; version: number | null; summary: string };

@@ -63,6 +63,19 @@ export function sessionLimits(config: LessorConfig): SessionLimits {
   };
 }
 
+/**
+ * The limits of a migration's connection: its statements may run up to the migration deadline
+ * (Lessor cancels it there; Postgres's own timeout is the backstop), while lock waits stay as short
+ * as a tenant statement's, so a step that cannot get its lock fails rather than queueing traffic.
+ */
+export function migrationLimits(config: LessorConfig): SessionLimits {
+  return {
+    statementTimeoutMs: config.migrationTimeoutMs + 1_000,
+    lockTimeoutMs: config.statementTimeoutMs,
+    idleInTransactionMs: config.leaseMaxTtlMs + 10_000,
+  };
+}
+
 /** The limits a tenant role gets on its host: its pool plus one migration connection. */
 export function roleLimits(config: LessorConfig, poolSize: number): RoleLimits {
   return { connectionLimit: poolSize + 1, tempFileLimit: config.tempFileLimit };

@@ -70,7 +70,11 @@ export async function migrateTenantDatabase(
     throw new MigrationError(`target version ${targetVersion} is not bundled`, null);
   }
   await db.query(ledgerDdl);
+  // Waiting for another runner is bounded by the caller's deadline, not by the session's lock
+  // timeout (which bounds the steps' own DDL lock waits, so tenant traffic never queues long).
+  await db.query("SET lock_timeout = 0");
   await db.query("SELECT pg_advisory_lock($1)", [migrationLockKey]);
+  await db.query("RESET lock_timeout");
   try {
     const { rows } = await db.query(
       "SELECT version, checksum FROM lessor.schema_migrations ORDER BY version",

@@ -6,7 +6,8 @@ import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { hashesEqual } from "../crypto/keys.ts";
 import { erasuresOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
-import type { KeyProof, TenantRecord } from "../rpc/tenant.ts";
+import type { KeyProof, KeyScope, TenantRecord } from "../rpc/tenant.ts";
+import { pendingCatalogVersionKey } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** Compared against when no key matches, so that path costs what a wrong key costs. */
@@ -42,10 +43,16 @@ export class TenantAuth {
    * Ignored while an erase runs (a late refresh must not bring keys back); after an erase it is a
    * new tenant with the same id, and the object serves it.
    */
-  async install(record: TenantRecord): Promise<void> {
+  async install(catalogRecord: TenantRecord): Promise<void> {
     if (this.rt.erasing) return;
     if (this.rt.erase?.state === "erased") this.rt.erase = null;
     await this.rt.storage.open();
+    // A migration the catalog has not heard of yet (a control-plane blip): the database's version wins.
+    const pending = this.rt.storage.read<number>(pendingCatalogVersionKey);
+    const record =
+      pending !== null && pending > catalogRecord.schemaVersion
+        ? { ...catalogRecord, schemaVersion: pending }
+        : catalogRecord;
     this.rt.record = record;
     this.unknownUntil = 0;
     this.rt.storage.write("record", record);
@@ -69,7 +76,17 @@ export class TenantAuth {
   /**
    * The record, if `proof` names one of the tenant's usable keys and carries its hash. A revoked,
    * expired or unknown key and an unknown tenant are indistinguishable to the caller; a disabled
-   * tenant is refused only after the key checks out.
+   * tenant is refused only after the key checks out. An end-user key (scope `jwt`) opens only what
+   * asks for it (`/sql`, with a token: `authenticateAny`); everywhere else it is refused.
+   */
+  async authenticate(tenantId: string, proof: KeyProof, purpose: AuthPurpose = "new"): Promise<TenantRecord> {
+    const { record, scope } = await this.authenticateAny(tenantId, proof, purpose);
+    if (scope !== "full") throw new LessorError("key_scope_refused");
+    return record;
+  }
+
+  /**
+   * As `authenticate`, for a route that serves end-user keys too: says which scope the key has.
    *
    * An erase changes two answers, and only for keys this tenant id really had (the Worker checked
    * the key's MAC, so no forged key gets here): while the erase runs, new work gets `503
@@ -77,7 +94,11 @@ export class TenantAuth {
    * lease); once it committed, a key of the erased tenant gets `410 tenant_erased`, also after the
    * id was created again.
    */
-  async authenticate(tenantId: string, proof: KeyProof, purpose: AuthPurpose = "new"): Promise<TenantRecord> {
+  async authenticateAny(
+    tenantId: string,
+    proof: KeyProof,
+    purpose: AuthPurpose = "new",
+  ): Promise<{ record: TenantRecord; scope: KeyScope }> {
     const gate = this.rt.erase?.tenantId === tenantId && this.rt.erasing ? this.rt.erase : null;
     // While erasing, the catalog holds nothing to load: what the object still has is all there is.
     const record = gate ? this.rt.record : await this.resolve(tenantId);
@@ -90,17 +111,19 @@ export class TenantAuth {
       matches &&
       (key.expiresAt === null || Date.now() < key.expiresAt);
     if (gate) {
-      if (valid && purpose === "lease") return record;
+      // A record installed before keys had scopes has none: those keys are full keys.
+      if (valid && purpose === "lease") return { record, scope: key.scope ?? "full" };
       if (valid || gate.keyIds.includes(proof.keyId)) {
         throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
       }
       throw new LessorError("invalid_credentials");
     }
-    if (!valid)
+    if (!valid) {
       throw (await this.erasedKeyRefusal(tenantId, proof.keyId)) ?? new LessorError("invalid_credentials");
+    }
     if (record.status === "disabled") throw new LessorError("tenant_disabled");
-    this.rt.noteKeyUse(proof.keyId);
-    return record;
+    this.rt.noteKeyUse(key.keyId);
+    return { record, scope: key.scope ?? "full" };
   }
 
   /** Remembers the keys of an incarnation this object just erased. */
@@ -123,8 +146,9 @@ export class TenantAuth {
         const rows = await withControlPlane(this.rt.config, this.rt.env, (db) => erasuresOf(db, tenantId));
         const byId = new Map<string, ErasedKey>();
         for (const row of rows) {
-          for (const id of row.keyIds)
+          for (const id of row.keyIds) {
             byId.set(id, { state: row.state, erasedAt: row.erasedAt?.getTime() ?? null });
+          }
         }
         this.erasedKeys = { readAt: Date.now(), byId };
       } catch {

@@ -18,6 +18,11 @@ export function markEndedOnPurpose(client: PoolClient): void {
   endedOnPurpose.add(client);
 }
 
+/** Whether Lessor destroyed this connection on purpose (its closing errors are not news). */
+export function wasEndedOnPurpose(client: object | undefined): boolean {
+  return client !== undefined && endedOnPurpose.has(client);
+}
+
 /**
  * Starts tracking (once per connection). Also gives the connection an error listener of its own:
  * the pool listens only to idle connections, and a checked-out connection whose backend dies

@@ -5,20 +5,29 @@
  * none of its writes can commit after).
  */
 import type { Client } from "@neondatabase/serverless";
-import { hostApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import { jwtLoginRoleName } from "../core/jwt-config.ts";
+import { tenantMaintenanceApplicationName } from "../core/names.ts";
+import { claimsSigner, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
+import { loginGuardKey, loginTokenMinter } from "../crypto/login-guard.ts";
 import { scramVerifier } from "../crypto/scram.ts";
 import { unseal } from "../crypto/seal.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { withConnection } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
 import { setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
+import { withHostAdmin } from "../tenant-db/maintenance.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** The password and the ways to connect with it. */
 export interface UnsealedCredential extends TenantCredential {
   password: string;
+}
+
+/** How end-user connections log in (as `<tenant role>_jwt`), and the signer of their claims. */
+export interface JwtCredential extends TenantCredential {
+  password: string;
+  signClaims: (backendPid: number, claims: string) => Promise<string>;
 }
 
 export class TenantCredentials {
@@ -30,17 +39,57 @@ export class TenantCredentials {
     return { password, ...(await tenantCredential(this.rt.config, record, password)) };
   }
 
-  /** Runs `work` on the host's admin connection, named for `purpose`. */
+  /** The end-user login role's credential, derived from the tenant role's password. */
+  async openJwt(record: TenantRecord, tenant: UnsealedCredential): Promise<JwtCredential> {
+    const loginRole = jwtLoginRoleName(record.roleName);
+    const password = await jwtLoginPassword(tenant.password);
+    const mint = await loginTokenMinter(loginRole, await loginGuardKey(tenant.password));
+    return {
+      password,
+      target: { ...tenant.target, user: loginRole, password },
+      loginToken: () => mint(),
+      signClaims: await claimsSigner(await jwtClaimsKey(tenant.password)),
+    };
+  }
+
+  /** Sets the end-user login role's password back (an end user changed it). */
+  async repairJwt(record: TenantRecord, credential: JwtCredential): Promise<void> {
+    const verifier = await scramVerifier(credential.password);
+    await this.withHostAdmin(record, "repair", (admin) =>
+      setRolePassword(admin, credential.target.user, verifier),
+    );
+    this.rt.note("jwt_credential_repaired");
+    logEvent("warn", "jwt_credential_repaired", { tenant: record.tenantId });
+  }
+
+  /** Ends every backend of one of the tenant's roles through the admin role. */
+  async fenceRole(record: TenantRecord, role: string, why: string): Promise<number> {
+    const ended = await this.withHostAdmin(record, "fence", (admin) => terminateRoleBackends(admin, role));
+    if (ended > 0) logEvent("warn", "backends_fenced", { tenant: record.tenantId, ended, why });
+    return ended;
+  }
+
+  /**
+   * Runs `work` on the host's admin connection, named for `purpose`, within a slot of the host's
+   * maintenance reserve (waiting at most `waitMs` for one).
+   */
   private withHostAdmin<T>(
     record: TenantRecord,
     purpose: string,
     work: (admin: Client) => Promise<T>,
+    waitMs?: number,
   ): Promise<T> {
     const host = this.rt.config.hosts.get(record.host);
     if (!host) {
       throw new LessorError("misconfigured", { internal: `tenant host ${record.host} is not configured` });
     }
-    return withConnection(this.rt.config, host.adminUrl, hostApplicationName(purpose), work);
+    return withHostAdmin(
+      this.rt.env,
+      this.rt.config,
+      host,
+      { purpose, tenantId: record.tenantId, ...(waitMs === undefined ? {} : { waitMs }) },
+      work,
+    );
   }
 
   /**
@@ -54,13 +103,21 @@ export class TenantCredentials {
     logEvent("warn", "credential_repaired", { tenant: record.tenantId, generation });
   }
 
-  /** Ends one backend of the role through the admin role (a statement that would not stop). */
+  /**
+   * Ends one backend of the tenant's roles (its own, or its end-user login role) through the admin
+   * role: a statement that would not stop.
+   */
   async terminate(record: TenantRecord, pid: number): Promise<boolean> {
-    const { rows } = await this.withHostAdmin(record, "terminate", (admin) =>
-      admin.query(
-        "SELECT pg_terminate_backend(pid, 5000) AS ended FROM pg_stat_activity WHERE pid = $1 AND usename = $2",
-        [pid, record.roleName],
-      ),
+    // The watchdog has already cut the connection: a short wait, so a busy reserve delays nothing.
+    const { rows } = await this.withHostAdmin(
+      record,
+      "terminate",
+      (admin) =>
+        admin.query(
+          "SELECT pg_terminate_backend(pid, 5000) AS ended FROM pg_stat_activity WHERE pid = $1 AND usename = ANY($2::text[])",
+          [pid, [record.roleName, jwtLoginRoleName(record.roleName)]],
+        ),
+      500,
     );
     return rows[0]?.ended === true;
   }

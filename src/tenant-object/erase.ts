@@ -71,7 +71,7 @@ export class TenantErase {
     private readonly pool: TenantPool,
     private readonly sessions: SessionLeases,
   ) {
-    this.provider = localPostgresProvider(rt.config);
+    this.provider = localPostgresProvider(rt.env, rt.config);
   }
 
   // ── The gate ───────────────────────────────────────────────────────────────────────────────────
@@ -448,6 +448,7 @@ export class TenantErase {
   private async database(job: EraseJob): Promise<Record<string, number>> {
     if (job.databaseName === null || job.roleName === null) return { databases: 0, roles: 0 };
     const removed: DatabaseRemoval = await this.provider.remove({
+      tenantId: job.tenantId,
       host: job.host,
       databaseName: job.databaseName,
       roleName: job.roleName,
@@ -465,7 +466,7 @@ export class TenantErase {
     const rows = rt.storage.rowCounts();
     await rt.ctx.storage.deleteAlarm();
     await rt.ctx.storage.deleteAll();
-    rt.storage.forget();
+    rt.storage.forgetTables();
     rt.record = null;
     rt.lifecycle = initialLifecycle;
     rt.pinned = false;

@@ -10,7 +10,10 @@
  *   kept, so the connection goes back clean; a single row too big to wait for gets the connection
  *   cut (watchdog.ts);
  * - a prepared transaction is never left behind: a `PREPARE TRANSACTION` is rolled back at once and
- *   refused.
+ *   refused;
+ * - an end user's statements (JWT mode) carry a prelude in the first statement's flight that sets the
+ *   claims and the role for the transaction (docs/adr/012-end-user-jwts.md): before one Sync, so it
+ *   costs no round trip and shares the statement's transaction, implicit or not.
  */
 import type { PoolClient } from "@neondatabase/serverless";
 import {
@@ -97,6 +100,8 @@ class BoundedStatement {
   private overran = false;
   private wireBytes = 0;
   private stream: DataStream | null = null;
+  /** The prelude's results are not the caller's: its rows and its command tag are skipped. */
+  private inPrelude: boolean;
   private readonly onData = (chunk: Uint8Array) => {
     this.wireBytes += chunk.byteLength;
     if (this.wireBytes > this.budget.max + drainSlackBytes) {
@@ -109,7 +114,9 @@ class BoundedStatement {
     private readonly statement: Statement,
     private readonly budget: ResponseBudget,
     private readonly onOverrun: OverrunHandler,
+    private readonly prelude: Statement | null = null,
   ) {
+    this.inPrelude = prelude !== null;
     this.result = new Promise<RawResult>((resolve, reject) => {
       this.resolve = resolve;
       this.reject = reject;
@@ -121,6 +128,11 @@ class BoundedStatement {
     if (stream) {
       this.stream = stream;
       stream.on("data", this.onData);
+    }
+    if (this.prelude) {
+      connection.parse({ text: this.prelude.query, name: "", types: [] });
+      connection.bind({ portal: "", statement: "", values: this.prelude.params });
+      connection.execute({ portal: "", rows: 0 });
     }
     connection.parse({ text: this.statement.query, name: "", types: [] });
     connection.bind({ portal: "", statement: "", values: this.statement.params });
@@ -156,7 +168,7 @@ class BoundedStatement {
   }
 
   handleDataRow(message: { fields: (string | null)[] }): void {
-    if (this.overran) return;
+    if (this.overran || this.inPrelude) return;
     if (!this.budget.take(rowBytes(message.fields))) {
       this.overrun();
       return;
@@ -165,6 +177,10 @@ class BoundedStatement {
   }
 
   handleCommandComplete(message: { text?: string; command?: string }): void {
+    if (this.inPrelude) {
+      this.inPrelude = false;
+      return;
+    }
     const tag = message.text ?? message.command ?? "";
     const match = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/.exec(tag);
     this.command = tag === "PREPARE TRANSACTION" ? tag : (match?.[1] ?? "");
@@ -218,8 +234,9 @@ export async function runStatement(
   statement: Statement,
   budget: ResponseBudget,
   onOverrun: OverrunHandler,
+  prelude: Statement | null = null,
 ): Promise<RawResult> {
-  const bounded = new BoundedStatement(statement, budget, onOverrun);
+  const bounded = new BoundedStatement(statement, budget, onOverrun, prelude);
   (client as unknown as { query(submittable: BoundedStatement): void }).query(bounded);
   const result = await bounded.result;
   if (result.command === "PREPARE TRANSACTION") {
@@ -240,21 +257,25 @@ export async function rollBackPreparedTransactions(client: PoolClient): Promise<
 
 /**
  * Executes the request. A Postgres error propagates with its fields; a failed transaction is rolled
- * back before the error propagates.
+ * back before the error propagates. `prelude` (JWT mode) runs in the first statement's flight, inside
+ * its transaction.
  */
 export async function executeSqlRequest(
   client: PoolClient,
   request: SqlRequest,
   budget: ResponseBudget,
   onOverrun: OverrunHandler,
+  prelude: Statement | null = null,
 ): Promise<RawResult[]> {
-  if (request.kind === "single") return [await runStatement(client, request.statement, budget, onOverrun)];
+  if (request.kind === "single") {
+    return [await runStatement(client, request.statement, budget, onOverrun, prelude)];
+  }
   if (request.statements.length === 0) return [];
   await client.query(beginStatement(request.options));
   const results: RawResult[] = [];
   try {
-    for (const statement of request.statements) {
-      results.push(await runStatement(client, statement, budget, onOverrun));
+    for (const [index, statement] of request.statements.entries()) {
+      results.push(await runStatement(client, statement, budget, onOverrun, index === 0 ? prelude : null));
     }
     await client.query("COMMIT");
   } catch (error) {

@@ -132,14 +132,18 @@ export class TenantObject extends DurableObject<Env> {
 
   // ── Queries and session leases ─────────────────────────────────────────────────────────────────
 
-  /** Authenticates the key hash and runs one `/sql` request under a lease. */
+  /**
+   * Authenticates the key hash and runs one `/sql` request under a lease; with `bearer`, as the end
+   * user whose token it is (JWT mode).
+   */
   sql(
     tenantId: string,
     proof: KeyProof,
     request: SqlRequest,
     requiredSchemaVersion: number | null = null,
+    bearer: string | null = null,
   ): Promise<SqlOutcome> {
-    return this.queries.sql(tenantId, proof, request, requiredSchemaVersion);
+    return this.queries.sql(tenantId, proof, request, requiredSchemaVersion, bearer);
   }
 
   openSession(tenantId: string, proof: KeyProof, ttlMs: number): Promise<SessionOpened> {

@@ -5,13 +5,14 @@
  * migrator applies each pending step in a transaction of its own under its advisory lock.
  */
 import { eq, sql } from "drizzle-orm";
-import { withControlPlane } from "../control-plane/index.ts";
+import { type ControlPlane, withControlPlane } from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
 import { migrationFinished, migrationStarted } from "../core/lifecycle.ts";
 import { postgresErrorBody } from "../core/neon-protocol.ts";
-import { describeFailure } from "../errors/index.ts";
+import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import { DeadlineExceeded } from "../postgres/index.ts";
 import type { MigrateOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { MigrationError, migrateTenantDatabase, readSchemaVersion } from "../tenant-db/migrator.ts";
@@ -66,14 +67,22 @@ export class SchemaMigration {
             }
           }),
       );
+      // The tenant's database is the truth: what it reached is reported, whatever the catalog does.
       await this.recordSchemaVersion(record, run.toVersion);
       return { outcome: "migrated", ...run };
     } catch (error) {
+      if (error instanceof LessorError && error.code === "maintenance_busy") {
+        // No maintenance connection free on the host: deferred, not failed.
+        return { outcome: "skipped", reason: "maintenance_busy" };
+      }
       const version = error instanceof MigrationError ? error.version : null;
       const cause = error instanceof MigrationError ? error.cause : error;
-      const summary = `${error instanceof Error ? error.message : "migration failed"}${
-        postgresErrorBody(cause) ? `: ${describeFailure(cause)}` : ""
-      }`;
+      const summary =
+        cause instanceof DeadlineExceeded
+          ? `migration ${cause.message} (LESSOR_MIGRATION_TIMEOUT_MS); its step rolled back`
+          : `${error instanceof Error ? error.message : "migration failed"}${
+              postgresErrorBody(cause) ? `: ${describeFailure(cause)}` : ""
+            }`;
       logEvent("warn", "tenant_migration_failed", {
         tenant: tenantId,
         version,
@@ -91,16 +100,42 @@ export class SchemaMigration {
     }
   }
 
-  /** Records the schema version the tenant database reached, here and in the catalog. */
+  /**
+   * Records the schema version the tenant database reached: in the object first, then in the
+   * catalog. A catalog write that fails (a control-plane blip) leaves the version pending; the next
+   * outbox flush writes it (`flushOutboxes`), so the catalog is repaired on the next contact.
+   */
   private async recordSchemaVersion(record: TenantRecord, version: number): Promise<void> {
     const rt = this.rt;
     rt.record = { ...(rt.record ?? record), schemaVersion: version };
     rt.storage.write("record", rt.record);
-    await withControlPlane(rt.config, rt.env, (db) =>
-      db
-        .update(tenants)
-        .set({ schemaVersion: version, updatedAt: sql`now()` })
-        .where(eq(tenants.id, record.tenantId)),
-    );
+    rt.storage.write(pendingCatalogVersionKey, version);
+    try {
+      await withControlPlane(rt.config, rt.env, (db) =>
+        writeCatalogSchemaVersion(db, record.tenantId, version),
+      );
+      rt.storage.forget(pendingCatalogVersionKey);
+    } catch (error) {
+      logEvent("warn", "schema_version_catalog_write_deferred", {
+        tenant: record.tenantId,
+        version,
+        failure: describeFailure(error),
+      });
+    }
   }
+}
+
+/** Object storage key of a schema version the catalog has not yet been told. */
+export const pendingCatalogVersionKey = "pendingCatalogSchemaVersion";
+
+/** Raises the catalog's schema version to `version` (never lowers it: steps only go forward). */
+export async function writeCatalogSchemaVersion(
+  db: ControlPlane,
+  tenantId: string,
+  version: number,
+): Promise<void> {
+  await db
+    .update(tenants)
+    .set({ schemaVersion: sql`GREATEST(${tenants.schemaVersion}, ${version})`, updatedAt: sql`now()` })
+    .where(eq(tenants.id, tenantId));
 }

@@ -5,6 +5,7 @@
  */
 import { appendLifecycleEvents, recordKeyUses, withControlPlane } from "../control-plane/index.ts";
 import { appendUsageDeltas, isZeroUsage, zeroUsage } from "../usage/index.ts";
+import { pendingCatalogVersionKey, writeCatalogSchemaVersion } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** Moves the in-memory usage counters into the durable usage outbox. */
@@ -21,12 +22,24 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
   const events = rt.storage.pendingEvents();
   const usage = rt.storage.pendingUsage();
   const keyUses = new Map(rt.keyUses);
-  if (!record || (events.length === 0 && usage.length === 0 && keyUses.size === 0)) return;
+  const catalogVersion = rt.storage.read<number>(pendingCatalogVersionKey);
+  if (
+    !record ||
+    (events.length === 0 && usage.length === 0 && keyUses.size === 0 && catalogVersion === null)
+  ) {
+    return;
+  }
   await withControlPlane(rt.config, rt.env, async (db) => {
+    // From here on the rows may reach the control plane even if the flush fails before forgetting them.
+    rt.storage.markAttempted(events.at(-1)?.seq ?? null, usage.at(-1)?.seq ?? null);
     await appendLifecycleEvents(db, record.tenantId, events);
     await appendUsageDeltas(db, record.tenantId, usage);
     await recordKeyUses(db, record.tenantId, keyUses);
+    if (catalogVersion !== null) await writeCatalogSchemaVersion(db, record.tenantId, catalogVersion);
   });
+  if (catalogVersion !== null && rt.storage.read<number>(pendingCatalogVersionKey) === catalogVersion) {
+    rt.storage.forget(pendingCatalogVersionKey);
+  }
   // Forget only what was written: a use noted meanwhile (a later minute) waits for the next flush.
   for (const [keyId, minute] of keyUses) if (rt.keyUses.get(keyId) === minute) rt.keyUses.delete(keyId);
   const lastEvent = events.at(-1);
@@ -37,5 +50,10 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
 
 /** Whether anything waits to be flushed (staged rows, or counters not yet staged). */
 export function hasPendingOutbox(rt: TenantRuntime): boolean {
-  return rt.storage.pendingOutboxRows() > 0 || !isZeroUsage(rt.usage) || rt.keyUses.size > 0;
+  return (
+    rt.storage.pendingOutboxRows() > 0 ||
+    !isZeroUsage(rt.usage) ||
+    rt.keyUses.size > 0 ||
+    rt.storage.read<number>(pendingCatalogVersionKey) !== null
+  );
 }

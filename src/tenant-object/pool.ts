@@ -8,6 +8,11 @@
  *
  * Capacity: a start reserves its full pool size from the host's BudgetObject before it opens a
  * connection, and the allocation is released only after the pool's connections are closed.
+ *
+ * End users (JWT mode, docs/adr/012-end-user-jwts.md) get connections of their own, logged in as the
+ * tenant's end-user login role, from a second pool of the same generation opened on first use. Both
+ * pools share the generation's pool size: a connection of one kind is opened only while the two
+ * together hold fewer, and an idle one of the other kind is closed to make room.
  */
 import type { Client, Pool, PoolClient } from "@neondatabase/serverless";
 import {
@@ -32,12 +37,19 @@ import {
 import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { type ConnectionTarget, openPool, withTenantConnection } from "../postgres/index.ts";
+import {
+  type ConnectionTarget,
+  openPool,
+  terminateAndWait,
+  underDeadline,
+  withTenantConnection,
+} from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { sessionLimits } from "../tenant-db/connect.ts";
-import { trackTransactionStatus } from "./connection-state.ts";
-import { TenantCredentials, type UnsealedCredential } from "./credentials.ts";
+import { migrationLimits, sessionLimits } from "../tenant-db/connect.ts";
+import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
+import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
+import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
@@ -48,11 +60,31 @@ export interface LiveLease {
   target: ConnectionTarget;
 }
 
+/** Who a connection is logged in as: the tenant role, or the tenant's end-user login role. */
+export type ConnectionKind = "tenant" | "jwt";
+
+/** How long a checkout waits for a connection of the shared capacity (the driver pool's own bound). */
+const checkoutWaitMs = 10_000;
+
 export class TenantPool {
   /** The pool of the current generation; null unless the lifecycle is ready or draining. */
   private pool: Pool | null = null;
   private poolGeneration = 0;
   private poolTarget: ConnectionTarget | null = null;
+  /** Connections the generation may hold, both kinds together (its pool size at start). */
+  private poolMax = 1;
+  /** The end-user pool of the current generation (JWT mode), opened on first use. */
+  private jwtPool: Pool | null = null;
+  /** Whether the end-user pool's first connection has ended what a dead generation left. */
+  private jwtFenced = false;
+  /** The end-user login role's credential and the claims signer, derived at start. */
+  private jwtCredential: JwtCredential | null = null;
+  /** Checkouts waiting for an idle connection the driver pool hands over on its next tick. */
+  private readonly idleClaims = new WeakMap<Pool, number>();
+  /** Connections closed to make room for the other kind whose close has not completed. */
+  private closingForRoom = 0;
+  /** Checkouts waiting for a connection of either kind to come back. */
+  private readonly capacityWaiters: (() => void)[] = [];
   /** Generations whose connections are still closing (their budget is not yet released). */
   private readonly closing = new Set<number>();
   private starting: Promise<void> | null = null;
@@ -191,8 +223,65 @@ export class TenantPool {
     });
   }
 
-  /** A connection of the lease's pool, tracked so it is never returned inside a transaction. */
-  async checkout(pool: Pool): Promise<PoolClient> {
+  /**
+   * A connection of the lease's generation, of `kind`, tracked so it is never returned inside a
+   * transaction. While the generation has no end-user pool, this is the driver pool's own checkout.
+   */
+  async checkout(lease: LiveLease, kind: ConnectionKind = "tenant"): Promise<PoolClient> {
+    if (kind === "tenant" && !this.jwtPool) return this.checkoutFrom(lease.pool);
+    const jwtPool = this.jwtPoolOf(lease);
+    const own = kind === "jwt" ? jwtPool : lease.pool;
+    const other = kind === "jwt" ? lease.pool : jwtPool;
+    const deadline = Date.now() + checkoutWaitMs;
+    // Bounded: every pass takes a connection, closes one, or waits until the deadline.
+    for (;;) {
+      // A driver pool hands an idle connection over on the next tick: until then it is claimed, so
+      // two checkouts never count on the same idle one (the second would open a connection).
+      const used = own.totalCount + other.totalCount + this.closingForRoom;
+      if (own.idleCount - this.claimsOn(own) > 0 || (own.idleCount === 0 && used < this.poolMax)) {
+        const client = await this.claiming(own, () => this.checkoutFrom(own)).catch((error: unknown) =>
+          this.repairJwt(kind, own, error),
+        );
+        if (kind === "jwt" && !this.jwtFenced) await this.fenceJwt(client, lease);
+        return client;
+      }
+      if (other.idleCount - this.claimsOn(other) > 0) {
+        // Counted until its backend has exited, so the two kinds never hold more than the pool size.
+        const idle = await this.claiming(other, () => other.connect());
+        markEndedOnPurpose(idle);
+        this.closingForRoom++;
+        try {
+          await terminateAndWait(idle);
+        } finally {
+          this.closingForRoom--;
+          idle.release(new Error("closed to make room for the other kind"));
+        }
+        continue;
+      }
+      if (!(await this.capacityReturned(deadline))) {
+        throw new LessorError("lease_timeout", {
+          internal: "no connection of the shared capacity came back",
+        });
+      }
+    }
+  }
+
+  private claimsOn(pool: Pool): number {
+    return this.idleClaims.get(pool) ?? 0;
+  }
+
+  /** Runs a checkout from `pool` counted as a claim on one of its idle connections until it settles. */
+  private async claiming<T>(pool: Pool, checkout: () => Promise<T>): Promise<T> {
+    const claimsIdle = pool.idleCount > 0;
+    if (claimsIdle) this.idleClaims.set(pool, this.claimsOn(pool) + 1);
+    try {
+      return await checkout();
+    } finally {
+      if (claimsIdle) this.idleClaims.set(pool, this.claimsOn(pool) - 1);
+    }
+  }
+
+  private async checkoutFrom(pool: Pool): Promise<PoolClient> {
     try {
       const client = await pool.connect();
       trackTransactionStatus(client, (error) => this.onPoolError(this.poolGeneration, error));
@@ -203,6 +292,96 @@ export class TenantPool {
         cause: error,
       });
     }
+  }
+
+  /** Resolves true when a connection of either kind comes back (or closes), false at the deadline. */
+  private capacityReturned(deadline: number): Promise<boolean> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => resolve(false), Math.max(0, deadline - Date.now()));
+      this.capacityWaiters.push(() => {
+        clearTimeout(timer);
+        resolve(true);
+      });
+    });
+  }
+
+  private wakeCapacityWaiters = (): void => {
+    for (const wake of this.capacityWaiters.splice(0)) wake();
+  };
+
+  /**
+   * An end-user connection that could not log in for a reason Lessor cures itself, once: its
+   * password drifted (an end user ran `ALTER ROLE CURRENT_USER PASSWORD` after `RESET ROLE`: 28P01)
+   * or the role is at its connection limit with backends a dead generation left (53300).
+   */
+  private async repairJwt(kind: ConnectionKind, pool: Pool, error: unknown): Promise<PoolClient> {
+    const code = (error as { cause?: { code?: unknown } }).cause?.code;
+    const record = this.rt.record;
+    const credential = this.jwtCredential;
+    if (kind !== "jwt" || !record || !credential || (code !== "28P01" && code !== "53300")) throw error;
+    if (code === "28P01") await this.credentials.repairJwt(record, credential);
+    else
+      await this.credentials.fenceRole(
+        record,
+        credential.target.user,
+        "end-user role connection limit reached",
+      );
+    return this.checkoutFrom(pool);
+  }
+
+  /** The lease generation's end-user pool, opened on first use. */
+  private jwtPoolOf(lease: LiveLease): Pool {
+    const record = this.rt.record;
+    const credential = this.jwtCredential;
+    if (!record || !credential || lease.generation !== this.poolGeneration || this.pool !== lease.pool) {
+      throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
+    }
+    if (this.jwtPool) return this.jwtPool;
+    const generation = lease.generation;
+    const jwtPool = openPool(this.rt.config, credential.target, {
+      max: this.poolMax,
+      // The generation's name: the budget's pg_stat_activity count sees both kinds.
+      applicationName: poolApplicationName(record.roleName, generation),
+      limits: sessionLimits(this.rt.config),
+      loginToken: credential.loginToken,
+      onError: (error, client) => {
+        if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
+      },
+    });
+    for (const pool of [lease.pool, jwtPool]) {
+      pool.on("release", this.wakeCapacityWaiters);
+      pool.on("remove", this.wakeCapacityWaiters);
+    }
+    this.jwtPool = jwtPool;
+    this.jwtFenced = false;
+    return jwtPool;
+  }
+
+  /**
+   * The end-user pool's first connection ends the login role's other backends (a dead generation's,
+   * after a restart): the role may end its own, and no other generation of it can be live.
+   */
+  private async fenceJwt(client: PoolClient, lease: LiveLease): Promise<void> {
+    const record = this.rt.record;
+    if (!record) return;
+    try {
+      await client.query(
+        `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS ended
+           FROM pg_stat_activity
+          WHERE usename = current_user AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM $1`,
+        [poolApplicationName(record.roleName, lease.generation)],
+      );
+      this.jwtFenced = true;
+    } catch (error) {
+      client.release(error instanceof Error ? error : new Error("fence failed"));
+      throw new LessorError("connection_lost", { internal: "end-user pool fence failed", cause: error });
+    }
+  }
+
+  /** Signs claims for the backend `pid` of an end-user connection (src/crypto/jwt-claims.ts). */
+  signClaims(pid: number, claims: string): Promise<string> {
+    if (!this.jwtCredential) throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
+    return this.jwtCredential.signClaims(pid, claims);
   }
 
   // ── Start ──────────────────────────────────────────────────────────────────────────────────────
@@ -267,12 +446,14 @@ export class TenantPool {
       });
       if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
       const credential = await this.credentials.open(record, sealed);
+      this.jwtCredential = await this.credentials.openJwt(record, credential);
       pool = this.open(record, generation, credential);
       // One connection proves the credentials and the database before the pool is declared ready.
       pool = await this.prove(pool, record, generation, credential);
       this.pool = pool;
       this.poolGeneration = generation;
       this.poolTarget = credential.target;
+      this.poolMax = record.poolSize;
       this.idleSince = Date.now();
       rt.usage.poolStarts++;
       rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
@@ -285,10 +466,12 @@ export class TenantPool {
         rt.apply(startRefused(rt.lifecycle), "capacity_saturated");
         throw error;
       }
-      const reason: FailureReason =
-        error instanceof LessorError && error.code === "control_plane_unavailable"
-          ? "control_plane_unavailable"
-          : classifyStartFailure(error);
+      if (error instanceof LessorError && error.code === "control_plane_unavailable") {
+        // Not the tenant's fault, and no connection was opened: no backoff, the caller retries.
+        rt.apply(startRefused(rt.lifecycle), "control_plane_unavailable");
+        throw error;
+      }
+      const reason: FailureReason = classifyStartFailure(error);
       logEvent("warn", "pool_start_failed", {
         tenant: record.tenantId,
         generation,
@@ -311,7 +494,9 @@ export class TenantPool {
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
-      onError: (error) => this.onPoolError(generation, error),
+      onError: (error, client) => {
+        if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
+      },
     });
   }
 
@@ -371,26 +556,39 @@ export class TenantPool {
     this.rt.clearFence();
   }
 
-  /** A connection outside the pool, for maintenance (migrations). It draws on the host's reserve. */
+  /**
+   * A connection outside the pool, for maintenance (migrations): it holds a slot of the host's
+   * maintenance reserve while open (`maintenance_busy` if none comes within the admission wait),
+   * and its work is cancelled at the migration deadline rather than left running.
+   */
   async withDedicatedConnection<T>(
     record: TenantRecord,
     purpose: "migrate",
     work: (client: Client) => Promise<T>,
   ): Promise<T> {
-    const sealed = await withControlPlane(this.rt.config, this.rt.env, (db) =>
+    const config = this.rt.config;
+    const sealed = await withControlPlane(config, this.rt.env, (db) =>
       loadSealedPassword(db, record.tenantId),
     );
     if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
     const credential = await this.credentials.open(record, sealed);
-    return withTenantConnection(
-      this.rt.config,
-      credential.target,
-      {
-        applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
-        limits: sessionLimits(this.rt.config),
-        loginToken: credential.loginToken,
-      },
-      work,
+    return withMaintenanceSlot(
+      this.rt.env,
+      config,
+      record.host,
+      { purpose, tenantId: record.tenantId, deadlineMs: config.migrationTimeoutMs },
+      () =>
+        withTenantConnection(
+          config,
+          credential.target,
+          {
+            applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
+            limits: migrationLimits(config),
+            loginToken: credential.loginToken,
+          },
+          (client) =>
+            underDeadline(config, credential.target, client, config.migrationTimeoutMs, () => work(client)),
+        ),
     );
   }
 
@@ -416,15 +614,17 @@ export class TenantPool {
   async stop(reason: string): Promise<void> {
     const rt = this.rt;
     const pool = this.pool;
+    const jwtPool = this.jwtPool;
     const generation = this.poolGeneration;
     if (!pool || rt.lifecycle.generation !== generation) return;
     this.pool = null;
+    this.jwtPool = null;
     this.idleSince = null;
     this.closing.add(generation);
     rt.apply(beginDrain(rt.lifecycle), reason);
     rt.apply(stopped(rt.lifecycle, generation), "drained");
     try {
-      await pool.end().catch(() => undefined);
+      await Promise.all([pool.end().catch(() => undefined), jwtPool?.end().catch(() => undefined)]);
     } finally {
       this.closing.delete(generation);
     }

@@ -2,22 +2,42 @@
  * `/sql` in the object: authenticate, take a lease on the current generation, run the request on
  * one pooled connection inside the tenant scope and within its bounds (watchdog.ts), answer, and
  * only then reset the connection and return it, so the reset costs the caller no round trip.
+ *
+ * With an end user's token (JWT mode, docs/adr/012-end-user-jwts.md) the token is verified first
+ * (jwt.ts), and the request runs on an end-user connection, its first statement carrying the
+ * prelude that sets the signed claims and the configured role for its transaction. A request that
+ * fails any check runs nothing: there is no fallback to the tenant role.
  */
 import type { PoolClient } from "@neondatabase/serverless";
-import type { SqlRequest } from "../core/neon-protocol.ts";
+import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { shapeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
+import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import { backendPid } from "../postgres/index.ts";
 import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
 import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
-import type { LiveLease, TenantPool } from "./pool.ts";
+import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
+import type { ConnectionKind, LiveLease, TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 
+/** Sets an end user's claims, their MAC and the configured role, for the transaction only. */
+const jwtPreludeSql =
+  "SELECT set_config('request.jwt.claims', $1, true), set_config('lessor.jwt_claims_mac', $2, true), set_config('role', $3, true)";
+
+/** An end user's verified token and the role their statements run as. */
+interface EndUser {
+  token: VerifiedToken;
+  role: string;
+}
+
 export class TenantQueries {
+  private readonly verifier = new TokenVerifier();
+
   constructor(
     private readonly rt: TenantRuntime,
     private readonly auth: TenantAuth,
@@ -30,18 +50,25 @@ export class TenantQueries {
     proof: KeyProof,
     request: SqlRequest,
     requiredSchemaVersion: number | null,
+    bearer: string | null = null,
   ): Promise<SqlOutcome> {
     let authenticated = false;
     try {
-      const record = await this.auth.authenticate(tenantId, proof);
+      const { record, scope } = await this.auth.authenticateAny(tenantId, proof);
       authenticated = true;
+      const endUser = await this.endUserOf(record, scope, bearer);
+      if (requiredSchemaVersion !== null && requiredSchemaVersion > tenantMigrations.length) {
+        throw new LessorError("schema_version_unknown", {
+          publicMessage: `This request needs schema version ${requiredSchemaVersion}; this deployment bundles versions up to ${tenantMigrations.length}.`,
+        });
+      }
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
         throw new LessorError("schema_too_old", {
           publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
         });
       }
       const lease = await this.pool.acquire(record);
-      const results = await this.run(record, lease, request);
+      const results = await this.run(record, lease, request, endUser);
       const shaped = results.map((result) => shapeResult(result, request.output));
       this.rt.usage.queries++;
       this.rt.usage.rowsReturned += results.reduce((n, r) => n + r.rows.length, 0);
@@ -56,13 +83,48 @@ export class TenantQueries {
     }
   }
 
+  /**
+   * Who the request runs as: null for the tenant role (a full key, no token); the verified end user
+   * otherwise. A token without JWT mode, an end-user key without a token, and a token that fails
+   * verification are refused here, before any lease.
+   */
+  private async endUserOf(
+    record: TenantRecord,
+    scope: "full" | "jwt",
+    bearer: string | null,
+  ): Promise<EndUser | null> {
+    const jwt = record.jwt ?? null;
+    if (bearer === null) {
+      if (scope === "jwt") throw new LessorError("jwt_required");
+      return null;
+    }
+    if (!jwt) throw new LessorError("jwt_not_configured");
+    return { token: await this.verifier.verify(jwt, bearer), role: jwt.role };
+  }
+
+  /** The prelude of an end user's first statement, signed for the backend it runs on. */
+  private async preludeFor(client: PoolClient, endUser: EndUser): Promise<Statement> {
+    const pid = backendPid(client);
+    if (pid === null)
+      throw new LessorError("connection_lost", { internal: "end-user connection has no backend pid" });
+    const mac = await this.pool.signClaims(pid, endUser.token.claims);
+    return { query: jwtPreludeSql, params: [endUser.token.claims, mac, endUser.role] };
+  }
+
   /** Runs the request on one connection of the lease; the lease ends when the connection is back. */
-  private async run(record: TenantRecord, lease: LiveLease, request: SqlRequest): Promise<RawResult[]> {
+  private async run(
+    record: TenantRecord,
+    lease: LiveLease,
+    request: SqlRequest,
+    endUser: EndUser | null,
+  ): Promise<RawResult[]> {
     const leasedAt = Date.now();
+    const kind: ConnectionKind = endUser ? "jwt" : "tenant";
     let client: PoolClient;
+    let prelude: Statement | null = null;
     try {
       this.auth.refuseIfDisabled();
-      client = await this.pool.checkout(lease.pool);
+      client = await this.pool.checkout(lease, kind);
     } catch (error) {
       this.endLease(leasedAt);
       throw error;
@@ -72,11 +134,12 @@ export class TenantQueries {
     let broken: Error | undefined;
     watchdog.arm();
     try {
+      if (endUser) prelude = await this.preludeFor(client, endUser);
       return await withTenantScope(
         { tenantId: record.tenantId, generation: lease.generation, leaseId: "sql" },
         () => {
           requireTenantScope(record.tenantId);
-          return executeSqlRequest(client, request, budget, watchdog.onOverrun);
+          return executeSqlRequest(client, request, budget, watchdog.onOverrun, prelude);
         },
       );
     } catch (error) {

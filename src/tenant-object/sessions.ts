@@ -85,7 +85,7 @@ export class SessionLeases {
       let client: PoolClient;
       try {
         this.auth.refuseIfDisabled();
-        client = await this.pool.checkout(lease.pool);
+        client = await this.pool.checkout(lease);
       } catch (error) {
         this.pool.release();
         throw error;

@@ -19,6 +19,8 @@ export const outbox = sqliteTable("outbox", {
   toState: text("to_state").notNull(),
   reason: text("reason").notNull(),
   at: integer("at").notNull(),
+  /** 1 once a flush may have appended it: never summarised after that (its seq may be taken). */
+  attempted: integer("attempted").notNull().default(0),
 });
 
 /** Usage counters staged for the control plane, one row per flush interval. */
@@ -30,6 +32,8 @@ export const usageOutbox = sqliteTable("usage_outbox", {
   leaseMs: integer("lease_ms").notNull(),
   poolStarts: integer("pool_starts").notNull(),
   at: integer("at").notNull(),
+  /** 1 once a flush may have appended it: never summarised after that (its seq may be taken). */
+  attempted: integer("attempted").notNull().default(0),
 });
 
 /**

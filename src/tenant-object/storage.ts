@@ -17,6 +17,11 @@ import { kv, outbox, sessionTokens, tenantObjectSchema, usageOutbox } from "./st
 
 /** Rows one flush sends to the control plane, at most. */
 const flushBatch = 500;
+/**
+ * Rows each outbox keeps while the control plane is away. Past it, the oldest rows no flush has
+ * tried yet are summarised into one (usage summed; events counted), never silently dropped.
+ */
+export const outboxBound = 1_000;
 
 export interface SessionTokenRow {
   generation: number;
@@ -56,7 +61,7 @@ export class TenantStorage {
    * Forgets the tables after the object's storage was wiped (`deleteAll`, an erase): from here on
    * every read answers "nothing stored" until `open` creates them again for a new tenant.
    */
-  forget(): void {
+  forgetTables(): void {
     this.db = null;
   }
 
@@ -93,10 +98,55 @@ export class TenantStorage {
     this.tables.insert(kv).values({ k: key, v }).onConflictDoUpdate({ target: kv.k, set: { v } }).run();
   }
 
+  forget(key: string): void {
+    if (this.db) this.db.delete(kv).where(eq(kv.k, key)).run();
+  }
+
   // ── lifecycle outbox ───────────────────────────────────────────────────────────────────────────
 
   appendEvent(generation: number, fromState: string, toState: string, reason: string): void {
     this.tables.insert(outbox).values({ generation, fromState, toState, reason, at: Date.now() }).run();
+    this.boundEvents();
+  }
+
+  /** Past the bound, the oldest untried half of the events becomes one event that counts them. */
+  private boundEvents(): void {
+    const count = this.tables.get<{ n: number }>(sql`SELECT count(*) AS n FROM ${outbox}`).n;
+    if (count <= outboxBound) return;
+    const oldest = this.tables
+      .select()
+      .from(outbox)
+      .where(eq(outbox.attempted, 0))
+      .orderBy(asc(outbox.seq))
+      .limit(Math.floor(outboxBound / 2))
+      .all();
+    const first = oldest[0];
+    const last = oldest.at(-1);
+    if (!first || !last || oldest.length < 2) return;
+    this.db?.transaction((tx) => {
+      tx.delete(outbox)
+        .where(sql`${outbox.seq} BETWEEN ${first.seq} AND ${last.seq} AND ${outbox.attempted} = 0`)
+        .run();
+      tx.insert(outbox)
+        .values({
+          seq: first.seq,
+          generation: last.generation,
+          fromState: first.fromState,
+          toState: last.toState,
+          reason: `outbox_summarised: ${oldest.length} events from ${new Date(first.at).toISOString()} to ${new Date(last.at).toISOString()} (control plane unreachable)`,
+          at: last.at,
+        })
+        .run();
+    });
+  }
+
+  /** What the next flush sends may be appended even if the flush then fails: never summarise it. */
+  markAttempted(eventsUpTo: number | null, usageUpTo: number | null): void {
+    if (eventsUpTo !== null)
+      this.tables.update(outbox).set({ attempted: 1 }).where(lte(outbox.seq, eventsUpTo)).run();
+    if (usageUpTo !== null) {
+      this.tables.update(usageOutbox).set({ attempted: 1 }).where(lte(usageOutbox.seq, usageUpTo)).run();
+    }
   }
 
   pendingEvents(): LifecycleEventRow[] {
@@ -115,6 +165,42 @@ export class TenantStorage {
       .insert(usageOutbox)
       .values({ ...counters, at: Date.now() })
       .run();
+    this.boundUsage();
+  }
+
+  /** Past the bound, the oldest untried half of the usage rows is summed into one row. */
+  private boundUsage(): void {
+    const count = this.tables.get<{ n: number }>(sql`SELECT count(*) AS n FROM ${usageOutbox}`).n;
+    if (count <= outboxBound) return;
+    const oldest = this.tables
+      .select()
+      .from(usageOutbox)
+      .where(eq(usageOutbox.attempted, 0))
+      .orderBy(asc(usageOutbox.seq))
+      .limit(Math.floor(outboxBound / 2))
+      .all();
+    const first = oldest[0];
+    const last = oldest.at(-1);
+    if (!first || !last || oldest.length < 2) return;
+    const sum = (pick: (row: (typeof oldest)[number]) => number) =>
+      oldest.reduce((n, row) => n + pick(row), 0);
+    this.db?.transaction((tx) => {
+      tx.delete(usageOutbox)
+        .where(sql`${usageOutbox.seq} BETWEEN ${first.seq} AND ${last.seq} AND ${usageOutbox.attempted} = 0`)
+        .run();
+      // The summary takes the first row's seq: no flush ever tried it, so the control plane has none.
+      tx.insert(usageOutbox)
+        .values({
+          seq: first.seq,
+          queries: sum((r) => r.queries),
+          rowsReturned: sum((r) => r.rowsReturned),
+          errors: sum((r) => r.errors),
+          leaseMs: sum((r) => r.leaseMs),
+          poolStarts: sum((r) => r.poolStarts),
+          at: first.at,
+        })
+        .run();
+    });
   }
 
   pendingUsage(): UsageDeltaRow[] {

@@ -456,6 +456,26 @@ describe("operator endpoints", () => {
     );
   });
 
+  it("names the valid tiers and hosts when one is unknown", async () => {
+    const tier = await admin("/v1/tenants", {
+      method: "POST",
+      json: { id: uniqueTenantId("tier"), tier: "platinum" },
+    });
+    expect(tier.status).toBe(400);
+    const tierBody = await tier.json<{ code: string; message: string }>();
+    expect(tierBody.code).toBe("unknown_tier");
+    expect(tierBody.message).toContain("standard");
+    const host = await admin("/v1/tenants", {
+      method: "POST",
+      json: { id: uniqueTenantId("host"), host: "atlantis" },
+    });
+    expect(host.status).toBe(400);
+    const hostBody = await host.json<{ code: string; message: string }>();
+    expect(hostBody.code).toBe("unknown_host");
+    expect(hostBody.message).toContain("local");
+    expect(hostBody.message).not.toContain("postgres://");
+  });
+
   it("refuses a duplicate tenant with 409 tenant_exists, and keeps the original key", async () => {
     await expectError(
       "duplicate",

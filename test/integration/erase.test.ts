@@ -7,6 +7,7 @@
  */
 import { env, runInDurableObject } from "cloudflare:test";
 import { Client } from "@neondatabase/serverless";
+import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { afterEach, describe, expect, it } from "vitest";
 import { runCampaignTick } from "../../src/campaigns/runner.ts";
 import { controlPlaneOutageForTests } from "../../src/control-plane/index.ts";
@@ -101,7 +102,10 @@ async function busyTenant(prefix: string): Promise<CreatedTenant> {
 async function leftovers(tenant: CreatedTenant) {
   const host = await asSuperuser(async (client) => {
     const databases = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [tenant.database]);
-    const roles = await client.query("SELECT 1 FROM pg_roles WHERE rolname = $1", [tenant.role]);
+    // The tenant's login role, and the end-user login role JWT mode gives it.
+    const roles = await client.query("SELECT 1 FROM pg_roles WHERE rolname = ANY($1::text[])", [
+      [tenant.role, `${tenant.role}_jwt`],
+    ]);
     return { databases: databases.rows.length, roles: roles.rows.length };
   });
   const rows = await controlPlane(async (client) => {
@@ -260,7 +264,7 @@ describe("erase: the request", () => {
     expect(erase[0]?.detail).toMatchObject({ ordinal: Number(ordinal), forced: false });
     const stages = erase[0]?.detail.stages as Record<string, Record<string, number>>;
     expect(Object.keys(stages).sort()).toEqual(eraseStages.filter((s) => s !== "commit").sort());
-    expect(stages.keys).toEqual({ keys: 2 });
+    expect(stages.keys).toEqual({ keys: 2, jwtConfigs: 0 });
     expect(stages.database).toEqual({ databases: 1, roles: 1 });
     expect(stages.usage?.usageDeltas ?? 0).toBeGreaterThanOrEqual(0);
     expect(JSON.stringify(erase)).not.toMatch(/lsk_|password|postgres:\/\//);
@@ -809,6 +813,63 @@ describe("erase: faults and the commit's re-check", () => {
     expect(stages.keys?.keys).toBe(3);
     expect(stages.usage?.usageDeltas).toBeGreaterThanOrEqual(1);
     await expectNothingLeft(tenant);
+  });
+});
+
+describe("erase: a tenant in end-user JWT mode", () => {
+  it("goes with its JWT configuration, its end-user keys and its end-user login role; the shared role stays", async () => {
+    const tenant = await busyTenant("erase-jwt");
+    const { publicKey, privateKey } = await generateKeyPair("ES256", { extractable: true });
+    const jwk = { ...(await exportJWK(publicKey)), kid: "k1", alg: "ES256", use: "sig" };
+    const configured = await admin(`/v1/tenants/${tenant.id}/jwt`, {
+      method: "PUT",
+      json: {
+        issuer: "https://idp.example.test/",
+        audience: "erase-tests",
+        jwks: { keys: [jwk] },
+        algorithms: ["ES256"],
+      },
+    });
+    expect(configured.status, await configured.clone().text()).toBe(200);
+    const endUserKey = await admin(`/v1/tenants/${tenant.id}/keys`, {
+      method: "POST",
+      json: { scope: "jwt" },
+    });
+    expect(endUserKey.status).toBe(201);
+    const token = await new SignJWT({})
+      .setProtectedHeader({ alg: "ES256", kid: "k1", typ: "JWT" })
+      .setIssuer("https://idp.example.test/")
+      .setAudience("erase-tests")
+      .setSubject("user-1")
+      .setIssuedAt()
+      .setExpirationTime("5m")
+      .sign(privateKey);
+    const asEndUser = await sqlRequest(
+      tenant.connectionString,
+      { query: "SELECT auth.user_id() AS who", params: [] },
+      { Authorization: `Bearer ${token}` },
+    );
+    expect(asEndUser.status, await asEndUser.clone().text()).toBe(200);
+    const shared = await asSuperuser(
+      async (client) =>
+        (await client.query("SELECT count(*)::int AS n FROM pg_roles WHERE rolname = 'authenticated'"))
+          .rows[0]?.n,
+    );
+    expect(shared).toBe(1);
+
+    expect((await requestErase(tenant.id)).status).toBe(202);
+    expect((await untilErased(tenant.id)).state).toBe("erased");
+    const stages = await stageCounts(tenant.id);
+    expect(stages.keys).toEqual({ keys: 3, jwtConfigs: 1 });
+    expect(stages.database).toEqual({ databases: 1, roles: 2 });
+    await expectNothingLeft(tenant);
+    // The end-user role is shared by every tenant in JWT mode: it is not the tenant's to drop.
+    const after = await asSuperuser(
+      async (client) =>
+        (await client.query("SELECT count(*)::int AS n FROM pg_roles WHERE rolname = 'authenticated'"))
+          .rows[0]?.n,
+    );
+    expect(after).toBe(1);
   });
 });
 

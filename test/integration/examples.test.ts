@@ -6,12 +6,21 @@
  * string's host and port as it does on a laptop.
  */
 import { exports } from "cloudflare:workers";
+import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { describe, expect, it } from "vitest";
 import { main as drizzleExample } from "../../examples/drizzle.mjs";
 import { main as leaseExample } from "../../examples/lease.mjs";
 import { main as quickstart } from "../../examples/quickstart.mjs";
+import { main as rlsExample } from "../../examples/rls.mjs";
 import { main as transactionExample } from "../../examples/transaction.mjs";
-import { asSuperuser, type CreatedTenant, createTenant, runtimeOf, uniqueTenantId } from "./harness.ts";
+import {
+  admin,
+  asSuperuser,
+  type CreatedTenant,
+  createTenant,
+  runtimeOf,
+  uniqueTenantId,
+} from "./harness.ts";
 
 function lessorFetch(url: string, init: RequestInit): Promise<Response> {
   return exports.default.fetch(new Request(url, init));
@@ -59,5 +68,36 @@ describe("examples/", () => {
     expect(starred).toMatchObject({ id: 1, body: "starred on a lease", stars: 1 });
     expect(await notesOf(tenant)).toEqual([{ body: "starred on a lease", stars: 1 }]);
     expect((await runtimeOf(tenant.id)).leases).toBe(0);
+  });
+
+  it("rls.mjs: two end users' tokens, each seeing only their own rows", async () => {
+    const { tenant, connectionString } = await options("ex-rls");
+    // The tenant's identity provider, as far as Lessor sees it: a key set and signed tokens.
+    const { publicKey, privateKey } = await generateKeyPair("ES256");
+    const jwk = { ...(await exportJWK(publicKey)), kid: "example", alg: "ES256" };
+    const issuer = "https://idp.example.test/";
+    const configured = await admin(`/v1/tenants/${tenant.id}/jwt`, {
+      method: "PUT",
+      json: { issuer, audience: "todo-app", jwks: { keys: [jwk] }, algorithms: ["ES256"] },
+    });
+    expect(configured.status).toBe(200);
+    const tokenFor = (sub: string) =>
+      new SignJWT({})
+        .setProtectedHeader({ alg: "ES256", kid: "example" })
+        .setSubject(sub)
+        .setIssuer(issuer)
+        .setAudience("todo-app")
+        .setExpirationTime("5m")
+        .sign(privateKey);
+    const seen = await rlsExample({
+      connectionString,
+      aliceToken: await tokenFor("alice"),
+      bobToken: await tokenFor("bob"),
+      fetchFunction: lessorFetch,
+    });
+    expect(seen).toEqual({
+      alice: [{ user_id: "alice", task: "water the plants" }],
+      bob: [{ user_id: "bob", task: "call the plumber" }],
+    });
   });
 });

@@ -41,8 +41,20 @@ export interface CreatedTenant {
   role: string;
 }
 
+/**
+ * Creates a tenant as a careful client would: a `503 maintenance_busy` (every maintenance slot of
+ * the host in use by other creates) is retried after its Retry-After, a bounded number of times.
+ */
 export async function createTenant(id: string, extra: Record<string, unknown> = {}): Promise<CreatedTenant> {
-  const response = await admin("/v1/tenants", { method: "POST", json: { id, ...extra } });
+  let response = await admin("/v1/tenants", { method: "POST", json: { id, ...extra } });
+  for (let attempt = 0; attempt < 20 && response.status === 503; attempt++) {
+    const body = await response.json<{ code: string }>();
+    if (body.code !== "maintenance_busy") throw new Error(`create ${id}: 503 ${JSON.stringify(body)}`);
+    await new Promise((resolve) =>
+      setTimeout(resolve, Number(response.headers.get("Retry-After") ?? 1) * 1_000),
+    );
+    response = await admin("/v1/tenants", { method: "POST", json: { id, ...extra } });
+  }
   if (response.status !== 201) throw new Error(`create ${id}: ${response.status} ${await response.text()}`);
   const body = await response.json<{ key: string; connectionString: string }>();
   const { database, role } = await placementOf(id);

@@ -138,22 +138,23 @@ describe("planEviction", () => {
 describe("validateLimits", () => {
   it("accepts a budget that holds the largest pool exactly", () => {
     expect(validateLimits({ connections: 12, reserve: 2 }, 10)).toBeNull();
-    expect(validateLimits({ connections: 6, reserve: 0 }, 6)).toBeNull();
+    expect(validateLimits({ connections: 7, reserve: 1 }, 6)).toBeNull();
   });
 
   it("refuses a budget smaller than one pool, saying by how much", () => {
     expect(validateLimits({ connections: 12, reserve: 8 }, 5)).toBe(
       "connections minus reserve (4) is smaller than the largest pool (5)",
     );
-    expect(validateLimits({ connections: 4, reserve: 0 }, 5)).toMatch(/smaller than the largest pool/);
+    expect(validateLimits({ connections: 5, reserve: 1 }, 5)).toMatch(/smaller than the largest pool/);
   });
 
   it("refuses connections and reserves that are not whole, or out of range", () => {
     for (const connections of [0, -1, 1.5, Number.NaN, Number.POSITIVE_INFINITY]) {
-      expect(validateLimits({ connections, reserve: 0 }, 1)).toBe("connections must be a positive integer");
+      expect(validateLimits({ connections, reserve: 1 }, 1)).toBe("connections must be a positive integer");
     }
-    for (const reserve of [-1, 0.5, Number.NaN]) {
-      expect(validateLimits({ connections: 10, reserve }, 1)).toBe("reserve must be a non-negative integer");
+    // No reserve at all is refused too: migrations and provisioning would have nowhere to run.
+    for (const reserve of [-1, 0, 0.5, Number.NaN]) {
+      expect(validateLimits({ connections: 10, reserve }, 1)).toMatch(/^reserve must be a positive integer/);
     }
   });
 });
@@ -207,7 +208,8 @@ describe("loadConfig and the budget", () => {
     const config = loadConfig(fakeEnv({ main: { connections: 8, reserve: 2 } }));
     expect(config.hosts.get("main")?.budget).toEqual({ connections: 8, reserve: 2 });
     // A smaller tier set shrinks the largest pool: the same budget is then fine.
-    const small = loadConfig(fakeEnv({ "*": { connections: 5 } }, { free: 2, standard: 5 }));
-    expect(small.hosts.get("main")?.budget).toEqual({ connections: 5, reserve: 0 });
+    // No reserve named: the default reserve of 2 is kept back.
+    const small = loadConfig(fakeEnv({ "*": { connections: 7 } }, { free: 2, standard: 5 }));
+    expect(small.hosts.get("main")?.budget).toEqual({ connections: 7, reserve: 2 });
   });
 });

@@ -19,8 +19,8 @@ const examples = readdirSync(resolve(root, "examples"))
 const readme = readFileSync(resolve(root, "README.md"), "utf8");
 
 describe("examples/", () => {
-  it("has the four the README promises", () => {
-    expect(examples).toEqual(["drizzle.mjs", "lease.mjs", "quickstart.mjs", "transaction.mjs"]);
+  it("has the five the README promises", () => {
+    expect(examples).toEqual(["drizzle.mjs", "lease.mjs", "quickstart.mjs", "rls.mjs", "transaction.mjs"]);
   });
 
   it.each(examples)("%s is quoted verbatim in the README", (file) => {

@@ -11,6 +11,7 @@ import {
 
 const none: EraseLeftovers = {
   tenantKeys: 0,
+  tenantJwt: 0,
   campaignTenants: 0,
   tenantCredentials: 0,
   usageDeltas: 0,

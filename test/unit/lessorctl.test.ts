@@ -58,6 +58,8 @@ const capacity: CapacityStatus = {
   reserved: 5,
   draining: 5,
   pools: { reserved: 1, allocated: 8, draining: 1 },
+  maintenance: { inUse: 2, waiting: 1, byPurpose: { migrate: 2 } },
+  reconciled: { allocationsReleased: 0, orphansTerminated: 0, maintenanceExpired: 0 },
   waiters: 3,
   evictions: 16,
   saturations: 2,
@@ -80,6 +82,7 @@ describe("lessorctl capacity", () => {
     expect(run.stdout).toEqual([
       "repos host=local ready=8 starting=1 draining=1 failed=2",
       "connections allocated=40 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=10 leases=7",
+      "maintenance in_use=2 reserve=10 waiting=1",
       "eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5",
     ]);
     expect(run.requests[0]?.headers.get("Authorization")).toBe("Bearer admin");

@@ -276,7 +276,7 @@ describe("classifyStartFailure", () => {
     [{ code: "57P03" }, "unreachable"],
     [{ code: "ECONNREFUSED" }, "unreachable"],
     [new Error("WebSocket connection closed"), "unreachable"],
-    [new Error("Connection terminated due to connection timeout"), "unreachable"],
+    [new Error("Connection terminated due to connection timeout"), "timeout"],
     [new Error("something else"), "unknown"],
     ["a string", "unknown"],
   ])("classifies %j as %s", (error, reason) => {

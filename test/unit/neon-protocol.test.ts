@@ -52,6 +52,19 @@ describe("parseSqlRequest: single statements", () => {
     });
   });
 
+  it("turns JSON array parameters into Postgres array literals, as Neon does", () => {
+    const request = parsed({
+      query: "SELECT $1, $2",
+      params: [
+        [true, null, "NULL", 'a"b', "c\\d"],
+        [[1, 2], [{ k: 1 }]],
+      ],
+    });
+    expect(request).toMatchObject({
+      statement: { params: ['{true,NULL,"NULL","a\\"b","c\\\\d"}', '{{1,2},{"{\\"k\\":1}"}}'] },
+    });
+  });
+
   it.each([
     ["a string", "SELECT 1"],
     ["null", null],

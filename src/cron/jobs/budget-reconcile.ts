@@ -1,22 +1,43 @@
 /**
- * Cron job: reconcile every host's budget ledger. An allocation whose tenant no longer confirms its
- * generation (an object that died, a start that never finished) is released. Idempotent.
+ * Cron job: reconcile every host's budget with the truth. In the ledger, an allocation whose tenant
+ * no longer confirms its generation (an object that died, a start that never finished) is released,
+ * and a maintenance slot whose holder outlived its deadline is freed. On the host, a pooled backend
+ * whose generation no object confirms is terminated (src/tenant-db/orphans.ts). Idempotent.
  */
 import { loadConfig } from "../../config/index.ts";
+import { describeFailure } from "../../errors/index.ts";
+import { logEvent } from "../../log/index.ts";
+import { reapOrphanBackends } from "../../tenant-db/orphans.ts";
 import type { CronJob } from "../fan-out.ts";
 
 export const budgetReconcileJob: CronJob = {
   name: "budget-reconcile",
   timeoutMs: 30_000,
   async run(env) {
-    const hosts = [...loadConfig(env).hosts.keys()];
-    const results = await Promise.all(hosts.map((host) => env.BUDGETS.getByName(host).reconcile(host)));
-    const checked = results.reduce((n, r) => n + r.checked, 0);
-    const released = results.reduce((n, r) => n + r.released, 0);
+    const config = loadConfig(env);
+    const hosts = [...config.hosts.values()];
+    const results = await Promise.all(
+      hosts.map(async (host) => {
+        const budget = env.BUDGETS.getByName(host.name);
+        const ledger = await budget.reconcile(host.name);
+        const orphans = await reapOrphanBackends(env, config, host).catch((error: unknown) => {
+          // A host that cannot be reached now is looked at next time.
+          logEvent("warn", "orphan_reap_failed", { host: host.name, failure: describeFailure(error) });
+          return { checked: 0, terminated: 0 };
+        });
+        if (orphans.terminated > 0) await budget.recordReconcile(orphans.terminated);
+        return { ...ledger, orphans };
+      }),
+    );
+    const sum = (pick: (r: (typeof results)[number]) => number) => results.reduce((n, r) => n + pick(r), 0);
+    const checked = sum((r) => r.checked);
+    const released = sum((r) => r.released);
+    const maintenanceExpired = sum((r) => r.maintenanceExpired);
+    const orphansTerminated = sum((r) => r.orphans.terminated);
     return {
-      summary: `checked ${checked} allocations on ${hosts.length} hosts, released ${released}`,
-      fields: { hosts: hosts.length, checked, released },
-      level: released > 0 ? "warn" : "info",
+      summary: `checked ${checked} allocations on ${hosts.length} hosts, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
+      fields: { hosts: hosts.length, checked, released, maintenanceExpired, orphansTerminated },
+      level: released + maintenanceExpired + orphansTerminated > 0 ? "warn" : "info",
     };
   },
 };

@@ -1,0 +1,164 @@
+/**
+ * The object killed mid-write (issue 18): the TenantObject dies (a deploy, a crash: `ctx.abort()`)
+ * while a session lease holds an open transaction with an insert, or while a long write runs on
+ * `/sql`. Afterwards the row is gone, no backend of the dead generation is left idle in a
+ * transaction, no write of the dead generation commits after the new one has started, and the next
+ * request works on a new generation. An alarm killed half way, or run twice, changes nothing.
+ */
+import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { env } from "cloudflare:workers";
+import { describe, expect, it } from "vitest";
+import {
+  asSuperuser,
+  type CreatedTenant,
+  createTenant,
+  lessor,
+  pollUntil,
+  runtimeOf,
+  sqlFor,
+  sqlRequest,
+  uniqueTenantId,
+} from "./harness.ts";
+
+/** Resets the object with its pool live, as a deploy or a crash does. */
+async function killObject(tenant: CreatedTenant): Promise<void> {
+  const outcome = await runInDurableObject(env.TENANTS.getByName(tenant.id), (_instance, state) => {
+    state.abort("test: object killed mid-write");
+  }).then(
+    () => "not killed",
+    (error: unknown) => String(error),
+  );
+  expect(outcome).toMatch(/killed mid-write/);
+}
+
+interface Backend {
+  app: string;
+  state: string;
+  query: string;
+}
+
+/** The tenant role's backends on the host, by application name and state. */
+function backendsOf(tenant: CreatedTenant): Promise<Backend[]> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT application_name AS app, coalesce(state, '') AS state, query FROM pg_stat_activity WHERE usename = $1",
+      [tenant.role],
+    );
+    return rows as Backend[];
+  });
+}
+
+function notesCount(tenant: CreatedTenant, body: string): Promise<number> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT count(*)::int AS n FROM notes WHERE body = $1", [body]);
+    return Number(rows[0]?.n ?? 0);
+  }, tenant.database);
+}
+
+const generation = (tenant: CreatedTenant, n: number) => `lessor:${tenant.role}:${n}`;
+
+describe("the object killed mid-write", () => {
+  it("a session lease's open transaction with an insert: the row is gone, nothing is left idle in transaction", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-tx"), { tier: "free" });
+    const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}` },
+      body: JSON.stringify({ ttlMs: 60_000 }),
+    });
+    expect(opened.status).toBe(201);
+    const { lease } = await opened.json<{ lease: string }>();
+    const run = (query: string) =>
+      lessor(`/v1/leases/${lease}/sql`, {
+        method: "POST",
+        headers: { Authorization: `Bearer ${tenant.key}` },
+        body: JSON.stringify({ query }),
+      });
+    expect((await run("BEGIN")).status).toBe(200);
+    expect((await run("INSERT INTO notes (body) VALUES ('in-flight')")).status).toBe(200);
+    const before = await backendsOf(tenant);
+    expect(before).toContainEqual(
+      expect.objectContaining({ app: generation(tenant, 1), state: "idle in transaction" }),
+    );
+
+    await killObject(tenant);
+
+    // Without any further request, the dead generation's transaction does not linger.
+    const lingering = await pollUntil(
+      async () => (await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1)),
+      (backends) => backends.every((b) => !b.state.startsWith("idle in transaction")),
+      { attempts: 40, intervalMs: 250 },
+    );
+    expect(lingering.filter((b) => b.state.startsWith("idle in transaction"))).toEqual([]);
+    expect(await notesCount(tenant, "in-flight")).toBe(0);
+
+    // The next request works on a new generation; the old lease is stale, and never runs there.
+    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
+      { app: generation(tenant, 2) },
+    ]);
+    const stale = await run("COMMIT");
+    expect(stale.status).toBe(409);
+    expect(await notesCount(tenant, "in-flight")).toBe(0);
+    const left = await pollUntil(
+      async () => (await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1)),
+      (backends) => backends.length === 0,
+    );
+    expect(left).toEqual([]);
+  });
+
+  it("a long write on /sql: it never commits once the new generation has started", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-write"), { tier: "free" });
+    await sqlFor(tenant)`SELECT 1`;
+    // One statement that inserts, then works for 3 s before it can commit.
+    const write = sqlRequest(tenant.connectionString, {
+      query:
+        "WITH ins AS (INSERT INTO notes (body) VALUES ('long-write') RETURNING 1) SELECT pg_sleep(3) FROM ins",
+      params: [],
+    }).then(
+      (response) => response.status,
+      () => 0,
+    );
+    const running = await pollUntil(
+      async () =>
+        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("long-write")),
+      (found) => found,
+      { attempts: 40, intervalMs: 50 },
+    );
+    expect(running).toBe(true);
+
+    await killObject(tenant);
+    // The new generation serves at once (its start must not let the old write commit later).
+    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
+      { app: generation(tenant, 2) },
+    ]);
+    // The killed request ends (whatever it answers, it is not a success), and by the time the dead
+    // write would have finished, it has not committed.
+    expect(await write).not.toBe(200);
+    await new Promise((resolve) => setTimeout(resolve, 3_500));
+    expect(await notesCount(tenant, "long-write")).toBe(0);
+    const old = await pollUntil(
+      async () => (await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1)),
+      (backends) => backends.length === 0,
+    );
+    expect(old).toEqual([]);
+  });
+
+  it("an alarm killed half way, or run twice, changes nothing", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-alarm"), { tier: "free" });
+    const sql = sqlFor(tenant);
+    await sql`INSERT INTO notes (body) VALUES ('kept')`;
+    const stub = env.TENANTS.getByName(tenant.id);
+    // Run the alarm, and kill the object while it may still be running.
+    const alarm = runDurableObjectAlarm(stub).catch(() => false);
+    await killObject(tenant);
+    await alarm;
+    // Twice more, back to back.
+    await runDurableObjectAlarm(stub).catch(() => false);
+    await runDurableObjectAlarm(stub).catch(() => false);
+    const status = await runtimeOf(tenant.id);
+    expect(status.leases).toBe(0);
+    expect(await sql`SELECT body FROM notes ORDER BY id`).toEqual([{ body: "kept" }]);
+    expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
+      { app: generation(tenant, 2) },
+    ]);
+  });
+});

@@ -31,6 +31,8 @@ function workersProject(name: string, include: string[], globalSetup: string) {
             // Short enough for the containment tests to watch the bounds act.
             LESSOR_STATEMENT_TIMEOUT_MS: "5000",
             LESSOR_LEASE_MAX_LIFETIME_MS: "120000",
+            // Short enough for the erase tests to see a lease outlast the wait and be ended.
+            LESSOR_ERASE_LEASE_WAIT_MS: "2000",
             LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
             LESSOR_HOSTS: inject("hostsJson"),
             LESSOR_WS_PROXY: inject("wsProxy"),

@@ -14,6 +14,11 @@
  * and one or two session leases are held open and used on tenants that also get operations: a leased
  * pool must never be evicted. Every number printed is measured; none is assumed. Any broken
  * invariant prints `result=FAIL` and exits 1.
+ *
+ * With `--erase N`, the last N tenants are erased at the end (`DELETE /v1/tenants/:id?confirm=:id`,
+ * then `GET …/erase` until each has committed), and what is left of them is counted behind Lessor:
+ * rows of any control-plane table that name them (the tombstones and the audit log aside), and
+ * their databases and roles on the host: `erased=N leftover_rows=0 leftover_databases=0`.
  */
 import { AsyncLocalStorage } from "node:async_hooks";
 import { type ChildProcess, spawn } from "node:child_process";
@@ -34,11 +39,12 @@ const hostName = "local";
 
 function usage(problem: string): never {
   console.error(`${problem}
-usage: npm run demo -- [--tenants N] [--connection-budget C] [--concurrency K] [--operations OPS]
+usage: npm run demo -- [--tenants N] [--connection-budget C] [--concurrency K] [--operations OPS] [--erase N]
   --tenants            tenants to provision (default 20, at most 2000)
   --connection-budget  connections pools may hold on the host (default 25, at least ${poolSize})
   --concurrency        operations in flight at once (default 100, at most 5000)
-  --operations         operations in all (default: the concurrency)`);
+  --operations         operations in all (default: the concurrency)
+  --erase              tenants to erase at the end, and count what is left of them (default 0)`);
   process.exit(2);
 }
 
@@ -65,6 +71,7 @@ function parseOptions() {
       "connection-budget": { type: "string" },
       concurrency: { type: "string" },
       operations: { type: "string" },
+      erase: { type: "string" },
     },
     strict: true,
   }).values;
@@ -80,6 +87,7 @@ const demoReserve = 2;
 const budget = intOption(parsed["connection-budget"], "connection-budget", 25, poolSize, 10_000);
 const concurrency = intOption(parsed.concurrency, "concurrency", 100, 1, 5_000);
 const operationCount = intOption(parsed.operations, "operations", concurrency, 1, 100_000);
+const eraseCount = intOption(parsed.erase, "erase", 0, 0, tenantCount);
 /**
  * Pools held by a session lease through the run: one (two on a budget of 10 pools or more), and
  * never so many that the other tenants have no room left.
@@ -275,6 +283,8 @@ interface DemoTenant {
   key: string;
   connectionString: string;
   sentinel: string;
+  /** The tenant's opaque database (and role) name: what its connections are named after. */
+  database: string;
 }
 
 async function provision(controlPlane: pg.Client): Promise<DemoTenant[]> {
@@ -319,7 +329,7 @@ async function provision(controlPlane: pg.Client): Promise<DemoTenant[]> {
     } finally {
       await tenantDb.end();
     }
-    return { ...tenant, sentinel };
+    return { ...tenant, sentinel, database };
   });
 }
 
@@ -423,7 +433,7 @@ async function useLease(lease: HeldLease): Promise<void> {
     return;
   }
   const app = (response.body as { rows?: (string | null)[][] }).rows?.[0]?.[0];
-  const expected = `lessor:${lease.tenant.id}:${lease.generation}`;
+  const expected = `lessor:${lease.tenant.database}:${lease.generation}`;
   if (app !== expected) lease.broken ??= `ran on ${app}, not ${expected}`;
   lease.uses++;
 }
@@ -494,7 +504,14 @@ async function runOperation(tenant: DemoTenant): Promise<Operation> {
         generation: Number.isInteger(generation) ? generation : null,
       });
       const bodies = rows.map((row) => row.body);
-      if (bodies.length !== 1 || bodies[0] !== tenant.sentinel || !app.startsWith(`lessor:${tenant.id}:`)) {
+      // Database and role names are opaque (`t_<16 hex>`, the same name for both): the pool's
+      // connections are `lessor:<role>:<generation>`.
+      if (
+        bodies.length !== 1 ||
+        bodies[0] !== tenant.sentinel ||
+        rows[0]?.db !== tenant.database ||
+        !app.startsWith(`lessor:${tenant.database}:`)
+      ) {
         op.bleed = `${tenant.id} read ${JSON.stringify(bodies)} on ${app} (${String(rows[0]?.db)})`;
         return op;
       }
@@ -587,6 +604,75 @@ function countSharedStartWaiters(
     joined += Math.max(0, waited - 1);
   }
   return joined;
+}
+
+// ── Erase ────────────────────────────────────────────────────────────────────────────────────────
+
+interface EraseOutcome {
+  erased: number;
+  leftoverRows: number;
+  leftoverDatabases: number;
+  problems: string[];
+}
+
+/**
+ * Erases `tenants` through the API (a few at a time), waits (bounded) for each erase to commit, and
+ * counts what is left of them behind Lessor: rows of every control-plane table (found through
+ * information_schema) whose text names a tenant id or its opaque database name, the tombstones
+ * and the audit log aside; their databases and roles on the host.
+ */
+async function eraseTenants(controlPlane: pg.Client, tenants: readonly DemoTenant[]): Promise<EraseOutcome> {
+  const problems: string[] = [];
+  const ids = tenants.map((tenant) => tenant.id);
+  const { rows: placed } = await controlPlane.query<{ id: string; database_name: string; role_name: string }>(
+    "SELECT id, database_name, role_name FROM tenants WHERE id = ANY($1)",
+    [ids],
+  );
+  const outcomes = await mapConcurrent(tenants, 4, async (tenant) => {
+    const asked = await api(`/v1/tenants/${tenant.id}?confirm=${tenant.id}`, { method: "DELETE" });
+    if (asked.status !== 202) {
+      problems.push(`DELETE ${tenant.id}: ${asked.status} ${JSON.stringify(asked.body)}`);
+      return false;
+    }
+    // Bounded: about three minutes per tenant (the cron trigger and the alarm resume a stuck one).
+    for (let attempt = 0; attempt < 720; attempt++) {
+      const view = await api(`/v1/tenants/${tenant.id}/erase`);
+      const state = (view.body as { state?: string } | null)?.state;
+      if (view.status === 200 && state === "erased") return true;
+      await sleep(250);
+    }
+    const last = await api(`/v1/tenants/${tenant.id}/erase`);
+    problems.push(`${tenant.id} not erased: ${JSON.stringify(last.body)}`);
+    return false;
+  });
+  const needles = [...ids, ...placed.map((row) => row.database_name)];
+  const { rows: tables } = await controlPlane.query<{ table_name: string }>(
+    "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' AND table_type = 'BASE TABLE' AND table_name NOT IN ('tenant_erasures', 'audit_log')",
+  );
+  let leftoverRows = 0;
+  for (const { table_name: table } of tables) {
+    const { rows } = await controlPlane.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM "${table}" t WHERE EXISTS (SELECT 1 FROM unnest($1::text[]) AS needle WHERE strpos(t::text, needle) > 0)`,
+      [needles],
+    );
+    const n = Number(rows[0]?.n ?? 0);
+    if (n > 0) problems.push(`${n} row(s) of ${table} still name an erased tenant`);
+    leftoverRows += n;
+  }
+  const host = new pg.Client({ connectionString: stackUrl("postgres"), application_name: "demo-setup" });
+  await host.connect();
+  let leftoverDatabases = 0;
+  try {
+    const { rows } = await host.query<{ n: number }>(
+      `SELECT (SELECT count(*) FROM pg_database WHERE datname = ANY($1))::int
+            + (SELECT count(*) FROM pg_roles WHERE rolname = ANY($2))::int AS n`,
+      [placed.map((row) => row.database_name), placed.map((row) => row.role_name)],
+    );
+    leftoverDatabases = Number(rows[0]?.n ?? 0);
+  } finally {
+    await host.end().catch(() => undefined);
+  }
+  return { erased: outcomes.filter(Boolean).length, leftoverRows, leftoverDatabases, problems };
 }
 
 // ── Main ─────────────────────────────────────────────────────────────────────────────────────────
@@ -714,7 +800,17 @@ async function main(): Promise<{ summary: string[]; pass: boolean }> {
     }
     for (const violation of sampling.violations.slice(0, 10)) console.log(`# VIOLATION ${violation}`);
 
+    let erasure: EraseOutcome | null = null;
+    if (eraseCount > 0) {
+      const started = Date.now();
+      erasure = await eraseTenants(controlPlane, tenants.slice(tenants.length - eraseCount));
+      console.log(`# erased ${erasure.erased} of ${eraseCount} tenants in ${Date.now() - started} ms`);
+      for (const problem of erasure.problems.slice(0, 10)) console.log(`# ERASE ${problem}`);
+    }
+
     const pass =
+      (erasure === null ||
+        (erasure.erased === eraseCount && erasure.leftoverRows === 0 && erasure.leftoverDatabases === 0)) &&
       succeeded === operationCount &&
       bleed.length === 0 &&
       duplicateStarts === 0 &&
@@ -727,6 +823,11 @@ async function main(): Promise<{ summary: string[]; pass: boolean }> {
       `max_connections_allocated=${maxAllocated} budget=${budget} violations=${violations}`,
       `evictions=${evictions} active_repo_evictions=${leasedEvictions.length}`,
       `stale_generation_retries=${staleRetries}`,
+      ...(erasure === null
+        ? []
+        : [
+            `erased=${erasure.erased} leftover_rows=${erasure.leftoverRows} leftover_databases=${erasure.leftoverDatabases}`,
+          ]),
       `result=${pass ? "PASS" : "FAIL"}`,
     ];
     return { summary, pass };

@@ -48,6 +48,29 @@ function usageFields(u: Usage) {
   };
 }
 
+/** `DELETE /v1/tenants/:id` and `GET /v1/tenants/:id/erase`. */
+interface EraseView {
+  state: "erasing" | "erased";
+  stage?: string;
+  startedAt?: string;
+  attempts?: number;
+  lastError?: string | null;
+  erasedAt?: string;
+}
+
+function eraseLine(tenantId: string, e: EraseView): string {
+  return e.state === "erased"
+    ? kv("", { tenant: tenantId, state: e.state, erased_at: e.erasedAt })
+    : kv("", {
+        tenant: tenantId,
+        state: e.state,
+        stage: e.stage,
+        started_at: e.startedAt,
+        attempts: e.attempts,
+        last_error: e.lastError ?? null,
+      });
+}
+
 const pageOptions = (command: Command) =>
   command
     .option("--limit <n>", "page size, 1 to 200", "50")
@@ -163,6 +186,41 @@ export function register(program: Command, ctx: CommandContext): void {
         ctx.print(command, answer, () => ctx.out.line(runtimeLine(tenantId, answer.runtime)));
       });
   }
+
+  tenants
+    .command("erase")
+    .description(
+      "erase the tenant: everything Lessor and its host hold for it, as a resumable job (README, Erasing a tenant)",
+    )
+    .argument("<tenant>", "tenant id")
+    .requiredOption("--confirm <tenant>", "the same tenant id again: an erase cannot be undone")
+    .option("--force", "erase a pinned tenant too")
+    .addHelpText(
+      "after",
+      `
+Output:
+  tenant=acme state=erasing stage=keys started_at=2026-11-30T14:02:31.412Z attempts=0 last_error=-
+
+  The answer comes once the tenant's gate is closed (its new requests get 503 tenant_erasing); the
+  stages run on. Follow them with: lessorctl tenants erase-status <tenant>.`,
+    )
+    .action(async (tenantId: string, options: { confirm: string; force?: boolean }, command: Command) => {
+      const query = new URLSearchParams({ confirm: options.confirm });
+      if (options.force === true) query.set("force", "true");
+      const answer = await ctx
+        .client(command)
+        .call<EraseView>("DELETE", `/v1/tenants/${id(tenantId)}?${query.toString()}`);
+      ctx.print(command, answer, () => ctx.out.line(eraseLine(tenantId, answer)));
+    });
+
+  tenants
+    .command("erase-status")
+    .description("where the tenant's erase stands: its stage, attempts and last error, or when it committed")
+    .argument("<tenant>", "tenant id")
+    .action(async (tenantId: string, _options: unknown, command: Command) => {
+      const answer = await ctx.client(command).call<EraseView>("GET", `/v1/tenants/${id(tenantId)}/erase`);
+      ctx.print(command, answer, () => ctx.out.line(eraseLine(tenantId, answer)));
+    });
 
   pageOptions(
     tenants

@@ -83,6 +83,8 @@ export class BudgetObject extends DurableObject<Env> {
    */
   async admit(hostName: string, tenantId: string, generation: number, size: number): Promise<AdmitResult> {
     const host = this.host(hostName);
+    if (this.ledger.isClosed(tenantId))
+      return { granted: false, retryAfterMs: 5_000, waited: false, closed: true };
     if (this.ledger.find(tenantId, generation)) return { granted: true };
     if (this.waiters.length === 0 && fits(this.ledger.rows(), host.budget, size)) {
       this.ledger.reserve(tenantId, generation, size);
@@ -183,6 +185,35 @@ export class BudgetObject extends DurableObject<Env> {
   async release(hostName: string, tenantId: string, generation: number): Promise<void> {
     this.ledger.remove(tenantId, generation);
     this.serveWaiters(this.host(hostName));
+  }
+
+  /**
+   * An erase closed the tenant's gate: from now on no pool of it is admitted (a start already
+   * granted keeps its allocation until the erase stops the pool and calls `releaseTenant`).
+   * Idempotent.
+   */
+  async closeTenant(tenantId: string): Promise<void> {
+    this.ledger.close(tenantId);
+    const waiting = this.waiters.filter((w) => w.tenantId === tenantId);
+    this.waiters = this.waiters.filter((w) => w.tenantId !== tenantId);
+    for (const waiter of waiting) {
+      waiter.settle({ granted: false, retryAfterMs: 5_000, waited: true, closed: true });
+    }
+  }
+
+  /**
+   * Releases every allocation of a tenant, whatever its generation (an erase, once its pool is
+   * stopped: nothing of the tenant may stay in the ledger). Idempotent; says how many there were.
+   */
+  async releaseTenant(hostName: string, tenantId: string): Promise<number> {
+    const released = this.ledger.removeTenant(tenantId);
+    if (released > 0) this.serveWaiters(this.host(hostName));
+    return released;
+  }
+
+  /** Forgets that a tenant was closed (an erase's last step in the ledger). Idempotent. */
+  async reopenTenant(tenantId: string): Promise<boolean> {
+    return this.ledger.reopen(tenantId);
   }
 
   /**

@@ -8,7 +8,7 @@ import { migrate } from "drizzle-orm/durable-sqlite/migrator";
 import type { Allocation, AllocationPhase } from "../core/budget.ts";
 import { budgetObjectMigrations } from "../migrations/budget-object.gen.ts";
 import type { PoolReport } from "../rpc/budget.ts";
-import { allocations, budgetObjectSchema, counters, maintenance } from "./storage-schema.ts";
+import { allocations, budgetObjectSchema, closedTenants, counters, maintenance } from "./storage-schema.ts";
 
 /** An allocation as stored, with when it last changed (reconcile looks only at quiet ones). */
 export interface LedgerRow extends Allocation {
@@ -98,6 +98,40 @@ export class CapacityLedger {
       .delete(allocations)
       .where(and(eq(allocations.tenantId, tenantId), eq(allocations.generation, generation)))
       .run();
+  }
+
+  /** Removes every allocation of a tenant, whatever its generation; says how many there were. */
+  removeTenant(tenantId: string): number {
+    return this.db
+      .delete(allocations)
+      .where(eq(allocations.tenantId, tenantId))
+      .returning({ generation: allocations.generation })
+      .all().length;
+  }
+
+  isClosed(tenantId: string): boolean {
+    return (
+      this.db
+        .select({ tenantId: closedTenants.tenantId })
+        .from(closedTenants)
+        .where(eq(closedTenants.tenantId, tenantId))
+        .get() !== undefined
+    );
+  }
+
+  close(tenantId: string): void {
+    this.db.insert(closedTenants).values({ tenantId, closedAt: Date.now() }).onConflictDoNothing().run();
+  }
+
+  /** Reopens a tenant; says whether it was closed. */
+  reopen(tenantId: string): boolean {
+    return (
+      this.db
+        .delete(closedTenants)
+        .where(eq(closedTenants.tenantId, tenantId))
+        .returning({ tenantId: closedTenants.tenantId })
+        .all().length > 0
+    );
   }
 
   maintenanceRows(): MaintenanceRow[] {

@@ -40,4 +40,13 @@ export const counters = sqliteTable("counters", {
   value: integer("value").notNull(),
 });
 
-export const budgetObjectSchema = { allocations, maintenance, counters };
+/**
+ * Tenants whose erase has closed the gate: no pool of theirs is admitted until the erase removes
+ * the row again (its `object` stage), so the ledger keeps nothing of an erased tenant.
+ */
+export const closedTenants = sqliteTable("closed_tenants", {
+  tenantId: text("tenant_id").primaryKey(),
+  closedAt: integer("closed_at").notNull(),
+});
+
+export const budgetObjectSchema = { allocations, maintenance, counters, closedTenants };

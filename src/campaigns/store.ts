@@ -5,6 +5,7 @@
  * expects (`WHERE state = …`, `WHERE claim_token = …`), so replaying a step is a no-op.
  */
 import { and, asc, desc, eq, gt, inArray, lt, sql } from "drizzle-orm";
+import { writeAudit } from "../audit/index.ts";
 import type { ControlPlane } from "../control-plane/index.ts";
 import { appSchemaVersionsSeen, campaigns, campaignTenants, tenants } from "../control-plane/schema.ts";
 import {
@@ -57,16 +58,20 @@ export async function createCampaign(
   spec: CampaignSpec,
   bundled: readonly BundledStep[],
   now: number,
+  actor: string,
 ): Promise<CreatedCampaign> {
   return db.transaction(async (tx) => {
     // Active and disabled tenants (a disabled tenant's schema still has to move); never one being
-    // provisioned, nor any state added later that this code does not know.
+    // provisioned or erased, nor any state added later that this code does not know. FOR SHARE: an
+    // erase that closes a tenant's gate meanwhile waits for this transaction, or this one sees the
+    // tenant as erasing and leaves it out, so no enrollment can outlive an erase.
     const provisioned = inArray(tenants.status, ["active", "disabled"]);
     const rows = await tx
       .select({ id: tenants.id, host: tenants.host, schemaVersion: tenants.schemaVersion })
       .from(tenants)
       .where(spec.tenants === null ? provisioned : and(provisioned, inArray(tenants.id, spec.tenants)))
-      .orderBy(asc(tenants.id));
+      .orderBy(asc(tenants.id))
+      .for("share");
     if (spec.tenants !== null) {
       const found = new Set(rows.map((row) => row.id));
       const unknown = spec.tenants.filter((id) => !found.has(id));
@@ -126,6 +131,17 @@ export async function createCampaign(
         }),
       );
     }
+    await writeAudit(tx, {
+      actor,
+      action: "campaign.create",
+      tenantId: null,
+      detail: {
+        campaign: id,
+        toVersion: spec.toVersion,
+        enrolled: planned.plan.length,
+        scope: spec.tenants === null ? "fleet" : "listed",
+      },
+    });
     return {
       campaign,
       enrolled: planned.plan.length,
@@ -192,8 +208,14 @@ export async function loadTally(db: ControlPlane, campaignId: string): Promise<C
   return tally;
 }
 
-/** Counts per tenant state over both cohorts, for the operator. */
-export function countsOf(tally: CampaignTally): Record<TenantState, number> & { total: number } {
+/**
+ * Counts per tenant state over both cohorts, for the operator. `erased`: enrolled tenants erased
+ * since (their rows went with them), so `total` stays the number the campaign enrolled.
+ */
+export function countsOf(
+  tally: CampaignTally,
+  erased = 0,
+): Record<TenantState, number> & { erased: number; total: number } {
   const sum = (pick: (t: CohortTally) => number) => pick(tally.canary) + pick(tally.rollout);
   const counts = {
     pending: sum((t) => t.pending),
@@ -201,6 +223,7 @@ export function countsOf(tally: CampaignTally): Record<TenantState, number> & { 
     succeeded: sum((t) => t.succeeded),
     failed: sum((t) => t.failed),
     skipped: sum((t) => t.skippedRetry + t.skippedFinal),
+    erased,
   };
   return { ...counts, total: Object.values(counts).reduce((a, b) => a + b, 0) };
 }
@@ -305,6 +328,8 @@ export async function claimBatch(
                ) AS rank
         FROM campaign_tenants
         WHERE campaign_id = ${input.campaignId} AND cohort = ${input.cohort}
+          -- A tenant being erased is skipped: its erase removes its row from the campaign.
+          AND NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = campaign_tenants.tenant_id AND t.status = 'erasing')
           AND ((state = 'running' AND claimed_at <= ${staleBefore.toISOString()}::timestamptz)
             OR (NOT ${input.stopping}::boolean AND state = 'skipped' AND retry_at <= ${now.toISOString()}::timestamptz)
             OR (NOT ${input.stopping}::boolean AND state = 'pending'))

@@ -50,6 +50,10 @@ export interface LessorConfig {
   credentialRotationDays: number | null;
   /** Tenants the scheduled rotation rotates per cron tick at most. */
   credentialRotationBatch: number;
+  /** How long an erase waits for running statements and session leases before it ends them. */
+  eraseLeaseWaitMs: number;
+  /** Audit rows older than this many days are aged out by the cron trigger. */
+  auditRetentionDays: number;
 }
 
 /** Maintenance connections a host keeps back when its budget names no reserve. */
@@ -186,6 +190,8 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_CREDENTIAL_ROTATION_BATCH,
       10,
     ),
+    eraseLeaseWaitMs: positiveInt("LESSOR_ERASE_LEASE_WAIT_MS", vars.LESSOR_ERASE_LEASE_WAIT_MS, 30_000),
+    auditRetentionDays: positiveInt("LESSOR_AUDIT_RETENTION_DAYS", vars.LESSOR_AUDIT_RETENTION_DAYS, 400),
   };
   cache.set(env, config);
   return config;

@@ -28,6 +28,13 @@ import {
   tenants,
 } from "./schema.ts";
 
+/**
+ * Test-only fault injection at the control-plane boundary: while `active`, every
+ * `withControlPlane` in this isolate fails as an unreachable control plane does. Nothing outside
+ * the test suite sets it.
+ */
+export const controlPlaneOutageForTests = { active: false };
+
 /** A control-plane session: drizzle over one pooled connection (`$client` for raw SQL). */
 export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: Queryable };
 
@@ -45,6 +52,12 @@ export async function withControlPlane<T>(
   work: (db: ControlPlane) => Promise<T>,
   applicationName = "lessor-control-plane",
 ): Promise<T> {
+  if (controlPlaneOutageForTests.active) {
+    throw new LessorError("control_plane_unavailable", {
+      internal: "control plane down (test fault injection)",
+      retryAfterSeconds: 1,
+    });
+  }
   const shard = env.CONTROL_PLANE.getByName(`shard-${Math.floor(Math.random() * config.controlPlaneShards)}`);
   let opened: Awaited<ReturnType<typeof shard.open>>;
   try {
@@ -67,14 +80,17 @@ export async function withControlPlane<T>(
   }
 }
 
-/** The catalog record a TenantObject needs, or null if the tenant does not exist or is not provisioned. */
+/**
+ * The catalog record a TenantObject needs, or null if the tenant does not exist, is not provisioned
+ * yet, or is being erased (its object learns why from the erase's row: `erasuresOf`).
+ */
 export async function loadTenantRecord(
   db: ControlPlane,
   config: LessorConfig,
   tenantId: string,
 ): Promise<TenantRecord | null> {
   const [row] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
-  if (!row || row.status === "provisioning") return null;
+  if (!row || row.status === "provisioning" || row.status === "erasing") return null;
   return tenantRecordFromRow(row, await loadUsableKeys(db, tenantId), config, await loadTenantJwt(db, row));
 }
 
@@ -130,7 +146,7 @@ export function tenantRecordFromRow(
   config: LessorConfig,
   jwt: TenantJwt | null = null,
 ): TenantRecord | null {
-  if (row.status === "provisioning") return null;
+  if (row.status === "provisioning" || row.status === "erasing") return null;
   return {
     tenantId: row.id,
     status: row.status,

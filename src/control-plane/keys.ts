@@ -16,14 +16,18 @@ const usable = and(
   or(isNull(tenantKeys.expiresAt), gt(tenantKeys.expiresAt, sql`now()`)),
 );
 
-/** Locks the tenant's catalog row for the rest of the transaction; refuses an unknown tenant. */
+/**
+ * Locks the tenant's catalog row for the rest of the transaction; refuses an unknown tenant, and
+ * one being erased (its gate is closed: no key is issued for it any more).
+ */
 async function lockTenant(tx: Pick<ControlPlane, "select">, tenantId: string): Promise<void> {
   const [row] = await tx
-    .select({ id: tenants.id })
+    .select({ status: tenants.status })
     .from(tenants)
     .where(and(eq(tenants.id, tenantId), sql`${tenants.status} <> 'provisioning'`))
     .for("update");
   if (!row) throw new LessorError("tenant_not_found");
+  if (row.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
 }
 
 /** Adds a key, unless the tenant already holds `limit` usable keys. */

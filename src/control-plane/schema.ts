@@ -21,8 +21,11 @@ import {
 export const tenants = pgTable("tenants", {
   id: text("id").primaryKey(),
   ordinal: bigint("ordinal", { mode: "number" }).generatedAlwaysAsIdentity().notNull().unique(),
-  /** provisioning → active ⇄ disabled. */
-  status: text("status", { enum: ["provisioning", "active", "disabled"] }).notNull(),
+  /**
+   * provisioning → active ⇄ disabled → erasing. An erasing tenant's row goes at the erase's commit;
+   * its tombstone (`tenant_erasures`) and the audit log are what remain.
+   */
+  status: text("status", { enum: ["provisioning", "active", "disabled", "erasing"] }).notNull(),
   tier: text("tier").notNull(),
   host: text("host").notNull(),
   databaseName: text("database_name").notNull(),
@@ -235,6 +238,11 @@ export const campaigns = pgTable(
     blockedReason: text("blocked_reason"),
     /** Why the campaign failed, or what it finished with. */
     reason: text("reason"),
+    /**
+     * Enrolled tenants erased since (their `campaign_tenants` rows went with them): the campaign's
+     * counts add this, so its total stays the number it enrolled.
+     */
+    erasedTenants: integer("erased_tenants").notNull().default(0),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp("started_at", { withTimezone: true }),
@@ -298,6 +306,84 @@ export const appSchemaVersionsSeen = pgTable(
   (t) => [primaryKey({ columns: [t.version, t.minute] })],
 );
 
+/**
+ * Tenant erases (src/erase/, docs/adr/011-erase-stage-order.md), one row per erased incarnation
+ * (its ordinal, never reused). While `state` is `erasing` the row is the job's progress: the stage
+ * to run next, written before that stage starts, with the counts of the stages done. At the commit
+ * it becomes the tombstone: the tenant id, its ordinal, when, and the ids (public names, never
+ * hashes) of the keys it had, so a holder of one is told `410 tenant_erased`.
+ */
+export const tenantErasures = pgTable(
+  "tenant_erasures",
+  {
+    ordinal: bigint("ordinal", { mode: "number" }).primaryKey(),
+    tenantId: text("tenant_id").notNull(),
+    state: text("state", { enum: ["erasing", "erased"] }).notNull(),
+    stage: text("stage", {
+      enum: [
+        "keys",
+        "leases",
+        "pool",
+        "campaigns",
+        "database",
+        "credentials",
+        "usage",
+        "events",
+        "object",
+        "commit",
+      ],
+    }).notNull(),
+    /** The tenant's placement, for the stages that need it after its catalog row changed; cleared at the commit. */
+    host: text("host").notNull(),
+    databaseName: text("database_name"),
+    roleName: text("role_name"),
+    /** Public ids of the keys the tenant held when the gate closed. */
+    keyIds: text("key_ids").array().notNull().default(sql`'{}'::text[]`),
+    /** Who asked (an admin key's fingerprint, never the key). */
+    actor: text("actor").notNull(),
+    /** The erase was asked with `force=true` (a pinned tenant). */
+    forced: boolean("forced").notNull().default(false),
+    /** Counts per finished stage: what each removed. No secret, no tenant data. */
+    counts: jsonb("counts").$type<Record<string, Record<string, number>>>().notNull().default({}),
+    attempts: integer("attempts").notNull().default(0),
+    /** Why the last attempt failed (secret-free); null once a stage succeeds after it. */
+    lastError: text("last_error"),
+    /** The cron trigger resumes the job from here on (the object's alarm does so itself). */
+    nextAttemptAt: timestamp("next_attempt_at", { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp("started_at", { withTimezone: true }).notNull().defaultNow(),
+    updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
+    erasedAt: timestamp("erased_at", { withTimezone: true }),
+  },
+  (t) => [
+    // One running erase per tenant id; any number of tombstones (one per erased incarnation).
+    uniqueIndex("tenant_erasures_running").on(t.tenantId).where(sql`${t.state} = 'erasing'`),
+    index("tenant_erasures_tenant").on(t.tenantId),
+    index("tenant_erasures_due").on(t.nextAttemptAt).where(sql`${t.state} = 'erasing'`),
+  ],
+);
+
+/**
+ * The audit log: who did what to which tenant or campaign, when. Append-only; aged out after the
+ * configured retention by the `audit-retention` cron job. `actor` is an admin key's fingerprint,
+ * never the key; `detail` holds counts and names, never a secret or tenant data.
+ */
+export const auditLog = pgTable(
+  "audit_log",
+  {
+    id: bigint("id", { mode: "number" }).generatedAlwaysAsIdentity().primaryKey(),
+    at: timestamp("at", { withTimezone: true }).notNull().defaultNow(),
+    actor: text("actor").notNull(),
+    action: text("action").notNull(),
+    tenantId: text("tenant_id"),
+    detail: jsonb("detail").$type<Record<string, unknown>>().notNull().default({}),
+  },
+  (t) => [
+    index("audit_log_at").on(t.at),
+    index("audit_log_tenant").on(t.tenantId, t.id),
+    index("audit_log_action").on(t.action, t.id),
+  ],
+);
+
 export const controlPlaneSchema = {
   tenants,
   tenantKeys,
@@ -311,4 +397,6 @@ export const controlPlaneSchema = {
   campaigns,
   campaignTenants,
   appSchemaVersionsSeen,
+  tenantErasures,
+  auditLog,
 };

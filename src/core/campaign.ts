@@ -564,7 +564,10 @@ export function resultOfAttempt(
         answer.reason === "leases_held" && answer.leases !== undefined
           ? `leases_held (${answer.leases})`
           : answer.reason;
-      if (answer.reason === "tenant_unknown") return { state: "skipped", reason, retryAt: null };
+      // A tenant that does not exist, or is being erased, will not need migrating again.
+      if (answer.reason === "tenant_unknown" || answer.reason === "tenant_erasing") {
+        return { state: "skipped", reason, retryAt: null };
+      }
       // The host's maintenance reserve was full: deferred to a later tick, never given up on.
       if (answer.reason === "maintenance_busy")
         return { state: "skipped", reason, retryAt: now + retryDelayMs(1) };

@@ -4,8 +4,10 @@
  * To add a job, append it to `cronJobs`.
  */
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
+import { auditRetentionJob } from "./jobs/audit-retention.ts";
 import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
 import { credentialRotationJob } from "./jobs/credential-rotation.ts";
+import { eraseResumeJob } from "./jobs/erase-resume.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
 
@@ -17,6 +19,8 @@ export const cronJobs: readonly CronJob[] = [
   budgetReconcileJob,
   campaignJob,
   credentialRotationJob,
+  eraseResumeJob,
+  auditRetentionJob,
 ];
 
 /** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */

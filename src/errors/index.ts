@@ -91,6 +91,26 @@ export const errorCatalog = {
     retryable: true,
   },
   tenant_disabled: { status: 423, message: "The tenant is disabled." },
+  confirm_mismatch: {
+    status: 400,
+    message: "An erase must be confirmed: send ?confirm=<tenant id>, the same id as in the path.",
+  },
+  tenant_erasing: {
+    status: 503,
+    message: "The tenant is being erased; nothing new is served for it.",
+    retryable: true,
+  },
+  tenant_erased: { status: 410, message: "The tenant was erased." },
+  tenant_pinned: {
+    status: 409,
+    message: "The tenant is pinned; pass ?force=true to erase it anyway.",
+  },
+  tenant_in_campaign: {
+    status: 409,
+    message: "A migration campaign is migrating this tenant right now; retry once its migration ends.",
+    retryable: true,
+  },
+  erase_not_found: { status: 404, message: "This tenant has no erase." },
   unknown_host: { status: 400, message: "No database host with that name is configured." },
   unknown_tier: { status: 400, message: "No tier with that name is configured." },
   stale_generation: {
@@ -221,6 +241,8 @@ export type ErrorCode = keyof typeof errorCatalog;
 export interface ErrorBody {
   code: ErrorCode;
   message: string;
+  /** Safe extra fields of some refusals (`erasedAt` of `tenant_erased`). */
+  [detail: string]: string;
 }
 
 /** A refusal with a stable code. Throw it anywhere; `app.onError` turns it into an answer. */
@@ -230,10 +252,18 @@ export class LessorError extends Error {
   readonly status: ErrorSpec["status"];
   readonly publicMessage: string;
   readonly retryAfterSeconds: number | undefined;
+  /** Safe fields the answer carries beside code and message (`erasedAt`, say). */
+  readonly details: Readonly<Record<string, string>> | undefined;
 
   constructor(
     code: ErrorCode,
-    options: { internal?: string; cause?: unknown; retryAfterSeconds?: number; publicMessage?: string } = {},
+    options: {
+      internal?: string;
+      cause?: unknown;
+      retryAfterSeconds?: number;
+      publicMessage?: string;
+      details?: Record<string, string>;
+    } = {},
   ) {
     const spec: ErrorSpec = errorCatalog[code];
     super(options.internal ?? spec.message, { cause: options.cause });
@@ -243,11 +273,12 @@ export class LessorError extends Error {
     this.retryAfterSeconds = spec.retryable
       ? Math.max(1, Math.ceil(options.retryAfterSeconds ?? 1))
       : undefined;
+    this.details = options.details;
   }
 
   /** The answer a caller sees. */
   body(): ErrorBody {
-    return { code: this.code, message: this.publicMessage };
+    return { ...this.details, code: this.code, message: this.publicMessage };
   }
 
   /** A plain object that crosses RPC and rebuilds the same error on the other side. */
@@ -256,6 +287,7 @@ export class LessorError extends Error {
       code: this.code,
       message: this.publicMessage,
       ...(this.retryAfterSeconds === undefined ? {} : { retryAfterSeconds: this.retryAfterSeconds }),
+      ...(this.details === undefined ? {} : { details: { ...this.details } }),
     };
   }
 
@@ -263,6 +295,7 @@ export class LessorError extends Error {
     return new LessorError(wire.code, {
       publicMessage: wire.message,
       ...(wire.retryAfterSeconds === undefined ? {} : { retryAfterSeconds: wire.retryAfterSeconds }),
+      ...(wire.details === undefined ? {} : { details: wire.details }),
     });
   }
 }
@@ -272,6 +305,7 @@ export interface WireError {
   code: ErrorCode;
   message: string;
   retryAfterSeconds?: number;
+  details?: Record<string, string>;
 }
 
 /** Headers an error answer carries. */

@@ -65,7 +65,7 @@ export interface CampaignProgress {
   reason: string | null;
   createdAt: string;
   finishedAt: string | null;
-  counts: Record<TenantState, number> & { total: number };
+  counts: Record<TenantState, number> & { erased: number; total: number };
 }
 
 /** `GET /v1/fleet/overview`. */
@@ -114,7 +114,7 @@ async function readControlPlane(env: Env, db: ControlPlane): Promise<ControlPlan
       reason: row.reason,
       createdAt: row.createdAt.toISOString(),
       finishedAt: row.finishedAt?.toISOString() ?? null,
-      counts: countsOf(await loadTally(db, row.id)),
+      counts: countsOf(await loadTally(db, row.id), row.erasedTenants),
     });
   }
   const folds = await readMaintenanceStatus(db.$client, foldOptionsFromVars(env), { before: null, limit: 1 });

@@ -23,7 +23,7 @@ export function negotiateFormat(accept: string | undefined): MetricsFormat {
   return accept?.includes("application/openmetrics-text") ? "openmetrics" : "prometheus";
 }
 
-const catalogStatuses = ["provisioning", "active", "disabled"] as const;
+const catalogStatuses = ["provisioning", "active", "disabled", "erasing"] as const;
 const foldOutcomeKinds = [
   "folded",
   "skipped_pinned",

@@ -6,6 +6,7 @@
  * the first holds the tenant's provisioning lock.
  */
 import { eq, sql } from "drizzle-orm";
+import { writeAudit } from "../audit/index.ts";
 import type { LessorConfig } from "../config/index.ts";
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
@@ -64,10 +65,15 @@ export interface Provisioned {
   keys: TenantKeyRecord[];
 }
 
+/**
+ * Creates the tenant (or resumes a create that failed half way). `actor` is who asked, for the
+ * audit row written with the tenant's activation.
+ */
 export async function provisionTenant(
   env: Env,
   config: LessorConfig,
   input: ProvisionInput,
+  actor: string,
 ): Promise<Provisioned> {
   if (!config.poolSizes.has(input.tier)) {
     throw new LessorError("unknown_tier", {
@@ -99,7 +105,7 @@ export async function provisionTenant(
         );
         if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
         try {
-          return await provisionLocked(db, env, config, input);
+          return await provisionLocked(db, env, config, input, actor);
         } finally {
           await db.execute(
             sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`,
@@ -122,8 +128,11 @@ async function provisionLocked(
   env: Env,
   config: LessorConfig,
   input: ProvisionInput,
+  actor: string,
 ): Promise<Provisioned> {
   let [row] = await db.select().from(tenants).where(eq(tenants.id, input.id)).limit(1);
+  // The id may be created again once its erase has committed (a new tenant, a new ordinal).
+  if (row?.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
   if (row && row.status !== "provisioning") throw new LessorError("tenant_exists");
   if (!row) {
     // Opaque names: another tenant can read pg_database, pg_roles and pg_stat_activity.
@@ -213,6 +222,14 @@ async function provisionLocked(
       .set({ status: "active", schemaVersion, updatedAt: sql`now()` })
       .where(eq(tenants.id, input.id))
       .returning();
+    if (updated) {
+      await writeAudit(tx, {
+        actor,
+        action: "tenant.create",
+        tenantId: input.id,
+        detail: { ordinal: updated.ordinal, tier: updated.tier, host: updated.host, schemaVersion },
+      });
+    }
     return updated;
   });
   if (!active) throw new LessorError("internal", { internal: "catalog update returned nothing" });

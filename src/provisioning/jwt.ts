@@ -32,6 +32,8 @@ async function placementOf(env: Env, config: LessorConfig, tenantId: TenantId) {
   const row = await withControlPlane(config, env, async (db) => {
     const [found] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
     if (!found || found.status === "provisioning") return null;
+    // An erase owns the tenant: no role or configuration may be added behind it.
+    if (found.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
     return { ...found, sealed: await loadSealedPassword(db, tenantId) };
   });
   if (!row?.sealed) throw new LessorError("tenant_not_found");

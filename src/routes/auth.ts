@@ -1,5 +1,6 @@
 /** Authentication of REST callers: the admin key, or a tenant's own key for its own endpoints. */
 import { createMiddleware } from "hono/factory";
+import { adminActor } from "../audit/index.ts";
 import { loadConfig } from "../config/index.ts";
 import type { TenantId } from "../core/tenant-id.ts";
 import { hashKey, secretMatches } from "../crypto/keys.ts";
@@ -28,13 +29,18 @@ function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
   return c.env.LESSOR_ADMIN_KEY ? secretMatches(token, c.env.LESSOR_ADMIN_KEY) : false;
 }
 
-/** Requires `Authorization: Bearer <LESSOR_ADMIN_KEY>`, compared in constant time. */
+/**
+ * Requires `Authorization: Bearer <LESSOR_ADMIN_KEY>`, compared in constant time, and names the
+ * caller for the audit log (`c.var.actor`: a fingerprint of the key, never the key).
+ */
 export const requireAdmin = createMiddleware<AppEnv>(async (c, next) => {
-  if (!(await isAdminKey(c, bearerToken(c)))) {
+  const token = bearerToken(c);
+  if (!(await isAdminKey(c, token))) {
     throw new LessorError("invalid_credentials", {
       publicMessage: "This endpoint needs the admin key (LESSOR_ADMIN_KEY); a tenant key does not open it.",
     });
   }
+  c.set("actor", await adminActor(token));
   await next();
 });
 

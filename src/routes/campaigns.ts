@@ -10,6 +10,7 @@
  */
 import { Hono } from "hono";
 import * as v from "valibot";
+import { writeAudit } from "../audit/index.ts";
 import type { CampaignRow, CampaignTenantRow } from "../campaigns/store.ts";
 import {
   campaignIdPattern,
@@ -22,7 +23,7 @@ import {
   moveCampaign,
 } from "../campaigns/store.ts";
 import { loadConfig } from "../config/index.ts";
-import { withControlPlane } from "../control-plane/index.ts";
+import { type ControlPlane, withControlPlane } from "../control-plane/index.ts";
 import {
   type ActiveState,
   type ControlAction,
@@ -91,7 +92,7 @@ campaignRoutes.post("/v1/campaigns", requireAdmin, jsonBody(campaignSpec), async
   const spec = c.req.valid("json");
   const config = loadConfig(c.env);
   const created = await withControlPlane(config, c.env, (db) =>
-    createCampaign(db, spec, tenantMigrations, Date.now()),
+    createCampaign(db, spec, tenantMigrations, Date.now(), c.var.actor),
   );
   return c.json(
     {
@@ -139,7 +140,7 @@ campaignRoutes.get("/v1/campaigns/:id", requireAdmin, query(campaignTenantPage),
   const page = found.tenants.slice(0, limit);
   return c.json({
     campaign: publicCampaign(found.campaign),
-    counts: countsOf(found.tally),
+    counts: countsOf(found.tally, found.campaign.erasedTenants),
     cohorts: found.tally,
     tenants: page.map(publicTenantResult),
     nextCursor: found.tenants.length > limit ? String(page.at(-1)?.position ?? "") : null,
@@ -160,9 +161,28 @@ for (const action of ["pause", "resume", "cancel"] as const satisfies readonly C
         if (decision.kind === "conflict") {
           throw new LessorError("campaign_state_conflict", { publicMessage: decision.message });
         }
-        const moved = await moveCampaign(db, id, current.state, decision.state, Date.now(), {
-          pausedFrom: decision.pausedFrom,
-          ...(action === "cancel" ? { reason: "cancelled by the operator" } : {}),
+        // The move and its audit row commit together.
+        const moved = await db.transaction(async (tx) => {
+          const row = await moveCampaign(
+            tx as unknown as ControlPlane,
+            id,
+            current.state,
+            decision.state,
+            Date.now(),
+            {
+              pausedFrom: decision.pausedFrom,
+              ...(action === "cancel" ? { reason: "cancelled by the operator" } : {}),
+            },
+          );
+          if (row) {
+            await writeAudit(tx, {
+              actor: c.var.actor,
+              action: `campaign.${action}`,
+              tenantId: null,
+              detail: { campaign: id, from: current.state, to: row.state },
+            });
+          }
+          return row;
         });
         if (moved) return moved;
       }

@@ -4,6 +4,10 @@ import { LessorError } from "../errors/index.ts";
 /** The Hono environment of every route. */
 export interface AppEnv {
   Bindings: Env;
+  Variables: {
+    /** Who an admin request is from (`admin:<fingerprint>`), set by `requireAdmin` for the audit log. */
+    actor: string;
+  };
 }
 
 export type AppContext = Context<AppEnv>;

@@ -1,9 +1,11 @@
 /** Operator endpoints for the tenant catalog (admin key). */
-import { and, asc, eq, gt, sql } from "drizzle-orm";
+import { and, asc, eq, gt, inArray, sql } from "drizzle-orm";
 import { Hono } from "hono";
 import * as v from "valibot";
+import { type AuditAction, writeAudit } from "../audit/index.ts";
 import { loadConfig } from "../config/index.ts";
 import {
+  type ControlPlane,
   credentialSetAt,
   listLifecycleEvents,
   loadTenantRecord,
@@ -11,6 +13,7 @@ import {
 } from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
+import { loadEraseOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
 import { provisionTenant, publicTenant } from "../provisioning/index.ts";
 import { requireAdmin } from "./auth.ts";
@@ -50,7 +53,7 @@ tenantRoutes.post(
   async (c) => {
     const config = loadConfig(c.env);
     const { id, tier = config.defaultTier, host = config.defaultHost } = c.req.valid("json");
-    const { row, key } = await provisionTenant(c.env, config, { id, tier, host });
+    const { row, key } = await provisionTenant(c.env, config, { id, tier, host }, c.var.actor);
     const lessorHost = new URL(c.req.url).host;
     return c.json(
       {
@@ -94,15 +97,30 @@ tenantRoutes.get("/v1/tenants", requireAdmin, query(tenantPage), async (c) => {
 tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
-  const { row, credentialAt } = await withControlPlane(config, c.env, async (db) => {
+  const { row, erase, credentialAt } = await withControlPlane(config, c.env, async (db) => {
     const [found] = await db.select().from(tenants).where(eq(tenants.id, id)).limit(1);
-    return { row: found, credentialAt: found ? await credentialSetAt(db, id) : null };
+    return {
+      row: found,
+      erase: found && found.status !== "erasing" ? null : await loadEraseOf(db, id),
+      credentialAt: found ? await credentialSetAt(db, id) : null,
+    };
   });
-  if (!row) throw new LessorError("tenant_not_found");
+  if (!row) {
+    // Gone: erased (the tombstone says when), or never there.
+    if (erase?.state === "erased") {
+      throw new LessorError("tenant_erased", {
+        details: { erasedAt: (erase.erasedAt ?? erase.updatedAt).toISOString() },
+      });
+    }
+    throw new LessorError("tenant_not_found");
+  }
   const runtime = await c.env.TENANTS.getByName(id).status();
   return c.json({
     tenant: { ...publicTenant(row), credentialRotatedAt: credentialAt?.toISOString() ?? null },
     runtime,
+    ...(erase?.state === "erasing"
+      ? { erase: { stage: erase.stage, startedAt: erase.startedAt.toISOString() } }
+      : {}),
   });
 });
 
@@ -118,6 +136,18 @@ tenantRoutes.post("/v1/tenants/:id/rotate-credentials", requireAdmin, async (c) 
   return c.json({ generation: outcome.generation, overlapped: outcome.overlapped }, 202);
 });
 
+/** Writes one audit row for an operator action on a tenant. */
+async function audit(
+  c: AppContext,
+  action: AuditAction,
+  tenantId: TenantId,
+  detail: Record<string, unknown> = {},
+): Promise<void> {
+  await withControlPlane(loadConfig(c.env), c.env, (db) =>
+    writeAudit(db, { actor: c.var.actor, action, tenantId, detail }),
+  );
+}
+
 for (const [action, status] of [
   ["disable", "disabled"],
   ["enable", "active"],
@@ -125,14 +155,23 @@ for (const [action, status] of [
   tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
     const id = tenantParam(c);
     const config = loadConfig(c.env);
-    const { row, record } = await withControlPlane(config, c.env, async (db) => {
-      const [updated] = await db
-        .update(tenants)
-        .set({ status, updatedAt: sql`now()` })
-        .where(and(eq(tenants.id, id), sql`${tenants.status} <> 'provisioning'`))
-        .returning();
-      return { row: updated, record: updated ? await loadTenantRecord(db, config, id) : null };
-    });
+    const { row, record } = await withControlPlane(config, c.env, (db) =>
+      db.transaction(async (tx) => {
+        // Never an erasing tenant: enabling it would reopen what the erase closed.
+        const [updated] = await tx
+          .update(tenants)
+          .set({ status, updatedAt: sql`now()` })
+          .where(and(eq(tenants.id, id), inArray(tenants.status, ["active", "disabled"])))
+          .returning();
+        if (!updated) {
+          const [other] = await tx.select({ status: tenants.status }).from(tenants).where(eq(tenants.id, id));
+          if (other?.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+          return { row: undefined, record: null };
+        }
+        await writeAudit(tx, { actor: c.var.actor, action: `tenant.${action}`, tenantId: id, detail: {} });
+        return { row: updated, record: await loadTenantRecord(tx as unknown as ControlPlane, config, id) };
+      }),
+    );
     if (!row) throw new LessorError("tenant_not_found");
     if (record) await c.env.TENANTS.getByName(id).configure(record);
     return c.json({ tenant: publicTenant(row) });
@@ -163,13 +202,17 @@ tenantRoutes.get("/v1/tenants/:id/events", requireAdmin, query(eventPage), async
   });
 });
 
-/** 404 unless the catalog has the tenant: operator actions never conjure an object for a non-tenant. */
+/**
+ * 404 unless the catalog has the tenant: operator actions never conjure an object for a
+ * non-tenant. An erasing tenant is refused too: the erase owns it now.
+ */
 async function requireCatalogTenant(c: AppContext, id: TenantId): Promise<void> {
   const config = loadConfig(c.env);
   const [row] = await withControlPlane(config, c.env, (db) =>
-    db.select({ id: tenants.id }).from(tenants).where(eq(tenants.id, id)).limit(1),
+    db.select({ status: tenants.status }).from(tenants).where(eq(tenants.id, id)).limit(1),
   );
-  if (!row) throw new LessorError("tenant_not_found");
+  if (!row || row.status === "provisioning") throw new LessorError("tenant_not_found");
+  if (row.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
 }
 
 const drainBody = jsonObject({ force: v.optional(v.boolean("force must be true or false."), false) });
@@ -179,6 +222,7 @@ tenantRoutes.post("/v1/tenants/:id/drain", requireAdmin, jsonBody(drainBody), as
   await requireCatalogTenant(c, id);
   const { force } = c.req.valid("json");
   const runtime = await c.env.TENANTS.getByName(id).drain(force);
+  await audit(c, "tenant.drain", id, { force, generation: runtime.generation });
   return c.json({ runtime }, 202);
 });
 
@@ -190,6 +234,7 @@ for (const [action, pinned] of [
     const id = tenantParam(c);
     await requireCatalogTenant(c, id);
     await c.env.TENANTS.getByName(id).setPinned(pinned);
+    await audit(c, `tenant.${action}`, id);
     return c.json({ runtime: await c.env.TENANTS.getByName(id).status() });
   });
 }

@@ -1,7 +1,15 @@
 /** What crosses RPC between a TenantObject (or a route) and a host's BudgetObject. */
 import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
 
-export type AdmitResult = { granted: true } | { granted: false; retryAfterMs: number; waited: boolean };
+export type AdmitResult =
+  | { granted: true }
+  | {
+      granted: false;
+      retryAfterMs: number;
+      waited: boolean;
+      /** The tenant is being erased: no pool of it is admitted (not a capacity problem). */
+      closed?: true;
+    };
 
 /** A request for one maintenance connection from the host's reserve. */
 export interface MaintenanceRequest {

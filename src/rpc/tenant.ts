@@ -66,6 +66,8 @@ export interface TenantRuntimeStatus {
   retiring: { generation: number; leases: number } | null;
   /** The generation a credential rotation is preparing, if one is. */
   rotatingTo: number | null;
+  /** An erase holds the gate closed. */
+  erasing: boolean;
 }
 
 /** The answer of a credential rotation: the generation now serving, and whether two overlapped. */
@@ -90,10 +92,25 @@ export type MigrateOutcome =
   | { outcome: "migrated"; fromVersion: number; toVersion: number; applied: number[] }
   | {
       outcome: "skipped";
-      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "maintenance_busy";
+      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "maintenance_busy" | "tenant_erasing";
       leases?: number;
     }
   | { outcome: "failed"; version: number | null; summary: string };
 
 /** Session lease tokens: `lsl_<tenant>_<random>`; the tenant part routes the request to the object. */
 export const sessionTokenPrefix = "lsl_";
+
+/** Where a tenant's erase stands (`GET /v1/tenants/:id/erase`). */
+export type EraseStatus =
+  | {
+      state: "erasing";
+      /** The stage running or next to run. */
+      stage: string;
+      startedAt: string;
+      attempts: number;
+      lastError: string | null;
+    }
+  | { state: "erased"; erasedAt: string };
+
+/** The answer of an erase request or resume. */
+export type EraseAnswer = { ok: true; status: EraseStatus } | { ok: false; error: WireError };

@@ -9,6 +9,7 @@ import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { detached } from "../tenant-context/index.ts";
 import type { TenantDrain } from "./drain.ts";
+import type { TenantErase } from "./erase.ts";
 import { flushOutboxes, hasPendingOutbox } from "./outbox.ts";
 import type { TenantPool } from "./pool.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
@@ -16,10 +17,17 @@ import type { SessionLeases } from "./sessions.ts";
 
 export async function heartbeat(
   rt: TenantRuntime,
-  rooms: { pool: TenantPool; sessions: SessionLeases; drain: TenantDrain },
+  rooms: { pool: TenantPool; sessions: SessionLeases; drain: TenantDrain; erase: TenantErase },
 ): Promise<void> {
   const { pool, sessions, drain } = rooms;
   const now = Date.now();
+  if (rt.erase) {
+    // An erase owns the object: it ends the leases and the pool in its own stages, flushes nothing
+    // (what the outboxes hold is the tenant's, and goes with the object's storage), and arms the
+    // alarm itself.
+    await rooms.erase.tick();
+    return;
+  }
   await detached(() => sessions.reclaimExpired(now));
   drain.reportOverdue(now);
   const decision = idleDecision({

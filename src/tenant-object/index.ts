@@ -16,14 +16,17 @@
  *     migrate.ts    schema migrations under the object
  *     rotation.ts   credential rotation through overlapping generations
  *     outbox.ts     lifecycle events and usage to the control plane
+ *     erase.ts      the tenant erase: the gate and the stages
  *     heartbeat.ts  the alarm
  */
 import { DurableObject } from "cloudflare:workers";
 import { recoverAfterRestart } from "../core/lifecycle.ts";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
+import { LessorError } from "../errors/index.ts";
 import type { EvictOutcome } from "../rpc/budget.ts";
 import type {
+  EraseAnswer,
   KeyProof,
   MigrateOutcome,
   RotateOutcome,
@@ -36,12 +39,13 @@ import type {
 import { asLessorError } from "./answers.ts";
 import { TenantAuth } from "./auth.ts";
 import { TenantDrain } from "./drain.ts";
+import { TenantErase } from "./erase.ts";
 import { heartbeat } from "./heartbeat.ts";
 import { SchemaMigration } from "./migrate.ts";
 import { TenantPool } from "./pool.ts";
 import { TenantQueries } from "./query.ts";
 import { CredentialRotation } from "./rotation.ts";
-import { TenantRuntime } from "./runtime.ts";
+import { type EraseGate, TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
 
 export class TenantObject extends DurableObject<Env> {
@@ -53,6 +57,7 @@ export class TenantObject extends DurableObject<Env> {
   private readonly drains: TenantDrain;
   private readonly migration: SchemaMigration;
   private readonly rotation: CredentialRotation;
+  private readonly erasure: TenantErase;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -72,6 +77,7 @@ export class TenantObject extends DurableObject<Env> {
     this.drains = new TenantDrain(rt, this.pool, this.sessions);
     this.migration = new SchemaMigration(rt, this.auth, this.pool);
     this.rotation = new CredentialRotation(rt, this.auth, this.pool);
+    this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions);
     ctx.blockConcurrencyWhile(() => this.load());
   }
 
@@ -83,6 +89,7 @@ export class TenantObject extends DurableObject<Env> {
     rt.record = rt.storage.read<TenantRecord>("record");
     rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
     rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
+    rt.erase = rt.storage.read<EraseGate>("erase");
     rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
     const { lifecycle, deadGenerations } = recoverAfterRestart(rt.lifecycle);
     if (deadGenerations.length > 0 || lifecycle.migrating !== rt.lifecycle.migrating) {
@@ -102,7 +109,7 @@ export class TenantObject extends DurableObject<Env> {
         );
       }
     }
-    if (rt.storage.pendingOutboxRows() > 0) await rt.ensureAlarm(Date.now() + 1_000);
+    if (rt.storage.pendingOutboxRows() > 0 || rt.erasing) await rt.ensureAlarm(Date.now() + 1_000);
   }
 
   // ── Catalog ────────────────────────────────────────────────────────────────────────────────────
@@ -115,6 +122,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Pins or unpins the pool: a pinned pool is never chosen as an eviction victim. */
   async setPinned(pinned: boolean): Promise<void> {
+    // An erase owns the object now (the route refuses first; this covers a race with it).
+    if (this.rt.erasing) return;
     // Called only for a tenant the catalog holds, so its storage may be created.
     await this.rt.storage.open();
     this.rt.pinned = pinned;
@@ -201,6 +210,7 @@ export class TenantObject extends DurableObject<Env> {
       reclaimedLeases: this.rt.reclaimedLeases,
       retiring: this.pool.retiringStatus,
       rotatingTo: lc.rotatingTo,
+      erasing: this.rt.erasing,
     };
   }
 
@@ -221,7 +231,12 @@ export class TenantObject extends DurableObject<Env> {
   }
 
   /** Rotates the tenant's database credential through overlapping generations (see rotation.ts). */
-  rotateCredentials(tenantId: string): Promise<RotateOutcome> {
+  async rotateCredentials(tenantId: string): Promise<RotateOutcome> {
+    // An erasing or erased tenant gets no new credential (the erase removes the old one).
+    if (this.rt.erase !== null) {
+      const code = this.rt.erasing ? "tenant_erasing" : "tenant_erased";
+      return { ok: false, error: new LessorError(code, { retryAfterSeconds: 5 }).toWire() };
+    }
     return this.rotation.rotate(tenantId);
   }
 
@@ -230,7 +245,24 @@ export class TenantObject extends DurableObject<Env> {
     return this.migration.migrate(tenantId, targetVersion, drainTimeoutMs);
   }
 
+  // ── Erase ──────────────────────────────────────────────────────────────────────────────────────
+
+  /** Starts erasing the tenant (or answers the erase running); the gate is closed when this answers. */
+  requestErase(tenantId: string, actor: string, force: boolean): Promise<EraseAnswer> {
+    return this.erasure.request(tenantId, actor, force);
+  }
+
+  /** Resumes a running erase from its progress row (the cron trigger calls this); answers its status. */
+  resumeErase(tenantId: string): Promise<EraseAnswer> {
+    return this.erasure.resume(tenantId);
+  }
+
   override async alarm(): Promise<void> {
-    await heartbeat(this.rt, { pool: this.pool, sessions: this.sessions, drain: this.drains });
+    await heartbeat(this.rt, {
+      pool: this.pool,
+      sessions: this.sessions,
+      drain: this.drains,
+      erase: this.erasure,
+    });
   }
 }

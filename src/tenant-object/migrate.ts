@@ -36,8 +36,11 @@ export class SchemaMigration {
 
   async migrate(tenantId: string, targetVersion: number, drainTimeoutMs: number): Promise<MigrateOutcome> {
     const rt = this.rt;
+    // An erase closed the gate: the campaign skips this tenant (its rows go with the erase).
+    if (rt.erasing) return { outcome: "skipped", reason: "tenant_erasing" };
     const record = await this.auth.resolve(tenantId).catch(() => null);
     if (!record) return { outcome: "skipped", reason: "tenant_unknown" };
+    if (rt.erasing) return { outcome: "skipped", reason: "tenant_erasing" };
     if (rt.lifecycle.migrating) return { outcome: "skipped", reason: "already_migrating" };
     let finish: () => void = () => undefined;
     this.running = new Promise<void>((resolve) => {

@@ -179,6 +179,8 @@ export class TenantPool {
   async acquire(record: TenantRecord): Promise<LiveLease> {
     // Bounded: each pass returns, throws, or waits on something that itself settles.
     for (let attempt = 0; attempt < 4; attempt++) {
+      // An erase closed the gate (maybe while this request waited behind a start): no new lease.
+      if (this.rt.erasing) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
       const decision = admitDecision(this.rt.lifecycle, Date.now());
       switch (decision.kind) {
         case "use": {
@@ -242,6 +244,11 @@ export class TenantPool {
     }
     for (const wake of this.leasesDrained.splice(0)) wake();
     this.hooks.onIdle();
+  }
+
+  /** Settles once a start in flight has finished (either way); at once if none runs. */
+  async settleStart(): Promise<void> {
+    await this.starting?.catch(() => undefined);
   }
 
   /** Resolves true once no lease is held, or with whether none is held after `timeoutMs`. */
@@ -462,7 +469,8 @@ export class TenantPool {
       throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
     }
     if (!admitted.granted) {
-      rt.apply(startRefused(rt.lifecycle), "capacity_saturated");
+      rt.apply(startRefused(rt.lifecycle), admitted.closed ? "tenant_erasing" : "capacity_saturated");
+      if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
       throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
     }
     let pool: Pool | null = null;

@@ -10,6 +10,22 @@ import type { TenantRecord } from "../rpc/tenant.ts";
 import { type UsageCounters, zeroUsage } from "../usage/index.ts";
 import { TenantStorage } from "./storage.ts";
 
+/**
+ * The erase gate, once an erase of this tenant has started (src/tenant-object/erase.ts): while
+ * `erasing`, nothing new is served; `erased` once the tombstone is committed. Persisted in the
+ * object's storage until the erase wipes it; after that the control plane's row is the truth.
+ */
+export interface EraseGate {
+  tenantId: string;
+  /** The erased incarnation's ordinal. */
+  ordinal: number;
+  state: "erasing" | "erased";
+  /** Public ids of the keys the tenant held when the gate closed: their holders are told why. */
+  keyIds: string[];
+  startedAt: number;
+  erasedAt: number | null;
+}
+
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
 export const heartbeatMs = 30_000;
 
@@ -30,6 +46,13 @@ export class TenantRuntime {
   fencePending = false;
   /** Minute (epoch ms, floored) each key was last used in, not yet written to the catalog. */
   readonly keyUses = new Map<string, number>();
+  /** Set once an erase of this tenant started; null otherwise. */
+  erase: EraseGate | null = null;
+
+  /** Whether an erase holds the gate closed: nothing new may start. */
+  get erasing(): boolean {
+    return this.erase?.state === "erasing";
+  }
 
   constructor(
     readonly ctx: DurableObjectState,

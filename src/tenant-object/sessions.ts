@@ -131,7 +131,7 @@ export class SessionLeases {
     output: OutputMode,
   ): Promise<SqlOutcome> {
     try {
-      const record = await this.auth.authenticate(tenantId, proof);
+      const record = await this.auth.authenticate(tenantId, proof, "lease");
       const session = await this.find(token);
       if (session.busy) {
         throw new LessorError("invalid_request", {
@@ -206,7 +206,7 @@ export class SessionLeases {
   /** Releases a session lease: rolls back anything open and returns the connection clean. */
   async close(tenantId: string, proof: KeyProof, token: string): Promise<Verdict> {
     try {
-      await this.auth.authenticate(tenantId, proof);
+      await this.auth.authenticate(tenantId, proof, "lease");
       const session = await this.find(token);
       if (session.busy) {
         throw new LessorError("invalid_request", { publicMessage: "This lease is running a statement." });

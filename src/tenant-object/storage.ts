@@ -57,6 +57,24 @@ export class TenantStorage {
     this.db = db;
   }
 
+  /**
+   * Forgets the tables after the object's storage was wiped (`deleteAll`, an erase): from here on
+   * every read answers "nothing stored" until `open` creates them again for a new tenant.
+   */
+  forgetTables(): void {
+    this.db = null;
+  }
+
+  /** Rows of every table but `kv`, for the erase's counts. */
+  rowCounts(): { outbox: number; usageOutbox: number; sessionTokens: number } {
+    if (!this.db) return { outbox: 0, usageOutbox: 0, sessionTokens: 0 };
+    const row = this.db.get<{ outbox: number; usage: number; tokens: number }>(
+      sql`SELECT (SELECT count(*) FROM ${outbox}) AS outbox, (SELECT count(*) FROM ${usageOutbox}) AS usage,
+                 (SELECT count(*) FROM ${sessionTokens}) AS tokens`,
+    );
+    return { outbox: row.outbox, usageOutbox: row.usage, sessionTokens: row.tokens };
+  }
+
   private get tables(): DrizzleSqliteDODatabase<typeof tenantObjectSchema> {
     if (!this.db) throw new Error("tenant object storage written before the tenant was known");
     return this.db;

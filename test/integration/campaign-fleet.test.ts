@@ -294,7 +294,15 @@ describe("migration campaigns", () => {
     await tickUntil(id, (v) => v.counts.pending === 0 && v.counts.running === 0);
     let state = await view(id);
     expect(state.campaign.state).toBe("rollout");
-    expect(state.counts).toEqual({ pending: 0, running: 0, succeeded: 30, failed: 1, skipped: 1, total: 32 });
+    expect(state.counts).toEqual({
+      pending: 0,
+      running: 0,
+      succeeded: 30,
+      failed: 1,
+      skipped: 1,
+      erased: 0,
+      total: 32,
+    });
     const heldResult = state.tenants.find((t) => t.tenantId === held.id);
     expect(heldResult?.state).toBe("skipped");
     expect(heldResult?.skipReason).toContain("leases_held");
@@ -305,7 +313,15 @@ describe("migration campaigns", () => {
     state = await view(id);
     expect(state.campaign.state).toBe("done");
     expect(state.campaign.reason).toBe("finished with 1 failed and 0 skipped tenant(s)");
-    expect(state.counts).toEqual({ pending: 0, running: 0, succeeded: 31, failed: 1, skipped: 0, total: 32 });
+    expect(state.counts).toEqual({
+      pending: 0,
+      running: 0,
+      succeeded: 31,
+      failed: 1,
+      skipped: 0,
+      erased: 0,
+      total: 32,
+    });
 
     // The canary went first: it finished before any other tenant started.
     const results = new Map(state.tenants.map((t) => [t.tenantId, t]));

@@ -361,6 +361,65 @@ describe("lessorctl campaign", () => {
   });
 });
 
+describe("lessorctl tenants erase", () => {
+  it("sends the confirmation (and force) and prints where the erase stands", async () => {
+    const run = await lessorctl(["tenants", "erase", "acme", "--confirm", "acme", "--force"], {
+      "DELETE /v1/tenants/acme": (request) => {
+        const url = new URL(request.url);
+        expect(Object.fromEntries(url.searchParams)).toEqual({ confirm: "acme", force: "true" });
+        return Response.json(
+          {
+            state: "erasing",
+            stage: "keys",
+            startedAt: "2026-11-30T14:02:31.412Z",
+            attempts: 0,
+            lastError: null,
+          },
+          { status: 202 },
+        );
+      },
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual([
+      "tenant=acme state=erasing stage=keys started_at=2026-11-30T14:02:31.412Z attempts=0 last_error=-",
+    ]);
+  });
+
+  it("needs --confirm, and prints the API's refusal", async () => {
+    const missing = await lessorctl(["tenants", "erase", "acme"], {});
+    expect(missing.code).not.toBe(0);
+    expect(missing.requests).toEqual([]);
+    const refused = await lessorctl(["tenants", "erase", "acme", "--confirm", "acme"], {
+      "DELETE /v1/tenants/acme": () =>
+        Response.json(
+          { code: "tenant_pinned", message: "The tenant is pinned; pass ?force=true to erase it anyway." },
+          { status: 409 },
+        ),
+    });
+    expect(refused.code).not.toBe(0);
+    expect(refused.stderr.join("\n")).toContain("tenant_pinned");
+  });
+
+  it("erase-status prints the stage and last error, or when it committed", async () => {
+    const running = await lessorctl(["tenants", "erase-status", "acme"], {
+      "GET /v1/tenants/acme/erase": () => ({
+        state: "erasing",
+        stage: "database",
+        startedAt: "2026-11-30T14:02:31.412Z",
+        attempts: 2,
+        lastError: "database: host unreachable",
+      }),
+    });
+    expect(running.stdout).toEqual([
+      'tenant=acme state=erasing stage=database started_at=2026-11-30T14:02:31.412Z attempts=2 last_error="database: host unreachable"',
+    ]);
+    const done = await lessorctl(["tenants", "erase-status", "acme"], {
+      "GET /v1/tenants/acme/erase": () => ({ state: "erased", erasedAt: "2026-11-30T14:03:01.000Z" }),
+    });
+    expect(done.stdout).toEqual(["tenant=acme state=erased erased_at=2026-11-30T14:03:01.000Z"]);
+  });
+});
+
 describe("lessorctl help and output", () => {
   it("lists every command, and every command has help", async () => {
     const top = await lessorctl(["--help"], {});
@@ -379,6 +438,8 @@ describe("lessorctl help and output", () => {
       "unpin",
       "events",
       "usage",
+      "erase",
+      "erase-status",
     ])
       expect(tenants.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
     const campaign = await lessorctl(["campaign", "--help"], {});

@@ -1,0 +1,373 @@
+/**
+ * The erase job's durable state in the control plane (`tenant_erasures`), and the control-plane
+ * half of its stages. Every write is guarded by the state it expects (`WHERE stage = …`,
+ * `WHERE state = 'erasing'`), so a stage replayed after a kill changes nothing, and two runners
+ * can never both advance the job.
+ */
+import { and, eq, gt, inArray, isNull, lte, or, sql } from "drizzle-orm";
+import { writeAudit } from "../audit/index.ts";
+import type { ControlPlane } from "../control-plane/index.ts";
+import {
+  campaigns,
+  campaignTenants,
+  generationLedger,
+  lifecycleEvents,
+  tenantCredentials,
+  tenantErasures,
+  tenantJwt,
+  tenantKeys,
+  tenants,
+  usageDeltas,
+  usageRollups,
+} from "../control-plane/schema.ts";
+import { type EraseLeftovers, type EraseStage, type RecheckVerdict, recheckVerdict } from "../core/erase.ts";
+
+export type EraseJob = typeof tenantErasures.$inferSelect;
+
+/** Campaign states in which a campaign still claims and migrates tenants. */
+const activeCampaignStates = ["pending", "canary", "rollout"] as const;
+
+export type OpenEraseOutcome =
+  | { kind: "started"; job: EraseJob }
+  | { kind: "running"; job: EraseJob }
+  | { kind: "refused"; code: "tenant_in_campaign" }
+  | { kind: "not_found" };
+
+/**
+ * Closes the gate in the control plane, in one transaction: the tenant's row is locked and marked
+ * `erasing` (from then on no key is issued for it, no campaign enrolls or claims it, no catalog
+ * read hands it to an object as a live tenant), and the job's first progress row is written. An
+ * erase already running for the tenant is answered as it stands. Refused while a campaign holds a
+ * live claim on the tenant.
+ */
+export function openErase(
+  db: ControlPlane,
+  input: { tenantId: string; actor: string; forced: boolean; claimTimeoutMs: number },
+): Promise<OpenEraseOutcome> {
+  return db.transaction(async (tx): Promise<OpenEraseOutcome> => {
+    const [row] = await tx.select().from(tenants).where(eq(tenants.id, input.tenantId)).for("update");
+    if (!row || row.status === "provisioning") return { kind: "not_found" };
+    if (row.status === "erasing") {
+      const [job] = await tx
+        .select()
+        .from(tenantErasures)
+        .where(and(eq(tenantErasures.ordinal, row.ordinal), eq(tenantErasures.state, "erasing")));
+      if (job) return { kind: "running", job };
+    }
+    const [claim] = await tx
+      .select({ campaignId: campaignTenants.campaignId })
+      .from(campaignTenants)
+      .innerJoin(campaigns, eq(campaigns.id, campaignTenants.campaignId))
+      .where(
+        and(
+          eq(campaignTenants.tenantId, input.tenantId),
+          eq(campaignTenants.state, "running"),
+          inArray(campaigns.state, [...activeCampaignStates]),
+          gt(campaignTenants.claimedAt, sql`now() - make_interval(secs => ${input.claimTimeoutMs / 1000})`),
+        ),
+      )
+      .limit(1);
+    if (claim) return { kind: "refused", code: "tenant_in_campaign" };
+    const keys = await tx
+      .select({ keyId: tenantKeys.keyId })
+      .from(tenantKeys)
+      .where(
+        and(
+          eq(tenantKeys.tenantId, input.tenantId),
+          isNull(tenantKeys.revokedAt),
+          or(isNull(tenantKeys.expiresAt), gt(tenantKeys.expiresAt, sql`now()`)),
+        ),
+      );
+    const [job] = await tx
+      .insert(tenantErasures)
+      .values({
+        ordinal: row.ordinal,
+        tenantId: row.id,
+        state: "erasing",
+        stage: "keys",
+        host: row.host,
+        databaseName: row.databaseName,
+        roleName: row.roleName,
+        keyIds: keys.map((key) => key.keyId),
+        actor: input.actor,
+        forced: input.forced,
+      })
+      .onConflictDoNothing()
+      .returning();
+    await tx.update(tenants).set({ status: "erasing", updatedAt: sql`now()` }).where(eq(tenants.id, row.id));
+    if (job) return { kind: "started", job };
+    // The ordinal's row already existed (a gate whose status update was lost): adopt it.
+    const [existing] = await tx.select().from(tenantErasures).where(eq(tenantErasures.ordinal, row.ordinal));
+    return existing ? { kind: "running", job: existing } : { kind: "not_found" };
+  });
+}
+
+/** The tenant id's erase that is running, else its most recent tombstone, else null. */
+export async function loadEraseOf(db: ControlPlane, tenantId: string): Promise<EraseJob | null> {
+  const [job] = await db
+    .select()
+    .from(tenantErasures)
+    .where(eq(tenantErasures.tenantId, tenantId))
+    .orderBy(sql`${tenantErasures.state} = 'erasing' DESC`, sql`${tenantErasures.ordinal} DESC`)
+    .limit(1);
+  return job ?? null;
+}
+
+/** Every erase of a tenant id (running and tombstones): the key ids whose holders are told why. */
+export function erasuresOf(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<Pick<EraseJob, "state" | "keyIds" | "erasedAt">[]> {
+  return db
+    .select({ state: tenantErasures.state, keyIds: tenantErasures.keyIds, erasedAt: tenantErasures.erasedAt })
+    .from(tenantErasures)
+    .where(eq(tenantErasures.tenantId, tenantId));
+}
+
+/** Running erases the cron trigger should resume: their next attempt is due. */
+export function dueErases(
+  db: ControlPlane,
+  limit: number,
+): Promise<Pick<EraseJob, "tenantId" | "ordinal">[]> {
+  return db
+    .select({ tenantId: tenantErasures.tenantId, ordinal: tenantErasures.ordinal })
+    .from(tenantErasures)
+    .where(and(eq(tenantErasures.state, "erasing"), lte(tenantErasures.nextAttemptAt, sql`now()`)))
+    .orderBy(tenantErasures.nextAttemptAt)
+    .limit(limit);
+}
+
+/**
+ * Records that `from` is done (its counts) and that `to` runs next, if the job is still at `from`
+ * (compare-and-swap). Clears the last error: the job moved on. Returns the updated job, or null if
+ * another runner moved it first.
+ */
+export async function advanceErase(
+  db: ControlPlane,
+  ordinal: number,
+  from: EraseStage,
+  to: EraseStage,
+  counts: Record<string, number>,
+): Promise<EraseJob | null> {
+  const [job] = await db
+    .update(tenantErasures)
+    .set({
+      stage: to,
+      counts: sql`${tenantErasures.counts} || jsonb_build_object(${from}::text, ${JSON.stringify(counts)}::jsonb)`,
+      lastError: null,
+      updatedAt: sql`now()`,
+    })
+    .where(
+      and(
+        eq(tenantErasures.ordinal, ordinal),
+        eq(tenantErasures.state, "erasing"),
+        eq(tenantErasures.stage, from),
+      ),
+    )
+    .returning();
+  return job ?? null;
+}
+
+/** Records a failed attempt: why (secret-free), and when the cron trigger may try again. */
+export async function recordEraseFailure(
+  db: ControlPlane,
+  ordinal: number,
+  failures: number,
+  message: string,
+  retryInMs: number,
+): Promise<void> {
+  await db
+    .update(tenantErasures)
+    .set({
+      attempts: sql`${tenantErasures.attempts} + ${failures}`,
+      lastError: message.slice(0, 500),
+      nextAttemptAt: sql`now() + make_interval(secs => ${retryInMs / 1000})`,
+      updatedAt: sql`now()`,
+    })
+    .where(and(eq(tenantErasures.ordinal, ordinal), eq(tenantErasures.state, "erasing")));
+}
+
+// ── The control-plane stages ─────────────────────────────────────────────────────────────────────
+
+/**
+ * `keys`: every key of the tenant (end-user keys too), the first-format hash its catalog row may
+ * still hold, and its end-user JWT configuration (what lets end users' tokens in).
+ */
+export async function eraseKeys(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<{ keys: number; jwtConfigs: number }> {
+  return db.transaction(async (tx) => {
+    const deleted = await tx
+      .delete(tenantKeys)
+      .where(eq(tenantKeys.tenantId, tenantId))
+      .returning({ keyId: tenantKeys.keyId });
+    const jwt = await tx
+      .delete(tenantJwt)
+      .where(eq(tenantJwt.tenantId, tenantId))
+      .returning({ tenantId: tenantJwt.tenantId });
+    await tx.update(tenants).set({ keyHash: null }).where(eq(tenants.id, tenantId));
+    return { keys: deleted.length, jwtConfigs: jwt.length };
+  });
+}
+
+/**
+ * `campaigns`: the tenant's rows in every campaign, each campaign's `erased_tenants` raised by as
+ * many in the same transaction, so its counts still add up to what it enrolled.
+ */
+export async function eraseCampaignRows(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<{ campaignRows: number }> {
+  return db.transaction(async (tx) => {
+    const deleted = await tx
+      .delete(campaignTenants)
+      .where(eq(campaignTenants.tenantId, tenantId))
+      .returning({ campaignId: campaignTenants.campaignId });
+    const perCampaign = new Map<string, number>();
+    for (const row of deleted) perCampaign.set(row.campaignId, (perCampaign.get(row.campaignId) ?? 0) + 1);
+    for (const [campaignId, n] of perCampaign) {
+      await tx
+        .update(campaigns)
+        .set({ erasedTenants: sql`${campaigns.erasedTenants} + ${n}`, updatedAt: sql`now()` })
+        .where(eq(campaigns.id, campaignId));
+    }
+    return { campaignRows: deleted.length };
+  });
+}
+
+/** `credentials`: the sealed password (everything else it made lives in the dropped database and role). */
+export async function eraseCredentials(db: ControlPlane, tenantId: string): Promise<{ credentials: number }> {
+  const deleted = await db
+    .delete(tenantCredentials)
+    .where(eq(tenantCredentials.tenantId, tenantId))
+    .returning({ tenantId: tenantCredentials.tenantId });
+  return { credentials: deleted.length };
+}
+
+/**
+ * `usage`: deltas first, then the rollup: a fold that drained deltas into the rollup at the same
+ * moment has committed its rollup by the time the second statement reads it.
+ */
+export async function eraseUsage(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<{ usageDeltas: number; usageRollups: number }> {
+  return db.transaction(async (tx) => {
+    const deltas = await tx
+      .delete(usageDeltas)
+      .where(eq(usageDeltas.tenantId, tenantId))
+      .returning({ seq: usageDeltas.seq });
+    const rollups = await tx
+      .delete(usageRollups)
+      .where(eq(usageRollups.tenantId, tenantId))
+      .returning({ tenantId: usageRollups.tenantId });
+    return { usageDeltas: deltas.length, usageRollups: rollups.length };
+  });
+}
+
+/** `events`: lifecycle events and generation-ledger rows (the audit log keeps its own rows). */
+export async function eraseEvents(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<{ lifecycleEvents: number; generations: number }> {
+  return db.transaction(async (tx) => {
+    const events = await tx
+      .delete(lifecycleEvents)
+      .where(eq(lifecycleEvents.tenantId, tenantId))
+      .returning({ seq: lifecycleEvents.seq });
+    const generations = await tx
+      .delete(generationLedger)
+      .where(eq(generationLedger.tenantId, tenantId))
+      .returning({ generation: generationLedger.generation });
+    return { lifecycleEvents: events.length, generations: generations.length };
+  });
+}
+
+/** Rows that still name the tenant, in every table an earlier stage emptied. */
+async function leftovers(db: Pick<ControlPlane, "execute">, tenantId: string): Promise<EraseLeftovers> {
+  const { rows } = await db.execute<Record<keyof EraseLeftovers, number>>(sql`
+    SELECT
+      (SELECT count(*) FROM ${tenantKeys} WHERE tenant_id = ${tenantId})::int AS "tenantKeys",
+      (SELECT count(*) FROM ${tenantJwt} WHERE tenant_id = ${tenantId})::int AS "tenantJwt",
+      (SELECT count(*) FROM ${campaignTenants} WHERE tenant_id = ${tenantId})::int AS "campaignTenants",
+      (SELECT count(*) FROM ${tenantCredentials} WHERE tenant_id = ${tenantId})::int AS "tenantCredentials",
+      (SELECT count(*) FROM ${usageDeltas} WHERE tenant_id = ${tenantId})::int AS "usageDeltas",
+      (SELECT count(*) FROM ${usageRollups} WHERE tenant_id = ${tenantId})::int AS "usageRollups",
+      (SELECT count(*) FROM ${lifecycleEvents} WHERE tenant_id = ${tenantId})::int AS "lifecycleEvents",
+      (SELECT count(*) FROM ${generationLedger} WHERE tenant_id = ${tenantId})::int AS "generationLedger"`);
+  const row = rows[0];
+  return {
+    tenantKeys: Number(row?.tenantKeys ?? 0),
+    tenantJwt: Number(row?.tenantJwt ?? 0),
+    campaignTenants: Number(row?.campaignTenants ?? 0),
+    tenantCredentials: Number(row?.tenantCredentials ?? 0),
+    usageDeltas: Number(row?.usageDeltas ?? 0),
+    usageRollups: Number(row?.usageRollups ?? 0),
+    lifecycleEvents: Number(row?.lifecycleEvents ?? 0),
+    generationLedger: Number(row?.generationLedger ?? 0),
+  };
+}
+
+export type CommitOutcome =
+  | { kind: "committed"; erasedAt: Date }
+  | { kind: "already"; erasedAt: Date }
+  | { kind: "recheck_failed"; verdict: Extract<RecheckVerdict, { ok: false }> }
+  | { kind: "moved" };
+
+/**
+ * `commit`: one transaction. The tenant's catalog row is locked first (a key issue waits behind
+ * it, then finds no tenant), the re-check runs, and only if nothing was written for the tenant
+ * during the erase: the catalog row goes (its ordinal stays retired: identities never go back),
+ * the job row becomes the tombstone, and the one `tenant.erase` audit row is written. If the
+ * re-check finds rows, the job goes back to the earliest stage that removes them.
+ */
+export function commitErase(db: ControlPlane, job: EraseJob): Promise<CommitOutcome> {
+  return db.transaction(async (tx): Promise<CommitOutcome> => {
+    await tx.select({ id: tenants.id }).from(tenants).where(eq(tenants.id, job.tenantId)).for("update");
+    const [current] = await tx
+      .select()
+      .from(tenantErasures)
+      .where(eq(tenantErasures.ordinal, job.ordinal))
+      .for("update");
+    if (!current) return { kind: "moved" };
+    if (current.state === "erased") return { kind: "already", erasedAt: current.erasedAt ?? new Date() };
+    if (current.stage !== "commit") return { kind: "moved" };
+    const verdict = recheckVerdict(await leftovers(tx, job.tenantId));
+    if (!verdict.ok) {
+      await tx
+        .update(tenantErasures)
+        .set({ stage: verdict.resumeAt, lastError: verdict.summary, updatedAt: sql`now()` })
+        .where(eq(tenantErasures.ordinal, job.ordinal));
+      return { kind: "recheck_failed", verdict };
+    }
+    await tx.delete(tenants).where(and(eq(tenants.id, job.tenantId), eq(tenants.ordinal, job.ordinal)));
+    const [tomb] = await tx
+      .update(tenantErasures)
+      .set({
+        state: "erased",
+        erasedAt: sql`now()`,
+        updatedAt: sql`now()`,
+        lastError: null,
+        databaseName: null,
+        roleName: null,
+      })
+      .where(eq(tenantErasures.ordinal, job.ordinal))
+      .returning();
+    const erasedAt = tomb?.erasedAt ?? new Date();
+    await writeAudit(tx, {
+      actor: current.actor,
+      action: "tenant.erase",
+      tenantId: job.tenantId,
+      detail: {
+        ordinal: job.ordinal,
+        requestedAt: current.startedAt.toISOString(),
+        erasedAt: erasedAt.toISOString(),
+        forced: current.forced,
+        attempts: current.attempts,
+        stages: current.counts,
+      },
+    });
+    return { kind: "committed", erasedAt };
+  });
+}

@@ -1,0 +1,507 @@
+/**
+ * Tenant erase, run by the tenant's own object (docs/adr/011-erase-stage-order.md).
+ *
+ * `request` closes the gate before it answers: in this object at once (no await between the checks
+ * and the close, so no lease or migration slips in), in the catalog (the tenant row is `erasing`,
+ * the job's first progress row written, in one transaction), and in the host's budget (no pool of
+ * the tenant is admitted). Then the stages run, each idempotent, each recorded in the job's
+ * progress row (control plane) before the next one starts:
+ *
+ *     keys → leases → pool → campaigns → database → credentials → usage → events → object → commit
+ *
+ * The runner is single-flight in the object. It is started by the request (through the alarm), and
+ * resumed by the alarm with backoff after a failure, and by the cron trigger (`erase-resume`) when
+ * the object lost its memory (killed, or wiped by the `object` stage itself). A stage that fails
+ * records why (`lastError`) and when it may be tried again; one the runner cannot even record (the
+ * control plane is down) is kept here and recorded with the next attempt.
+ */
+import { withControlPlane } from "../control-plane/index.ts";
+import { type EraseStage, eraseRequestDecision, eraseRetryDelay, stageAfter } from "../core/erase.ts";
+import { initialLifecycle } from "../core/lifecycle.ts";
+import {
+  type DatabaseRemoval,
+  localPostgresProvider,
+  type TenantDatabaseProvider,
+} from "../erase/database-provider.ts";
+import {
+  advanceErase,
+  commitErase,
+  type EraseJob,
+  eraseCampaignRows,
+  eraseCredentials,
+  eraseEvents,
+  eraseKeys,
+  eraseUsage,
+  loadEraseOf,
+  openErase,
+  recordEraseFailure,
+} from "../erase/store.ts";
+import { type EraseStep, eraseHooksForTests, InterruptedForTests } from "../erase/test-hooks.ts";
+import { describeFailure, LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import type { EraseAnswer, EraseStatus } from "../rpc/tenant.ts";
+import { zeroUsage } from "../usage/index.ts";
+import { asLessorError } from "./answers.ts";
+import type { TenantAuth } from "./auth.ts";
+import type { TenantPool } from "./pool.ts";
+import type { EraseGate, TenantRuntime } from "./runtime.ts";
+import type { SessionLeases } from "./sessions.ts";
+
+/** Claims older than this are dead, as the campaign runner presumes (core/campaign.ts). */
+const campaignClaimTimeoutMs = 10 * 60_000;
+/** Stages one run takes at most before it yields to the next alarm (a re-check loop cannot spin). */
+const stagesPerRun = 40;
+/** After forcing, how long the leases get to let go of their connections. */
+const forcedEndWaitMs = 10_000;
+
+export class TenantErase {
+  private running: Promise<void> | null = null;
+  private opening: Promise<unknown> | null = null;
+  /** Consecutive failed attempts in this instance (the backoff). */
+  private failures = 0;
+  /** Failed attempts the control plane has not heard of yet (it could not be reached). */
+  private unrecorded: { failures: number; message: string } | null = null;
+  /** Epoch ms before which the runner does not try again after a failure. */
+  private retryAt = 0;
+  private readonly provider: TenantDatabaseProvider;
+
+  constructor(
+    private readonly rt: TenantRuntime,
+    private readonly auth: TenantAuth,
+    private readonly pool: TenantPool,
+    private readonly sessions: SessionLeases,
+  ) {
+    this.provider = localPostgresProvider(rt.env, rt.config);
+  }
+
+  // ── The gate ───────────────────────────────────────────────────────────────────────────────────
+
+  /**
+   * Starts the erase, or answers the one already running (concurrent requests share the gate).
+   * Answers only once the gate is closed.
+   */
+  async request(tenantId: string, actor: string, force: boolean): Promise<EraseAnswer> {
+    try {
+      // Requests one after the other: the second finds the gate the first closed.
+      for (let waited = 0; this.opening && waited < 10; waited++) await this.opening.catch(() => undefined);
+      const opened = this.open(tenantId, actor, force);
+      this.opening = opened;
+      try {
+        return { ok: true, status: await opened };
+      } finally {
+        if (this.opening === opened) this.opening = null;
+      }
+    } catch (error) {
+      return { ok: false, error: asLessorError(tenantId, error).toWire() };
+    }
+  }
+
+  private async open(tenantId: string, actor: string, force: boolean): Promise<EraseStatus> {
+    const rt = this.rt;
+    if (rt.erase?.tenantId === tenantId) {
+      if (rt.erase.state === "erased" && !rt.record) throw erasedError(rt.erase.erasedAt);
+      if (rt.erase.state === "erasing") return this.statusOrGate(tenantId);
+    }
+    const record = await this.auth.resolve(tenantId);
+    if (!record) {
+      // Unknown; or erased; or erasing while this object has forgotten it (restarted after its
+      // storage was wiped): the control plane says which.
+      const job = await withControlPlane(rt.config, rt.env, (db) => loadEraseOf(db, tenantId));
+      if (!job) throw new LessorError("tenant_not_found");
+      if (job.state === "erased") throw erasedError(job.erasedAt?.getTime() ?? null);
+      this.adopt(job);
+      await this.kick();
+      return statusOf(job);
+    }
+    const decision = eraseRequestDecision({
+      pinned: rt.pinned,
+      force,
+      migrating: rt.lifecycle.migrating,
+      claimedByCampaign: false,
+    });
+    if (decision.kind === "refuse") throw new LessorError(decision.code);
+    // The gate closes here, before any await: a request, lease or migration that comes in while
+    // the catalog is written is refused already.
+    rt.erase = {
+      tenantId,
+      ordinal: 0,
+      state: "erasing",
+      keyIds: record.keys.map((key) => key.keyId),
+      startedAt: Date.now(),
+      erasedAt: null,
+    };
+    let outcome: Awaited<ReturnType<typeof openErase>>;
+    try {
+      outcome = await withControlPlane(rt.config, rt.env, (db) =>
+        openErase(db, { tenantId, actor, forced: force, claimTimeoutMs: campaignClaimTimeoutMs }),
+      );
+    } catch (error) {
+      rt.erase = null;
+      throw error;
+    }
+    if (outcome.kind === "refused" || outcome.kind === "not_found") {
+      rt.erase = null;
+      throw new LessorError(outcome.kind === "refused" ? outcome.code : "tenant_not_found");
+    }
+    this.adopt(outcome.job);
+    await rt
+      .budget(outcome.job.host)
+      .closeTenant(tenantId)
+      .catch((error: unknown) =>
+        // The `pool` stage closes it again; until then this object's gate refuses every start.
+        logEvent("warn", "erase_budget_close_failed", { tenant: tenantId, failure: describeFailure(error) }),
+      );
+    if (outcome.kind === "started") {
+      logEvent("info", "erase_started", {
+        tenant: tenantId,
+        ordinal: outcome.job.ordinal,
+        actor,
+        forced: force,
+      });
+    }
+    await this.step(tenantId, { point: "gate", stage: null });
+    await this.kick();
+    return statusOf(outcome.job);
+  }
+
+  /** The job's status from the control plane (what a repeated request answers). */
+  private async statusOrGate(tenantId: string): Promise<EraseStatus> {
+    const job = await withControlPlane(this.rt.config, this.rt.env, (db) => loadEraseOf(db, tenantId));
+    if (!job) throw new LessorError("tenant_not_found");
+    if (job.state === "erased") throw erasedError(job.erasedAt?.getTime() ?? null);
+    await this.kick();
+    return statusOf(job);
+  }
+
+  /** Takes the job's gate into this object (memory, and storage while it still exists). */
+  private adopt(job: EraseJob): void {
+    const gate: EraseGate = {
+      tenantId: job.tenantId,
+      ordinal: job.ordinal,
+      state: "erasing",
+      keyIds: job.keyIds,
+      startedAt: job.startedAt.getTime(),
+      erasedAt: null,
+    };
+    this.rt.erase = gate;
+    if (this.rt.storage.isOpen) this.rt.storage.write("erase", gate);
+  }
+
+  /** Runs the stages soon, from the alarm (so the request is answered first). */
+  private async kick(): Promise<void> {
+    if (this.rt.erasing) await this.rt.ctx.storage.setAlarm(Math.max(Date.now(), this.retryAt));
+  }
+
+  // ── The runner ─────────────────────────────────────────────────────────────────────────────────
+
+  /**
+   * Runs the job from its progress row until it commits, fails (then the alarm retries, with
+   * backoff) or yields. Single-flight: a second caller waits for the run in progress. Answers the
+   * job's status afterwards.
+   */
+  async resume(tenantId: string): Promise<EraseAnswer> {
+    try {
+      this.running ??= this.run(tenantId).finally(() => {
+        this.running = null;
+      });
+      await this.running;
+      return { ok: true, status: await this.currentStatus(tenantId) };
+    } catch (error) {
+      return { ok: false, error: asLessorError(tenantId, error).toWire() };
+    }
+  }
+
+  /** The alarm's part: resume a running erase whose retry is due, or re-arm for when it is. */
+  async tick(): Promise<void> {
+    const gate = this.rt.erase;
+    if (gate?.state !== "erasing") return;
+    if (Date.now() < this.retryAt) {
+      await this.rt.ctx.storage.setAlarm(this.retryAt);
+      return;
+    }
+    await this.resume(gate.tenantId);
+  }
+
+  private async currentStatus(tenantId: string): Promise<EraseStatus> {
+    const gate = this.rt.erase;
+    if (gate?.state === "erased")
+      return { state: "erased", erasedAt: new Date(gate.erasedAt ?? 0).toISOString() };
+    const job = await withControlPlane(this.rt.config, this.rt.env, (db) => loadEraseOf(db, tenantId));
+    if (!job) throw new LessorError("erase_not_found");
+    return statusOf(job);
+  }
+
+  private async run(tenantId: string): Promise<void> {
+    const rt = this.rt;
+    for (let taken = 0; taken < stagesPerRun; taken++) {
+      let job: EraseJob | null;
+      try {
+        job = await withControlPlane(rt.config, rt.env, async (db) => {
+          const found = await loadEraseOf(db, tenantId);
+          // A failure the control plane could not hear of when it happened is recorded now.
+          if (found?.state === "erasing" && this.unrecorded) {
+            await recordEraseFailure(db, found.ordinal, this.unrecorded.failures, this.unrecorded.message, 0);
+            this.unrecorded = null;
+          }
+          return found;
+        });
+      } catch (error) {
+        await this.failed(tenantId, null, null, error);
+        return;
+      }
+      if (!job) return;
+      const current: EraseJob = job;
+      if (current.state === "erased") {
+        await this.finished(current.keyIds, current.erasedAt?.getTime() ?? Date.now());
+        return;
+      }
+      this.adopt(current);
+      const stage = current.stage;
+      let counts: Record<string, number>;
+      try {
+        await this.step(tenantId, { point: "started", stage });
+        if (stage === "commit") {
+          const outcome = await withControlPlane(rt.config, rt.env, (db) => commitErase(db, current));
+          if (outcome.kind === "recheck_failed") {
+            // The stage the re-check named removes what was written meanwhile; run on from there.
+            logEvent("warn", "erase_recheck_failed", { tenant: tenantId, summary: outcome.verdict.summary });
+            continue;
+          }
+          if (outcome.kind === "moved") continue;
+          await this.step(tenantId, { point: "worked", stage });
+          await this.finished(current.keyIds, outcome.erasedAt.getTime());
+          logEvent("info", "erase_committed", { tenant: tenantId, ordinal: current.ordinal });
+          await this.step(tenantId, { point: "recorded", stage });
+          return;
+        }
+        counts = await this.runStage(current, stage);
+        await this.step(tenantId, { point: "worked", stage });
+        const next = stageAfter(stage) ?? "commit";
+        // A stage the re-check sent the job back to adds what it removed this time.
+        const total = addCounts(current.counts[stage] ?? {}, counts);
+        await withControlPlane(rt.config, rt.env, (db) =>
+          advanceErase(db, current.ordinal, stage, next, total),
+        );
+        this.failures = 0;
+        this.retryAt = 0;
+        logEvent("info", "erase_stage_done", { tenant: tenantId, stage, ...counts });
+        await this.step(tenantId, { point: "recorded", stage });
+      } catch (error) {
+        if (error instanceof InterruptedForTests) return;
+        await this.failed(tenantId, stage, current.ordinal, error);
+        return;
+      }
+    }
+    // A run that keeps being sent back by the re-check yields; the alarm takes it up again.
+    await rt.ctx.storage.setAlarm(Date.now() + 1_000);
+  }
+
+  /** Records a failed attempt (here, and in the control plane if it answers) and arms the retry. */
+  private async failed(
+    tenantId: string,
+    stage: EraseStage | null,
+    ordinal: number | null,
+    error: unknown,
+  ): Promise<void> {
+    const rt = this.rt;
+    this.failures++;
+    const delay = eraseRetryDelay(this.failures, Math.random());
+    this.retryAt = Date.now() + delay;
+    const message = `${stage ?? "load"}: ${describeFailure(error)}`;
+    logEvent("warn", "erase_stage_failed", {
+      tenant: tenantId,
+      stage,
+      attempt: this.failures,
+      failure: message,
+    });
+    await this.step(tenantId, { point: "failed", stage, message }).catch(() => undefined);
+    const pending = { failures: (this.unrecorded?.failures ?? 0) + 1, message };
+    const target = ordinal ?? rt.erase?.ordinal ?? null;
+    try {
+      if (target === null || target === 0) throw new Error("no job to record the failure on");
+      await withControlPlane(rt.config, rt.env, (db) =>
+        recordEraseFailure(db, target, pending.failures, message, delay),
+      );
+      this.unrecorded = null;
+    } catch {
+      this.unrecorded = pending;
+    }
+    await rt.ctx.storage.setAlarm(this.retryAt);
+  }
+
+  /** The commit happened: the object answers `410` for the erased keys, and holds nothing else. */
+  private async finished(keyIds: string[], erasedAt: number): Promise<void> {
+    const gate = this.rt.erase;
+    this.rt.erase = {
+      tenantId: gate?.tenantId ?? "",
+      ordinal: gate?.ordinal ?? 0,
+      state: "erased",
+      keyIds,
+      startedAt: gate?.startedAt ?? erasedAt,
+      erasedAt,
+    };
+    this.auth.rememberErased(keyIds, erasedAt);
+    this.failures = 0;
+    this.retryAt = 0;
+    await this.rt.ctx.storage.deleteAlarm();
+  }
+
+  private async step(tenantId: string, step: EraseStep): Promise<void> {
+    const hook = eraseHooksForTests.onStep;
+    if (!hook) return;
+    await hook({ tenantId, step, abortObject: (reason) => this.rt.ctx.abort(reason) });
+  }
+
+  // ── The stages ─────────────────────────────────────────────────────────────────────────────────
+
+  private runStage(job: EraseJob, stage: Exclude<EraseStage, "commit">): Promise<Record<string, number>> {
+    switch (stage) {
+      case "keys":
+        return this.keys(job);
+      case "leases":
+        return this.leases();
+      case "pool":
+        return this.stopPool(job);
+      case "campaigns":
+        return this.onControlPlane((db) => eraseCampaignRows(db, job.tenantId));
+      case "database":
+        return this.database(job);
+      case "credentials":
+        return this.onControlPlane((db) => eraseCredentials(db, job.tenantId));
+      case "usage":
+        this.rt.usage = { ...zeroUsage };
+        return this.onControlPlane((db) => eraseUsage(db, job.tenantId));
+      case "events":
+        return this.onControlPlane((db) => eraseEvents(db, job.tenantId));
+      case "object":
+        return this.wipeObject(job);
+    }
+  }
+
+  private onControlPlane<T extends Record<string, number>>(
+    work: Parameters<typeof withControlPlane<T>>[2],
+  ): Promise<T> {
+    return withControlPlane(this.rt.config, this.rt.env, work);
+  }
+
+  /**
+   * `keys`: every key's hash goes from the catalog, so no request can authenticate again anywhere.
+   * The object keeps only the keys that opened a live session lease, so their owners can finish
+   * (the next stage ends those leases).
+   */
+  private async keys(job: EraseJob): Promise<Record<string, number>> {
+    const counts = await this.onControlPlane((db) => eraseKeys(db, job.tenantId));
+    const record = this.rt.record;
+    if (record) {
+      const held = new Set(this.sessions.all().map((session) => session.keyId));
+      this.rt.record = { ...record, keys: record.keys.filter((key) => held.has(key.keyId)) };
+      if (this.rt.storage.isOpen) this.rt.storage.write("record", this.rt.record);
+    }
+    return counts;
+  }
+
+  /**
+   * `leases`: waits up to `LESSOR_ERASE_LEASE_WAIT_MS` for running statements and session leases to
+   * end; then ends them (session leases' connections closed, their transactions rolled back; a
+   * statement still running has its backend terminated) and records how many.
+   */
+  private async leases(): Promise<Record<string, number>> {
+    const rt = this.rt;
+    const started = Date.now();
+    const held = this.pool.leases;
+    let ended = await this.pool.waitForNoLeases(rt.config.eraseLeaseWaitMs);
+    let forcedSessions = 0;
+    let backendsEnded = 0;
+    if (!ended) {
+      for (const session of this.sessions.all()) {
+        this.sessions.end(session, new Error("tenant erased"), "lost");
+        forcedSessions++;
+      }
+      ended = await this.pool.waitForNoLeases(1_000);
+      if (!ended && rt.record) {
+        backendsEnded = await this.pool.credentials.fence(rt.record, "erase");
+        ended = await this.pool.waitForNoLeases(forcedEndWaitMs);
+      }
+      if (!ended) throw new Error(`${this.pool.leases} lease(s) would not end`);
+      logEvent("warn", "erase_leases_forced", { tenant: rt.tenantId, forcedSessions, backendsEnded });
+    }
+    return { leasesHeld: held, waitedMs: Date.now() - started, forcedSessions, backendsEnded };
+  }
+
+  /**
+   * `pool`: stops the pool (every connection of the generation closes, then its budget goes), and
+   * leaves nothing of the tenant in the budget's ledger, whatever generation a restart left there.
+   */
+  private async stopPool(job: EraseJob): Promise<Record<string, number>> {
+    const rt = this.rt;
+    await this.pool.settleStart();
+    const generation = rt.lifecycle.generation;
+    const wasOpen = this.pool.isOpen;
+    await this.pool.stop("erase");
+    const budget = rt.budget(job.host);
+    await budget.closeTenant(job.tenantId);
+    const released = await budget.releaseTenant(job.host, job.tenantId);
+    return { generation, poolsStopped: wasOpen ? 1 : 0, allocationsReleased: released };
+  }
+
+  /** `database`: the provider removes the database and the role (idempotent). */
+  private async database(job: EraseJob): Promise<Record<string, number>> {
+    if (job.databaseName === null || job.roleName === null) return { databases: 0, roles: 0 };
+    const removed: DatabaseRemoval = await this.provider.remove({
+      tenantId: job.tenantId,
+      host: job.host,
+      databaseName: job.databaseName,
+      roleName: job.roleName,
+    });
+    return { ...removed };
+  }
+
+  /**
+   * `object`: the object's own storage (record, lifecycle, outboxes, lease tokens, alarm) is
+   * deleted, and its memory of the tenant with it; the budget forgets the tenant was closed. Only
+   * the gate stays, in memory, until the commit.
+   */
+  private async wipeObject(job: EraseJob): Promise<Record<string, number>> {
+    const rt = this.rt;
+    const rows = rt.storage.rowCounts();
+    await rt.ctx.storage.deleteAlarm();
+    await rt.ctx.storage.deleteAll();
+    rt.storage.forgetTables();
+    rt.record = null;
+    rt.lifecycle = initialLifecycle;
+    rt.pinned = false;
+    rt.fencePending = false;
+    rt.usage = { ...zeroUsage };
+    rt.keyUses.clear();
+    await rt.budget(job.host).reopenTenant(job.tenantId);
+    return { outboxRows: rows.outbox + rows.usageOutbox, sessionTokens: rows.sessionTokens };
+  }
+}
+
+function addCounts(before: Record<string, number>, now: Record<string, number>): Record<string, number> {
+  const sum: Record<string, number> = { ...before };
+  for (const [name, n] of Object.entries(now)) {
+    // Times (waitedMs) and the generation are not amounts: the last one stands.
+    sum[name] = name === "waitedMs" || name === "generation" ? n : (sum[name] ?? 0) + n;
+  }
+  return sum;
+}
+
+function statusOf(job: EraseJob): EraseStatus {
+  if (job.state === "erased") {
+    return { state: "erased", erasedAt: (job.erasedAt ?? job.updatedAt).toISOString() };
+  }
+  return {
+    state: "erasing",
+    stage: job.stage,
+    startedAt: job.startedAt.toISOString(),
+    attempts: job.attempts,
+    lastError: job.lastError,
+  };
+}
+
+function erasedError(erasedAt: number | null): LessorError {
+  return new LessorError("tenant_erased", {
+    details: erasedAt === null ? {} : { erasedAt: new Date(erasedAt).toISOString() },
+  });
+}

@@ -87,7 +87,8 @@ const idleTenantCount = setting("PEERS_IDLE_TENANTS", 500, 10, 500);
 const stormTenantCount = Math.min(idleTenantCount, setting("PEERS_STORM_TENANTS", 200, 10, 200));
 const stormPerTenant = 5;
 const stormMaxConnections = 100;
-const stormBudget = { connections: 50, reserve: 0 };
+// 50 in all for Lessor on the host, 2 of them the maintenance reserve (a reserve of 0 is refused since issue 16).
+const stormBudget = { connections: 50, reserve: 2 };
 const stormDeadlineMs = setting("PEERS_STORM_DEADLINE_MS", 240_000, 10_000, 600_000);
 const forcedSharedDeadlineMs = Math.min(stormDeadlineMs, 60_000);
 const idleWatchMs = setting("PEERS_IDLE_WATCH_MS", 125_000, 10_000, 300_000);

@@ -1259,7 +1259,7 @@ async function main(): Promise<number> {
     if (
       !ledger ||
       ledger.allocated + ledger.reserved + ledger.draining !== 0 ||
-      ledger.poolCapacity !== stormBudget.connections
+      ledger.poolCapacity !== stormBudget.connections - stormBudget.reserve
     )
       throw new Error(`the budget is not empty before the storm: ${JSON.stringify(before)}`);
     // What the Worker logged during the storm, by event (and reason or code): why starts failed.

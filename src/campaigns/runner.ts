@@ -24,6 +24,7 @@ import {
   campaignLimits,
   contractGuard,
   decidePhase,
+  deferredResult,
   finishedStates,
   type MigrateAnswer,
   resultOfAttempt,
@@ -68,7 +69,7 @@ export interface CampaignTickReport {
   succeeded: number;
   failed: number;
   skipped: number;
-  /** Migrations still running when the tick's time ran out; their claims go stale and are retried. */
+  /** Migrations still running when the tick's time ran out; deferred to a later tick (`still_running`). */
   abandoned: number;
   blocked: string | null;
 }
@@ -289,13 +290,15 @@ async function migrateAndRecord(
     callMigrate(env, tenant.tenantId, campaign.toVersion, campaign.drainTimeoutMs),
     remaining,
   );
-  if (answer === "deadline") {
-    // The migration goes on inside the TenantObject. Its claim goes stale, and a later tick
-    // claims it again and finds the work done (or still in progress: skipped, retried).
-    report.abandoned++;
-    return;
-  }
-  const result: TenantResult = resultOfAttempt(answer, tenant.attempts, ctx.clock());
+  // The tick's time ran out with the migration still running inside the TenantObject (it goes on
+  // there, under its own deadline). The tenant is deferred like a busy one, so a later tick asks
+  // again and finds the work done, rather than its claim blocking the host's cap until the claim
+  // timeout.
+  if (answer === "deadline") report.abandoned++;
+  const result: TenantResult =
+    answer === "deadline"
+      ? deferredResult("still_running", ctx.clock())
+      : resultOfAttempt(answer, tenant.attempts, ctx.clock());
   ctx.steps.take(`record:${tenant.tenantId}`);
   const recorded = await recordResult(db, {
     campaignId: campaign.id,

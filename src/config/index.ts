@@ -175,11 +175,11 @@ export function loadConfig(env: Env): LessorConfig {
     ),
     keyMacRing,
     maxKeysPerTenant: positiveInt("LESSOR_MAX_KEYS_PER_TENANT", vars.LESSOR_MAX_KEYS_PER_TENANT, 5),
-    controlPlaneShards: positiveInt("LESSOR_CONTROL_PLANE_SHARDS", vars.LESSOR_CONTROL_PLANE_SHARDS, 2),
+    controlPlaneShards: positiveInt("LESSOR_CONTROL_PLANE_SHARDS", vars.LESSOR_CONTROL_PLANE_SHARDS, 8),
     controlPlanePoolSize: positiveInt(
       "LESSOR_CONTROL_PLANE_POOL_SIZE",
       vars.LESSOR_CONTROL_PLANE_POOL_SIZE,
-      4,
+      8,
     ),
     credentialRotationDays:
       vars.LESSOR_CREDENTIAL_ROTATION_DAYS && vars.LESSOR_CREDENTIAL_ROTATION_DAYS !== "0"

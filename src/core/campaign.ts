@@ -531,6 +531,16 @@ export function retryDelayMs(attempts: number): number {
 }
 
 /**
+ * A tenant put off to a later tick for a reason that is not its own (the host's maintenance reserve
+ * was full, or the tick's time ran out while its migration still ran): retried after the first
+ * back-off step, never given up on. The migration is bounded on its own (`LESSOR_MIGRATION_TIMEOUT_MS`),
+ * so a later attempt finds it done or failed.
+ */
+export function deferredResult(reason: string, now: number): TenantResult {
+  return { state: "skipped", reason, retryAt: now + retryDelayMs(1) };
+}
+
+/**
  * What one `migrate` call (or its failure to answer) means for the tenant. `attempts` counts this
  * one. Held leases and a migration already in progress are retried later, up to `maxAttempts`;
  * an unknown (erased) tenant is skipped for good; an unanswered call is retried (the database's
@@ -569,8 +579,7 @@ export function resultOfAttempt(
         return { state: "skipped", reason, retryAt: null };
       }
       // The host's maintenance reserve was full: deferred to a later tick, never given up on.
-      if (answer.reason === "maintenance_busy")
-        return { state: "skipped", reason, retryAt: now + retryDelayMs(1) };
+      if (answer.reason === "maintenance_busy") return deferredResult(reason, now);
       return exhausted
         ? { state: "skipped", reason: `${reason}; gave up after ${attempts} attempts`, retryAt: null }
         : { state: "skipped", reason, retryAt: now + retryDelayMs(attempts) };

@@ -452,7 +452,17 @@ export class TenantPool {
   private async start(record: TenantRecord): Promise<void> {
     const rt = this.rt;
     rt.apply(beginStart(rt.lifecycle), rt.lifecycle.state === "failed" ? "retry" : "demand");
-    let generation = rt.lifecycle.generation;
+    // The control-plane work comes before the budget admission, so a start never holds a share of
+    // the host's budget while it waits for a control-plane session: in a storm of cold starts the
+    // budget goes to starts that are ready to connect. A start the budget then refuses leaves its
+    // generation number claimed in the ledger, unused (numbers only need to be unique).
+    let sealed: string;
+    try {
+      sealed = await this.claimGeneration(record);
+    } catch (error) {
+      throw await this.startFailed(error);
+    }
+    const generation = rt.lifecycle.generation;
     const budget = rt.budget(record.host);
     let admitted: AdmitResult;
     try {
@@ -475,35 +485,6 @@ export class TenantPool {
     }
     let pool: Pool | null = null;
     try {
-      const sealed = await withControlPlane(rt.config, rt.env, async (db) => {
-        // Insert-only ledger: a conflict means this generation was taken; move past it.
-        for (
-          let tries = 0;
-          !(await appendGeneration(db, record.tenantId, generation, record.poolSize));
-          tries++
-        ) {
-          if (tries >= 3) {
-            throw new LessorError("internal", { internal: "generation ledger kept conflicting" });
-          }
-          const taken = generation;
-          rt.apply(
-            skipGeneration(rt.lifecycle, await highestGeneration(db, record.tenantId)),
-            "generation_taken",
-          );
-          generation = rt.lifecycle.generation;
-          await budget.release(record.host, record.tenantId, taken);
-          const again = await budget.admit(record.host, record.tenantId, generation, record.poolSize);
-          if (!again.granted) {
-            throw new LessorError("capacity_saturated", { retryAfterSeconds: again.retryAfterMs / 1000 });
-          }
-        }
-        const events = rt.storage.pendingEvents();
-        await appendLifecycleEvents(db, record.tenantId, events);
-        const last = events.at(-1);
-        if (last) rt.storage.forgetEvents(last.seq);
-        return loadSealedPassword(db, record.tenantId);
-      });
-      if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
       const credential = await this.credentials.open(record, sealed);
       this.jwtCredential = await this.credentials.openJwt(record, credential);
       pool = this.open(record, generation, credential);
@@ -521,30 +502,69 @@ export class TenantPool {
     } catch (error) {
       if (pool) await pool.end().catch(() => undefined);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
-      if (error instanceof LessorError && error.code === "capacity_saturated") {
-        rt.apply(startRefused(rt.lifecycle), "capacity_saturated");
-        throw error;
-      }
-      if (error instanceof LessorError && error.code === "control_plane_unavailable") {
-        // Not the tenant's fault, and no connection was opened: no backoff, the caller retries.
-        rt.apply(startRefused(rt.lifecycle), "control_plane_unavailable");
-        throw error;
-      }
-      const reason: FailureReason = classifyStartFailure(error);
-      logEvent("warn", "pool_start_failed", {
-        tenant: record.tenantId,
-        generation,
-        reason,
-        failure: describeFailure(error),
-      });
-      rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
-      await rt.ensureAlarm(Date.now() + 1_000);
-      const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
-      throw new LessorError("tenant_starting_failed", {
-        internal: `start failed (${reason})`,
-        retryAfterSeconds: (retryAt - Date.now()) / 1000,
-      });
+      throw await this.startFailed(error);
     }
+  }
+
+  /**
+   * Settles a start that did not come up: the lifecycle learns why, and the error to answer with is
+   * returned. A refusal (no budget, no control plane) opened no connection and needs no backoff; a
+   * failure of the tenant's database backs off (`startFailed`).
+   */
+  private async startFailed(error: unknown): Promise<LessorError> {
+    const rt = this.rt;
+    if (
+      error instanceof LessorError &&
+      (error.code === "capacity_saturated" || error.code === "control_plane_unavailable")
+    ) {
+      rt.apply(startRefused(rt.lifecycle), error.code);
+      return error;
+    }
+    const reason: FailureReason = classifyStartFailure(error);
+    logEvent("warn", "pool_start_failed", {
+      tenant: rt.record?.tenantId,
+      generation: rt.lifecycle.generation,
+      reason,
+      failure: describeFailure(error),
+    });
+    rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
+    await rt.ensureAlarm(Date.now() + 1_000);
+    const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
+    return new LessorError("tenant_starting_failed", {
+      internal: `start failed (${reason})`,
+      retryAfterSeconds: (retryAt - Date.now()) / 1000,
+    });
+  }
+
+  /**
+   * One control-plane session for a start: claims the lifecycle's generation in the insert-only
+   * ledger (moving past a number another start took), hands over the pending lifecycle events, and
+   * loads the sealed credential.
+   */
+  private async claimGeneration(record: TenantRecord): Promise<string> {
+    const rt = this.rt;
+    const sealed = await withControlPlane(rt.config, rt.env, async (db) => {
+      for (
+        let tries = 0;
+        !(await appendGeneration(db, record.tenantId, rt.lifecycle.generation, record.poolSize));
+        tries++
+      ) {
+        if (tries >= 3) {
+          throw new LessorError("internal", { internal: "generation ledger kept conflicting" });
+        }
+        rt.apply(
+          skipGeneration(rt.lifecycle, await highestGeneration(db, record.tenantId)),
+          "generation_taken",
+        );
+      }
+      const events = rt.storage.pendingEvents();
+      await appendLifecycleEvents(db, record.tenantId, events);
+      const last = events.at(-1);
+      if (last) rt.storage.forgetEvents(last.seq);
+      return loadSealedPassword(db, record.tenantId);
+    });
+    if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
+    return sealed;
   }
 
   /**

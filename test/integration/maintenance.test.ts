@@ -14,6 +14,7 @@ import { unseal } from "../../src/crypto/seal.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import { sessionLimits, tenantCredential } from "../../src/tenant-db/connect.ts";
+import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
 import { reapOrphanBackends } from "../../src/tenant-db/orphans.ts";
 import {
   admin,
@@ -290,6 +291,46 @@ describe("maintenance connections are leased from the budget", () => {
     expect((await upgradeOnDemand(tenant, 2)).at(-1)).toBe(200);
     expect(await databaseVersion(tenant)).toBe(2);
   });
+
+  it("a migration still running when the tick's time runs out is deferred to a later tick, not left claimed until the claim timeout", async () => {
+    const [tenant] = await newTenants("mnt-slow", 1);
+    if (!tenant) throw new Error("no tenant");
+    await rollBackToV1([tenant]);
+    const created = await admin("/v1/campaigns", {
+      method: "POST",
+      json: { toVersion: 2, tenants: [tenant.id], force: true },
+    });
+    const { campaign } = await created.json<{ campaign: { id: string } }>();
+    const view = async () =>
+      (await admin(`/v1/campaigns/${campaign.id}?limit=10`)).json<{
+        campaign: { state: string };
+        tenants: { state: string; skipReason: string | null }[];
+      }>();
+    await asSuperuser(async (lock) => {
+      // Hold the migrator's lock: the tick's migration waits past the tick's deadline.
+      await lock.query("SELECT pg_advisory_lock($1)", [migrationLockKey]);
+      try {
+        const tick = await runCampaignTick(env, { campaignId: campaign.id, deadlineMs: 8_000 });
+        expect(tick.campaigns[0]).toMatchObject({ claimed: 1, abandoned: 1, failed: 0 });
+        const deferred = await view();
+        expect(deferred.campaign.state).not.toBe("failed");
+        expect(deferred.tenants[0]).toMatchObject({ state: "skipped", skipReason: "still_running" });
+      } finally {
+        await lock.query("SELECT pg_advisory_unlock($1)", [migrationLockKey]);
+      }
+    }, tenant.database);
+    // The object's migration goes on under its own deadline and finishes.
+    await pollUntil(
+      () => databaseVersion(tenant),
+      (version) => version === 2,
+      { attempts: 100, intervalMs: 100 },
+    );
+    // Past the first back-off step (30 s) but well inside the 10-minute claim timeout: a later tick
+    // asks again, finds the work done, and records it.
+    const later = await runCampaignTick(env, { campaignId: campaign.id, now: Date.now() + 31_000 });
+    expect(later.campaigns[0]).toMatchObject({ claimed: 1, succeeded: 1 });
+    expect((await view()).tenants[0]).toMatchObject({ state: "succeeded" });
+  }, 120_000);
 
   it("a slot whose holder died comes back when its hold runs out, and a waiter gets it", async () => {
     const budget = env.BUDGETS.getByName(host);

@@ -115,7 +115,7 @@ function loadRing(secret: string): Promise<SealRing> {
   return ring;
 }
 
-function v2AdditionalData(keyId: string, tenantId: string): Uint8Array<ArrayBuffer> {
+function v2AdditionalData(keyId: string, tenantId: string): Uint8Array {
   // The key id cannot hold '|', so the tenant id (last) cannot shift what the key id means.
   return new TextEncoder().encode(`lessor-seal-v2|${keyId}|${tenantId}`);
 }
@@ -124,7 +124,7 @@ interface SealedParts {
   keyId: string;
   iv: string;
   ciphertext: string;
-  additionalData: Uint8Array<ArrayBuffer>;
+  additionalData: Uint8Array;
 }
 
 function parseSealed(sealed: string, tenantId: string): SealedParts | null {
@@ -147,15 +147,25 @@ export function sealKeyIdOf(sealed: string): string | null {
   return parseSealed(sealed, "")?.keyId ?? null;
 }
 
-/**
- * Prefixes of the values sealed under the ring's current key, for the catalog query that finds
- * the ones still to reseal (`v1.` counts when the current key is `k0`).
- */
-export async function currentSealPrefixes(secret: string): Promise<{ keyId: string; prefixes: string[] }> {
+/** What a ring holds, by id only (never key material). */
+export interface SealRingSummary {
+  /** The key new seals use. */
+  current: string;
+  keyIds: readonly string[];
+  /**
+   * Prefixes of the values sealed under the current key, for the catalog query that finds the
+   * ones still to reseal (`v1.` counts when the current key is `k0`).
+   */
+  currentPrefixes: readonly string[];
+}
+
+/** The ring of `secret` by ids; `misconfigured` if it does not parse. */
+export async function sealRingSummary(secret: string): Promise<SealRingSummary> {
   const ring = await loadRing(secret);
   return {
-    keyId: ring.current,
-    prefixes: [`v2.${ring.current}.`, ...(ring.current === legacySealKeyId ? ["v1."] : [])],
+    current: ring.current,
+    keyIds: [...ring.keys.keys()],
+    currentPrefixes: [`v2.${ring.current}.`, ...(ring.current === legacySealKeyId ? ["v1."] : [])],
   };
 }
 
@@ -229,7 +239,7 @@ export async function resealUnderCurrentKey(
   tenantId: string,
   sealed: string,
 ): Promise<string | null> {
-  const { prefixes } = await currentSealPrefixes(secret);
-  if (prefixes.some((prefix) => sealed.startsWith(prefix))) return null;
+  const { currentPrefixes } = await sealRingSummary(secret);
+  if (currentPrefixes.some((prefix) => sealed.startsWith(prefix))) return null;
   return seal(secret, tenantId, await unseal(secret, tenantId, sealed));
 }

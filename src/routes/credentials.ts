@@ -18,10 +18,11 @@ import { parseTenantId } from "../core/tenant-id.ts";
 import { maxResealBatch, resealBatch } from "../reseal/index.ts";
 import { requireAdmin } from "./auth.ts";
 import type { AppEnv } from "./context.ts";
-import { badCursor, jsonBody, jsonObject } from "./validation.ts";
+import { jsonBody, jsonObject } from "./validation.ts";
 
 export const credentialRoutes = new Hono<AppEnv>();
 
+const afterMessage = "after must be a cursor this endpoint returned (or null).";
 const limitMessage = `limit must be an integer from 1 to ${maxResealBatch}.`;
 
 const resealBody = jsonObject({
@@ -37,8 +38,8 @@ const resealBody = jsonObject({
   after: v.optional(
     v.nullable(
       v.pipe(
-        v.string(badCursor),
-        v.check((raw) => parseTenantId(raw) !== null, badCursor),
+        v.string(afterMessage),
+        v.check((raw) => parseTenantId(raw) !== null, afterMessage),
       ),
     ),
     null,

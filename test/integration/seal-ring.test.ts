@@ -276,6 +276,47 @@ describe("seal key ring", () => {
     expect((await selectOne(tenant)).status).toBe(200);
   });
 
+  it("the reseal route refuses bad input with a stable code, and needs the admin key", async () => {
+    for (const [body, message] of [
+      [{ limit: 0 }, "limit must be an integer from 1 to 500."],
+      [{ limit: 501 }, "limit must be an integer from 1 to 500."],
+      [{ limit: "10" }, "limit must be an integer from 1 to 500."],
+      [{ after: "Not An Id" }, "after must be a cursor this endpoint returned (or null)."],
+      [{ after: 7 }, "after must be a cursor this endpoint returned (or null)."],
+      [{ prefix: "ACME" }, "prefix must be up to 40 lowercase letters, digits or hyphens."],
+      [[], "The body must be a JSON object."],
+    ] as const) {
+      const response = await admin("/v1/credentials/reseal", { method: "POST", json: body });
+      expect(response.status).toBe(400);
+      expect(await response.json()).toEqual({ code: "invalid_request", message });
+    }
+    const malformed = await admin("/v1/credentials/reseal", { method: "POST", body: "{" });
+    expect(await malformed.json()).toMatchObject({ code: "invalid_json" });
+    const anonymous = await exports.default.fetch(
+      new Request("http://lessor.test/v1/credentials/reseal", { method: "POST", body: "{}" }),
+    );
+    expect(anonymous.status).toBe(401);
+    const wrong = await exports.default.fetch(
+      new Request("http://lessor.test/v1/credentials/reseal", {
+        method: "POST",
+        body: "{}",
+        headers: { Authorization: "Bearer lsk_not-the-admin-key" },
+      }),
+    );
+    expect(wrong.status).toBe(401);
+
+    // A malformed ring: misconfigured, and the answer holds nothing of it.
+    useSealKey(`{"current":"k1","keys":{"k1":"${k1}"`);
+    const broken = await admin("/v1/credentials/reseal", { method: "POST", json: { prefix: "none-such" } });
+    expect(broken.status).toBe(500);
+    const text = await broken.text();
+    expect(JSON.parse(text)).toEqual({
+      code: "misconfigured",
+      message: "Lessor is misconfigured; the operator has been told in the logs.",
+    });
+    expect(text).not.toContain(k1);
+  });
+
   it("the cron step reseals a bounded batch per tick and is idle when the ring holds one key", async () => {
     const prefix = uniqueTenantId("sealcron");
     useSealKey(ring("k1", { k1 }));

@@ -7,6 +7,7 @@ import { Command, CommanderError } from "commander";
 import { ApiError } from "./client.ts";
 import * as campaign from "./commands/campaign.ts";
 import * as capacity from "./commands/capacity.ts";
+import * as reseal from "./commands/reseal.ts";
 import * as tenant from "./commands/tenant.ts";
 import * as tenants from "./commands/tenants.ts";
 import { type CliEnvironment, type CommandContext, commandContext } from "./context.ts";
@@ -17,6 +18,7 @@ const commandGroups: readonly { register(program: Command, ctx: CommandContext):
   tenant,
   tenants,
   campaign,
+  reseal,
 ];
 
 /** Builds the program; `--help` output is commander's, from the descriptions below. */
@@ -51,7 +53,8 @@ Examples:
   npx lessorctl capacity
   npx lessorctl status acme
   npx lessorctl evict --dry-run --host local
-  npx lessorctl campaign status cmp_0123456789abcdef --watch`,
+  npx lessorctl campaign status cmp_0123456789abcdef --watch
+  npx lessorctl reseal`,
     );
   for (const group of commandGroups) group.register(program, ctx);
   // Subcommands report usage errors through the same output and never exit the process themselves.

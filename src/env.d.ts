@@ -2,7 +2,10 @@
 interface LessorSecrets {
   /** Bearer key for operator endpoints. */
   LESSOR_ADMIN_KEY: string;
-  /** 32 random bytes, base64: the AES-GCM key that seals tenant database passwords. */
+  /**
+   * The AES-GCM key that seals tenant database passwords (src/crypto/seal.ts): 32 random bytes,
+   * base64, or a ring `{"current": "k2", "keys": {"k1": "<base64>", "k2": "<base64>"}}`.
+   */
   LESSOR_SEAL_KEY: string;
   /** Connection string of the control-plane database. */
   LESSOR_CONTROL_PLANE_URL: string;

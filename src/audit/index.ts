@@ -1,7 +1,7 @@
 /**
  * The audit log (control-plane table `audit_log`): who did what to which tenant or campaign, and
  * when. Operator actions write a row (tenant create, disable, enable, drain, pin, unpin, erase;
- * campaign create, pause, resume, cancel); `GET /v1/audit` reads them, newest first, paged; the
+ * campaign create, pause, resume, cancel; each reseal batch that moved credentials); `GET /v1/audit` reads them, newest first, paged; the
  * `audit-retention` cron job ages them out after `LESSOR_AUDIT_RETENTION_DAYS`.
  *
  * A row never holds a secret or tenant data: the actor is a fingerprint of the admin key (the
@@ -26,6 +26,7 @@ export const auditActions = [
   "campaign.pause",
   "campaign.resume",
   "campaign.cancel",
+  "credentials.reseal",
 ] as const;
 
 export type AuditAction = (typeof auditActions)[number];

@@ -54,6 +54,8 @@ export interface LessorConfig {
   eraseLeaseWaitMs: number;
   /** Audit rows older than this many days are aged out by the cron trigger. */
   auditRetentionDays: number;
+  /** Credentials the cron trigger reseals per tick at most while the seal key ring holds old keys; 0: off. */
+  resealBatch: number;
 }
 
 /** Maintenance connections a host keeps back when its budget names no reserve. */
@@ -192,6 +194,10 @@ export function loadConfig(env: Env): LessorConfig {
     ),
     eraseLeaseWaitMs: positiveInt("LESSOR_ERASE_LEASE_WAIT_MS", vars.LESSOR_ERASE_LEASE_WAIT_MS, 30_000),
     auditRetentionDays: positiveInt("LESSOR_AUDIT_RETENTION_DAYS", vars.LESSOR_AUDIT_RETENTION_DAYS, 400),
+    resealBatch:
+      vars.LESSOR_RESEAL_BATCH === "0"
+        ? 0
+        : positiveInt("LESSOR_RESEAL_BATCH", vars.LESSOR_RESEAL_BATCH, 100),
   };
   cache.set(env, config);
   return config;

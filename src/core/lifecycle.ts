@@ -23,6 +23,11 @@ export type FailureReason =
   | "database_missing"
   | "too_many_connections"
   | "control_plane_unavailable"
+  /**
+   * Lessor's own configuration cannot start the tenant (its sealed credential names a key that
+   * left `LESSOR_SEAL_KEY`, say): the operator must act; clients see `misconfigured`.
+   */
+  | "misconfigured"
   | "unknown";
 
 export interface Lifecycle {
@@ -275,6 +280,8 @@ export function idleDecision(input: {
 export function classifyStartFailure(error: unknown): FailureReason {
   const code = typeof error === "object" && error !== null ? (error as { code?: unknown }).code : undefined;
   switch (code) {
+    case "misconfigured":
+      return "misconfigured";
     case "28P01":
     case "28000":
       return "auth_failed";

@@ -9,6 +9,7 @@ import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
 import { credentialRotationJob } from "./jobs/credential-rotation.ts";
 import { eraseResumeJob } from "./jobs/erase-resume.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
+import { resealJob } from "./jobs/reseal.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
 
 export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
@@ -21,6 +22,7 @@ export const cronJobs: readonly CronJob[] = [
   credentialRotationJob,
   eraseResumeJob,
   auditRetentionJob,
+  resealJob,
 ];
 
 /** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */

@@ -213,6 +213,10 @@ export class TenantPool {
           break;
         }
         case "refuse_backoff":
+          // Retrying will not help until the operator fixes the configuration: say so.
+          if (decision.reason === "misconfigured") {
+            throw new LessorError("misconfigured", { internal: "start failed (misconfigured); backing off" });
+          }
           throw new LessorError("tenant_starting_failed", {
             internal: `start failed (${decision.reason}); backing off`,
             retryAfterSeconds: decision.retryAfterMs / 1000,
@@ -521,7 +525,7 @@ export class TenantPool {
       return error;
     }
     const reason: FailureReason = classifyStartFailure(error);
-    logEvent("warn", "pool_start_failed", {
+    logEvent(reason === "misconfigured" ? "error" : "warn", "pool_start_failed", {
       tenant: rt.record?.tenantId,
       generation: rt.lifecycle.generation,
       reason,
@@ -530,6 +534,8 @@ export class TenantPool {
     rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
     await rt.ensureAlarm(Date.now() + 1_000);
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
+    // Retrying will not help until the operator fixes the configuration: say so.
+    if (reason === "misconfigured" && error instanceof LessorError) return error;
     return new LessorError("tenant_starting_failed", {
       internal: `start failed (${reason})`,
       retryAfterSeconds: (retryAt - Date.now()) / 1000,

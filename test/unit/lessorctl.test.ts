@@ -420,11 +420,65 @@ describe("lessorctl tenants erase", () => {
   });
 });
 
+describe("lessorctl reseal", () => {
+  const answer = (over: Record<string, unknown>) => ({
+    currentKeyId: "k2",
+    resealed: 0,
+    skipped: 0,
+    failed: [],
+    remaining: 0,
+    cursor: null,
+    done: true,
+    ...over,
+  });
+
+  it("follows the cursor until done, retries a 503, and exits 0 once nothing remains", async () => {
+    const bodies: unknown[] = [];
+    let calls = 0;
+    const run = await lessorctl(["reseal", "--batch", "2"], {
+      "POST /v1/credentials/reseal": async (request) => {
+        bodies.push(await request.json());
+        calls++;
+        if (calls === 2) {
+          return Response.json({ code: "control_plane_unavailable", message: "down" }, { status: 503 });
+        }
+        return calls === 1
+          ? answer({ resealed: 2, remaining: 1, cursor: "acme", done: false })
+          : answer({ resealed: 1, remaining: 0 });
+      },
+    });
+    expect(run.stderr).toEqual([]);
+    expect(run.code).toBe(0);
+    expect(bodies).toEqual([
+      { limit: 2, after: null, prefix: "" },
+      { limit: 2, after: "acme", prefix: "" },
+      { limit: 2, after: "acme", prefix: "" },
+    ]);
+    expect(run.stdout).toEqual([
+      "reseal batch=1 resealed=2 skipped=0 failed=0 remaining=1 cursor=acme",
+      "reseal batch=2 resealed=1 skipped=0 failed=0 remaining=0 cursor=-",
+      "reseal_done resealed=3 skipped=0 failed=0 remaining=0 current_key=k2",
+    ]);
+  });
+
+  it("lists what it could not open and exits 1; refuses a bad --batch", async () => {
+    const run = await lessorctl(["reseal"], {
+      "POST /v1/credentials/reseal": () =>
+        answer({ failed: [{ tenantId: "acme", keyId: "k1", problem: "key_missing" }], remaining: 1 }),
+    });
+    expect(run.code).toBe(1);
+    expect(run.stderr).toEqual(["reseal_failed tenant=acme key=k1 problem=key_missing"]);
+    const bad = await lessorctl(["reseal", "--batch", "0"], {});
+    expect(bad.code).toBe(1);
+    expect(bad.requests).toEqual([]);
+  });
+});
+
 describe("lessorctl help and output", () => {
   it("lists every command, and every command has help", async () => {
     const top = await lessorctl(["--help"], {});
     expect(top.code).toBe(0);
-    for (const name of ["capacity", "evict", "status", "acquire", "release", "tenants", "campaign"])
+    for (const name of ["capacity", "evict", "status", "acquire", "release", "tenants", "campaign", "reseal"])
       expect(top.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
     const tenants = await lessorctl(["tenants", "--help"], {});
     for (const name of [

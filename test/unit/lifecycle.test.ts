@@ -275,6 +275,7 @@ describe("classifyStartFailure", () => {
     [{ code: "53300" }, "too_many_connections"],
     [{ code: "57P03" }, "unreachable"],
     [{ code: "ECONNREFUSED" }, "unreachable"],
+    [{ code: "misconfigured" }, "misconfigured"],
     [new Error("WebSocket connection closed"), "unreachable"],
     [new Error("Connection terminated due to connection timeout"), "timeout"],
     [new Error("something else"), "unknown"],

@@ -34,17 +34,12 @@ import type {
   PoolReport,
 } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
+import { WaitQueue } from "./wait-queue.ts";
 
 interface Waiter {
   tenantId: string;
   generation: number;
   size: number;
-  settle: (result: AdmitResult) => void;
-}
-
-interface MaintenanceWaiter {
-  request: MaintenanceRequest;
-  settle: (grant: MaintenanceGrant) => void;
 }
 
 /** Starts waiting for capacity at once, at most; more are refused at once. */
@@ -54,10 +49,11 @@ const maxVictimsPerPass = 8;
 
 export class BudgetObject extends DurableObject<Env> {
   private ledgerStore: CapacityLedger | null = null;
-  private waiters: Waiter[] = [];
-  /** Rotations waiting for room in the rotation reserve (FIFO; never served by eviction). */
-  private rotationWaiters: Waiter[] = [];
-  private maintenanceWaiters: MaintenanceWaiter[] = [];
+  /** Starts waiting for room in the pools' share (served by releases and by eviction). */
+  private waiters = new WaitQueue<Waiter, AdmitResult>(maxWaiters);
+  /** Rotations waiting for room in the rotation reserve (never served by eviction). */
+  private rotationWaiters = new WaitQueue<Waiter, AdmitResult>(maxWaiters);
+  private maintenanceWaiters = new WaitQueue<MaintenanceRequest, MaintenanceGrant>(maxWaiters);
   private expiryTimer: ReturnType<typeof setTimeout> | null = null;
   private expiryAt = 0;
   private reclaiming: Promise<void> | null = null;
@@ -91,28 +87,18 @@ export class BudgetObject extends DurableObject<Env> {
       this.ledger.bump("admissions");
       return { granted: true };
     }
-    if (this.waiters.length >= maxWaiters) {
+    if (this.waiters.full) {
       this.ledger.bump("saturations");
       return { granted: false, retryAfterMs: 1_000, waited: false };
     }
-    const wait = loadConfig(this.env).admissionWaitMs;
-    const result = new Promise<AdmitResult>((resolve) => {
-      const waiter: Waiter = {
-        tenantId,
-        generation,
-        size,
-        settle: (r) => {
-          clearTimeout(timer);
-          resolve(r);
-        },
-      };
-      const timer = setTimeout(() => {
-        this.waiters = this.waiters.filter((w) => w !== waiter);
+    const result = this.waiters.wait(
+      { tenantId, generation, size },
+      loadConfig(this.env).admissionWaitMs,
+      () => {
         this.ledger.bump("saturations");
-        resolve({ granted: false, retryAfterMs: 1_000, waited: true });
-      }, wait);
-      this.waiters.push(waiter);
-    });
+        return { granted: false, retryAfterMs: 1_000, waited: true };
+      },
+    );
     this.kickReclaim(host);
     return result;
   }
@@ -137,26 +123,13 @@ export class BudgetObject extends DurableObject<Env> {
       this.ledger.bump("rotations_admitted");
       return { granted: true };
     }
-    if (waitMs <= 0 || this.rotationWaiters.length >= maxWaiters) {
+    if (waitMs <= 0 || this.rotationWaiters.full) {
       this.ledger.bump("rotations_refused");
       return { granted: false, retryAfterMs: 1_000, waited: false };
     }
-    return new Promise<AdmitResult>((resolve) => {
-      const waiter: Waiter = {
-        tenantId,
-        generation,
-        size,
-        settle: (r) => {
-          clearTimeout(timer);
-          resolve(r);
-        },
-      };
-      const timer = setTimeout(() => {
-        this.rotationWaiters = this.rotationWaiters.filter((w) => w !== waiter);
-        this.ledger.bump("rotations_refused");
-        resolve({ granted: false, retryAfterMs: 1_000, waited: true });
-      }, waitMs);
-      this.rotationWaiters.push(waiter);
+    return this.rotationWaiters.wait({ tenantId, generation, size }, waitMs, () => {
+      this.ledger.bump("rotations_refused");
+      return { granted: false, retryAfterMs: 1_000, waited: true };
     });
   }
 
@@ -194,11 +167,12 @@ export class BudgetObject extends DurableObject<Env> {
    */
   async closeTenant(tenantId: string): Promise<void> {
     this.ledger.close(tenantId);
-    const waiting = this.waiters.filter((w) => w.tenantId === tenantId);
-    this.waiters = this.waiters.filter((w) => w.tenantId !== tenantId);
-    for (const waiter of waiting) {
-      waiter.settle({ granted: false, retryAfterMs: 5_000, waited: true, closed: true });
-    }
+    this.waiters.settleWhere((w) => w.tenantId === tenantId, {
+      granted: false,
+      retryAfterMs: 5_000,
+      waited: true,
+      closed: true,
+    });
   }
 
   /**
@@ -231,24 +205,13 @@ export class BudgetObject extends DurableObject<Env> {
     ) {
       return this.grantMaintenance(request);
     }
-    if (request.waitMs <= 0 || this.maintenanceWaiters.length >= maxWaiters) {
+    if (request.waitMs <= 0 || this.maintenanceWaiters.full) {
       this.ledger.bump("maintenance_refused");
       return { granted: false, retryAfterMs: 1_000 };
     }
-    const grant = new Promise<MaintenanceGrant>((resolve) => {
-      const waiter: MaintenanceWaiter = {
-        request,
-        settle: (g) => {
-          clearTimeout(timer);
-          resolve(g);
-        },
-      };
-      const timer = setTimeout(() => {
-        this.maintenanceWaiters = this.maintenanceWaiters.filter((w) => w !== waiter);
-        this.ledger.bump("maintenance_refused");
-        resolve({ granted: false, retryAfterMs: 1_000 });
-      }, request.waitMs);
-      this.maintenanceWaiters.push(waiter);
+    const grant = this.maintenanceWaiters.wait(request, request.waitMs, () => {
+      this.ledger.bump("maintenance_refused");
+      return { granted: false, retryAfterMs: 1_000 };
     });
     this.scheduleExpiry(host);
     return grant;
@@ -400,11 +363,11 @@ export class BudgetObject extends DurableObject<Env> {
   /** Grants maintenance waiters in FIFO order while the reserve has room. */
   private serveMaintenance(host: DatabaseHost): void {
     this.expireMaintenance();
-    while (this.maintenanceWaiters.length > 0) {
-      if (!maintenanceFits(this.ledger.maintenanceRows().length, host.budget)) break;
-      const head = this.maintenanceWaiters.shift();
-      head?.settle(this.grantMaintenance(head.request));
-    }
+    this.maintenanceWaiters.serveWhile((request) =>
+      maintenanceFits(this.ledger.maintenanceRows().length, host.budget)
+        ? this.grantMaintenance(request)
+        : null,
+    );
     if (this.maintenanceWaiters.length > 0) this.scheduleExpiry(host);
     else if (this.expiryTimer) {
       // Nobody waits: no timer keeps the object busy.
@@ -449,32 +412,29 @@ export class BudgetObject extends DurableObject<Env> {
 
   /** Grants waiters in FIFO order while the head fits, then reclaims for the rest. */
   private serveWaiters(host: DatabaseHost): void {
-    while (this.rotationWaiters.length > 0) {
-      const head = this.rotationWaiters[0];
-      if (!head || !rotationFits(this.ledger.rows(), host.budget, head.size)) break;
-      this.rotationWaiters.shift();
-      if (!this.ledger.find(head.tenantId, head.generation)) {
-        this.ledger.reserve(head.tenantId, head.generation, head.size);
-        this.ledger.bump("rotations_admitted");
-      }
-      head.settle({ granted: true });
-    }
+    this.rotationWaiters.serveWhile((head) =>
+      rotationFits(this.ledger.rows(), host.budget, head.size)
+        ? this.reserveFor(head, "rotations_admitted")
+        : null,
+    );
     this.grantFitting(host);
     if (this.waiters.length > 0) this.kickReclaim(host);
   }
 
   /** Grants waiters in FIFO order while the head fits. Never starts a reclaim (reclaim calls it). */
   private grantFitting(host: DatabaseHost): void {
-    while (this.waiters.length > 0) {
-      const head = this.waiters[0];
-      if (!head || !fits(this.ledger.rows(), host.budget, head.size)) break;
-      this.waiters.shift();
-      if (!this.ledger.find(head.tenantId, head.generation)) {
-        this.ledger.reserve(head.tenantId, head.generation, head.size);
-        this.ledger.bump("admissions");
-      }
-      head.settle({ granted: true });
+    this.waiters.serveWhile((head) =>
+      fits(this.ledger.rows(), host.budget, head.size) ? this.reserveFor(head, "admissions") : null,
+    );
+  }
+
+  /** Reserves a served waiter's connections (once, if a repeated admit already did) and grants it. */
+  private reserveFor(waiter: Waiter, counter: "admissions" | "rotations_admitted"): AdmitResult {
+    if (!this.ledger.find(waiter.tenantId, waiter.generation)) {
+      this.ledger.reserve(waiter.tenantId, waiter.generation, waiter.size);
+      this.ledger.bump(counter);
     }
+    return { granted: true };
   }
 
   private kickReclaim(host: DatabaseHost): void {
@@ -491,7 +451,7 @@ export class BudgetObject extends DurableObject<Env> {
     const refused = new Set<string>();
     for (let pass = 0; pass < maxVictimsPerPass && this.waiters.length > 0; pass++) {
       this.grantFitting(host);
-      const head = this.waiters[0];
+      const head = this.waiters.head();
       if (!head) return;
       // Refused victims still hold their connections: they stay in the count, marked not evictable.
       const allocations = this.ledger

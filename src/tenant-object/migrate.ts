@@ -56,7 +56,7 @@ export class SchemaMigration {
       const run = await withTenantScope(
         { tenantId, generation: rt.lifecycle.generation, leaseId: "migrate" },
         () =>
-          this.pool.withDedicatedConnection(record, "migrate", async (client) => {
+          this.pool.opener.withDedicatedConnection(record, "migrate", async (client) => {
             requireTenantScope(tenantId);
             try {
               return await migrateTenantDatabase(client, tenantMigrations, targetVersion);

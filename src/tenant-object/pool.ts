@@ -1,6 +1,7 @@
 /**
- * The tenant's pool: admission, the single-flight start of a generation, the generation ledger,
- * the lease count, checkout, and the stop of exactly the generation that drained.
+ * The tenant's pool: admission, the single-flight start of a generation, the lease count, checkout,
+ * a rotation's switch to a new generation and the old one's retirement, and the stop of exactly the
+ * generation that drained. Opening a generation's connections is in open.ts.
  *
  * Single flight: input gates do not cover Postgres I/O, so two requests can both see `stopped`.
  * The in-memory `starting` promise makes the second join the first; the persisted generation makes
@@ -14,14 +15,7 @@
  * pools share the generation's pool size: a connection of one kind is opened only while the two
  * together hold fewer, and an idle one of the other kind is closed to make room.
  */
-import type { Client, Pool, PoolClient } from "@neondatabase/serverless";
-import {
-  appendGeneration,
-  appendLifecycleEvents,
-  highestGeneration,
-  loadSealedPassword,
-  withControlPlane,
-} from "../control-plane/index.ts";
+import type { Pool, PoolClient } from "@neondatabase/serverless";
 import {
   admitDecision,
   beginDrain,
@@ -29,28 +23,21 @@ import {
   classifyStartFailure,
   type FailureReason,
   retired,
-  skipGeneration,
   startFailed,
   startRefused,
   startSucceeded,
   stopped,
 } from "../core/lifecycle.ts";
-import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import { poolApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import {
-  type ConnectionTarget,
-  openPool,
-  terminateAndWait,
-  underDeadline,
-  withTenantConnection,
-} from "../postgres/index.ts";
+import { type ConnectionTarget, openPool, terminateAndWait } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { migrationLimits, sessionLimits } from "../tenant-db/connect.ts";
-import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
+import { sessionLimits } from "../tenant-db/connect.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
+import { GenerationOpener } from "./open.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
@@ -103,6 +90,8 @@ export class TenantPool {
 
   /** The tenant role's credential and the host-admin work done with it (repair, fence, terminate). */
   readonly credentials: TenantCredentials;
+  /** Opens a generation's connections: control-plane claim, driver pool, proof, maintenance. */
+  readonly opener: GenerationOpener;
 
   constructor(
     private readonly rt: TenantRuntime,
@@ -118,6 +107,9 @@ export class TenantPool {
     },
   ) {
     this.credentials = new TenantCredentials(rt);
+    this.opener = new GenerationOpener(rt, this.credentials, (generation, error) =>
+      this.onPoolError(generation, error),
+    );
   }
 
   get leases(): number {
@@ -462,7 +454,7 @@ export class TenantPool {
     // generation number claimed in the ledger, unused (numbers only need to be unique).
     let sealed: string;
     try {
-      sealed = await this.claimGeneration(record);
+      sealed = await this.opener.claimGeneration(record);
     } catch (error) {
       throw await this.startFailed(error);
     }
@@ -491,9 +483,9 @@ export class TenantPool {
     try {
       const credential = await this.credentials.open(record, sealed);
       this.jwtCredential = await this.credentials.openJwt(record, credential);
-      pool = this.open(record, generation, credential);
+      pool = this.opener.open(record, generation, credential);
       // One connection proves the credentials and the database before the pool is declared ready.
-      pool = await this.prove(pool, record, generation, credential);
+      pool = await this.opener.prove(pool, record, generation, credential);
       this.pool = pool;
       this.poolGeneration = generation;
       this.poolTarget = credential.target;
@@ -543,37 +535,6 @@ export class TenantPool {
   }
 
   /**
-   * One control-plane session for a start: claims the lifecycle's generation in the insert-only
-   * ledger (moving past a number another start took), hands over the pending lifecycle events, and
-   * loads the sealed credential.
-   */
-  private async claimGeneration(record: TenantRecord): Promise<string> {
-    const rt = this.rt;
-    const sealed = await withControlPlane(rt.config, rt.env, async (db) => {
-      for (
-        let tries = 0;
-        !(await appendGeneration(db, record.tenantId, rt.lifecycle.generation, record.poolSize));
-        tries++
-      ) {
-        if (tries >= 3) {
-          throw new LessorError("internal", { internal: "generation ledger kept conflicting" });
-        }
-        rt.apply(
-          skipGeneration(rt.lifecycle, await highestGeneration(db, record.tenantId)),
-          "generation_taken",
-        );
-      }
-      const events = rt.storage.pendingEvents();
-      await appendLifecycleEvents(db, record.tenantId, events);
-      const last = events.at(-1);
-      if (last) rt.storage.forgetEvents(last.seq);
-      return loadSealedPassword(db, record.tenantId);
-    });
-    if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
-    return sealed;
-  }
-
-  /**
    * Opens the pool of a rotation's new generation under its new credential and proves it with one
    * query. Nothing routes to it until `switchTo`.
    */
@@ -582,7 +543,7 @@ export class TenantPool {
     generation: number,
     credential: UnsealedCredential,
   ): Promise<{ pool: Pool; target: ConnectionTarget }> {
-    const pool = this.open(record, generation, credential);
+    const pool = this.opener.open(record, generation, credential);
     try {
       await pool.query("SELECT 1");
     } catch (error) {
@@ -637,110 +598,6 @@ export class TenantPool {
         .catch(() => undefined);
     }
     this.hooks.onRetired(old.generation);
-  }
-
-  private open(record: TenantRecord, generation: number, credential: UnsealedCredential): Pool {
-    return openPool(this.rt.config, credential.target, {
-      max: record.poolSize,
-      applicationName: poolApplicationName(record.roleName, generation),
-      limits: sessionLimits(this.rt.config),
-      loginToken: credential.loginToken,
-      onError: (error, client) => {
-        if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
-      },
-    });
-  }
-
-  /**
-   * Opens the pool's first connection. Two refusals have a cure Lessor applies itself, once: a
-   * password that drifted (28P01: the tenant set its own) is repaired through the admin role, and a
-   * role at its connection limit with no live pool of ours (53300: backends a dead generation left)
-   * is fenced.
-   */
-  private async prove(
-    pool: Pool,
-    record: TenantRecord,
-    generation: number,
-    credential: UnsealedCredential,
-  ): Promise<Pool> {
-    try {
-      await this.firstQuery(pool, record);
-      return pool;
-    } catch (error) {
-      const code = (error as { code?: unknown }).code;
-      if (code !== "28P01" && code !== "53300") throw error;
-      await pool.end().catch(() => undefined);
-      if (code === "28P01") await this.credentials.repair(record, credential, generation);
-      else await this.credentials.fence(record, "role connection limit reached");
-      const retried = this.open(record, generation, credential);
-      try {
-        await this.firstQuery(retried, record);
-      } catch (again) {
-        await retried.end().catch(() => undefined);
-        throw again;
-      }
-      return retried;
-    }
-  }
-
-  /**
-   * The pool's first query. After a restart with a live generation, that generation's backends may
-   * still be writing: the role ends them itself (a role may terminate its own backends) and waits
-   * for them to go, so none of their writes can commit once this generation serves.
-   */
-  private async firstQuery(pool: Pool, record: TenantRecord): Promise<void> {
-    if (!this.rt.fencePending) {
-      await pool.query("SELECT 1");
-      return;
-    }
-    const { rows } = await pool.query(
-      `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS ended
-         FROM pg_stat_activity
-        WHERE usename = current_user AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM $1`,
-      [tenantMaintenanceApplicationName(record.roleName, "migrate")],
-    );
-    const ended = Number(rows[0]?.ended ?? 0);
-    if (ended > 0) {
-      this.rt.note(`fenced: ${ended} backend(s) of the dead generation ended`);
-      logEvent("warn", "backends_fenced", { tenant: record.tenantId, ended });
-    }
-    this.rt.clearFence();
-  }
-
-  /**
-   * A connection outside the pool, for maintenance (migrations): it holds a slot of the host's
-   * maintenance reserve while open (`maintenance_busy` if none comes within the admission wait),
-   * and its work is cancelled at the migration deadline rather than left running.
-   */
-  async withDedicatedConnection<T>(
-    record: TenantRecord,
-    purpose: "migrate",
-    work: (client: Client) => Promise<T>,
-  ): Promise<T> {
-    const config = this.rt.config;
-    const sealed = await withControlPlane(config, this.rt.env, (db) =>
-      loadSealedPassword(db, record.tenantId),
-    );
-    if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
-    const credential = await this.credentials.open(record, sealed);
-    return withMaintenanceSlot(
-      this.rt.env,
-      config,
-      record.host,
-      { purpose, tenantId: record.tenantId, deadlineMs: config.migrationTimeoutMs },
-      () =>
-        withTenantConnection(
-          config,
-          credential.target,
-          {
-            applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
-            limits: migrationLimits(config),
-            loginToken: credential.loginToken,
-          },
-          (client) =>
-            underDeadline(config, credential.target, client, config.migrationTimeoutMs, () => work(client)),
-        ),
-    );
   }
 
   private onPoolError(generation: number, error: Error): void {

@@ -1,0 +1,170 @@
+/**
+ * Opening a generation's connections, apart from the pool's bookkeeping (pool.ts): the start's one
+ * control-plane session (claim the generation, hand over events, load the sealed credential), the
+ * driver pool under the generation's name, the first connection that proves it (repairing a drifted
+ * password or fencing a dead generation's backends, once), and the dedicated maintenance connection
+ * a migration runs on.
+ */
+import type { Client, Pool } from "@neondatabase/serverless";
+import {
+  appendGeneration,
+  appendLifecycleEvents,
+  highestGeneration,
+  loadSealedPassword,
+  withControlPlane,
+} from "../control-plane/index.ts";
+import { skipGeneration } from "../core/lifecycle.ts";
+import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import { LessorError } from "../errors/index.ts";
+import { logEvent } from "../log/index.ts";
+import { openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
+import { migrationLimits, sessionLimits } from "../tenant-db/connect.ts";
+import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
+import { wasEndedOnPurpose } from "./connection-state.ts";
+import type { TenantCredentials, UnsealedCredential } from "./credentials.ts";
+import type { TenantRuntime } from "./runtime.ts";
+
+export class GenerationOpener {
+  constructor(
+    private readonly rt: TenantRuntime,
+    private readonly credentials: TenantCredentials,
+    /** A pooled connection of `generation` failed outside any checkout. */
+    private readonly onPoolError: (generation: number, error: Error) => void,
+  ) {}
+
+  /**
+   * One control-plane session for a start: claims the lifecycle's generation in the insert-only
+   * ledger (moving past a number another start took), hands over the pending lifecycle events, and
+   * loads the sealed credential.
+   */
+  async claimGeneration(record: TenantRecord): Promise<string> {
+    const rt = this.rt;
+    const sealed = await withControlPlane(rt.config, rt.env, async (db) => {
+      for (
+        let tries = 0;
+        !(await appendGeneration(db, record.tenantId, rt.lifecycle.generation, record.poolSize));
+        tries++
+      ) {
+        if (tries >= 3) {
+          throw new LessorError("internal", { internal: "generation ledger kept conflicting" });
+        }
+        rt.apply(
+          skipGeneration(rt.lifecycle, await highestGeneration(db, record.tenantId)),
+          "generation_taken",
+        );
+      }
+      const events = rt.storage.pendingEvents();
+      await appendLifecycleEvents(db, record.tenantId, events);
+      const last = events.at(-1);
+      if (last) rt.storage.forgetEvents(last.seq);
+      return loadSealedPassword(db, record.tenantId);
+    });
+    if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
+    return sealed;
+  }
+
+  open(record: TenantRecord, generation: number, credential: UnsealedCredential): Pool {
+    return openPool(this.rt.config, credential.target, {
+      max: record.poolSize,
+      applicationName: poolApplicationName(record.roleName, generation),
+      limits: sessionLimits(this.rt.config),
+      loginToken: credential.loginToken,
+      onError: (error, client) => {
+        if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
+      },
+    });
+  }
+
+  /**
+   * Opens the pool's first connection. Two refusals have a cure Lessor applies itself, once: a
+   * password that drifted (28P01: the tenant set its own) is repaired through the admin role, and a
+   * role at its connection limit with no live pool of ours (53300: backends a dead generation left)
+   * is fenced.
+   */
+  async prove(
+    pool: Pool,
+    record: TenantRecord,
+    generation: number,
+    credential: UnsealedCredential,
+  ): Promise<Pool> {
+    try {
+      await this.firstQuery(pool, record);
+      return pool;
+    } catch (error) {
+      const code = (error as { code?: unknown }).code;
+      if (code !== "28P01" && code !== "53300") throw error;
+      await pool.end().catch(() => undefined);
+      if (code === "28P01") await this.credentials.repair(record, credential, generation);
+      else await this.credentials.fence(record, "role connection limit reached");
+      const retried = this.open(record, generation, credential);
+      try {
+        await this.firstQuery(retried, record);
+      } catch (again) {
+        await retried.end().catch(() => undefined);
+        throw again;
+      }
+      return retried;
+    }
+  }
+
+  /**
+   * The pool's first query. After a restart with a live generation, that generation's backends may
+   * still be writing: the role ends them itself (a role may terminate its own backends) and waits
+   * for them to go, so none of their writes can commit once this generation serves.
+   */
+  private async firstQuery(pool: Pool, record: TenantRecord): Promise<void> {
+    if (!this.rt.fencePending) {
+      await pool.query("SELECT 1");
+      return;
+    }
+    const { rows } = await pool.query(
+      `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS ended
+         FROM pg_stat_activity
+        WHERE usename = current_user AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM $1`,
+      [tenantMaintenanceApplicationName(record.roleName, "migrate")],
+    );
+    const ended = Number(rows[0]?.ended ?? 0);
+    if (ended > 0) {
+      this.rt.note(`fenced: ${ended} backend(s) of the dead generation ended`);
+      logEvent("warn", "backends_fenced", { tenant: record.tenantId, ended });
+    }
+    this.rt.clearFence();
+  }
+
+  /**
+   * A connection outside the pool, for maintenance (migrations): it holds a slot of the host's
+   * maintenance reserve while open (`maintenance_busy` if none comes within the admission wait),
+   * and its work is cancelled at the migration deadline rather than left running.
+   */
+  async withDedicatedConnection<T>(
+    record: TenantRecord,
+    purpose: "migrate",
+    work: (client: Client) => Promise<T>,
+  ): Promise<T> {
+    const config = this.rt.config;
+    const sealed = await withControlPlane(config, this.rt.env, (db) =>
+      loadSealedPassword(db, record.tenantId),
+    );
+    if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
+    const credential = await this.credentials.open(record, sealed);
+    return withMaintenanceSlot(
+      this.rt.env,
+      config,
+      record.host,
+      { purpose, tenantId: record.tenantId, deadlineMs: config.migrationTimeoutMs },
+      () =>
+        withTenantConnection(
+          config,
+          credential.target,
+          {
+            applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
+            limits: migrationLimits(config),
+            loginToken: credential.loginToken,
+          },
+          (client) =>
+            underDeadline(config, credential.target, client, config.migrationTimeoutMs, () => work(client)),
+        ),
+    );
+  }
+}

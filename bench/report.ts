@@ -82,6 +82,8 @@ export interface StormResult {
   /** Single cold starts of other fresh tenants, one request each. */
   singleColdMs: number[];
   singleColdMedianMs: number;
+  /** CPU ms each single cold start cost, by process group (measured from /proc around the request). */
+  singleColdCpuMs?: { workerdWorker: number[]; postgres: number[]; wsProxy: number[] };
   /** The same burst again, now that the pool is warm: what queueing alone costs. */
   warmBurst: {
     requests: number;
@@ -430,6 +432,14 @@ export function stormTable(storm: StormResult): string {
       [
         "single cold start ms (each fresh tenant)",
         `${storm.singleColdMs.map((v) => fixed(v, 0)).join(", ")} (median ${fixed(storm.singleColdMedianMs, 0)})`,
+      ],
+      [
+        "single cold start CPU ms: workerd (Worker + objects) / Postgres (control plane + tenant host)",
+        storm.singleColdCpuMs
+          ? storm.singleColdCpuMs.workerdWorker
+              .map((w, i) => `${w} / ${storm.singleColdCpuMs?.postgres[i] ?? 0}`)
+              .join(", ")
+          : "not measured in this run",
       ],
       [
         "same burst on the warm pool: p50 / p99 ms; first / last answer ms",

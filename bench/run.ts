@@ -513,17 +513,26 @@ async function coldAndStorm(
 ): Promise<StormResult> {
   progress(`cold starts: ${cold.length} fresh tenants, one request each`);
   const singleColdMs: number[] = [];
+  const singleColdCpu: CpuSample[] = [];
   for (const tenant of cold) {
     const before = await runtimeOf(base, adminKey, tenant.id);
     if (before.state !== "stopped" || before.generation !== 0) {
       throw new Error(`${tenant.id} is not a fresh stopped tenant: ${preview(before)}`);
     }
     const sql = sqlFor(tenant, "lessor-direct");
+    const groups = cpuGroups;
+    const cpuBefore = groups ? sampleCpu(groups) : zeroCpu();
     const begin = performance.now();
     check("select1", await sql.query("SELECT 1 AS n"), 0);
     singleColdMs.push(performance.now() - begin);
+    singleColdCpu.push(groups ? cpuDelta(cpuBefore, sampleCpu(groups)) : zeroCpu());
   }
   progress(`  single cold starts: ${singleColdMs.map((v) => v.toFixed(0)).join(", ")} ms`);
+  const coldCpuMs = (pick: (cpu: CpuSample) => number) =>
+    singleColdCpu.map((cpu) => Math.round(pick(cpu) * 1000));
+  progress(
+    `  their CPU ms: workerd (Worker + objects) ${coldCpuMs((c) => c.workerdWorker).join(", ")}; Postgres (control plane + tenant host) ${coldCpuMs((c) => c.postgres).join(", ")}`,
+  );
 
   const before = await runtimeOf(base, adminKey, storm.id);
   if (before.state !== "stopped" || before.generation !== 0) {
@@ -592,6 +601,11 @@ async function coldAndStorm(
     },
     singleColdMs,
     singleColdMedianMs: sortedCold[Math.floor(sortedCold.length / 2)] ?? 0,
+    singleColdCpuMs: {
+      workerdWorker: coldCpuMs((c) => c.workerdWorker),
+      postgres: coldCpuMs((c) => c.postgres),
+      wsProxy: coldCpuMs((c) => c.wsProxy),
+    },
     warmBurst: {
       requests: stormSize,
       errors: warm.errors,

@@ -578,8 +578,10 @@ export function resultOfAttempt(
       if (answer.reason === "tenant_unknown" || answer.reason === "tenant_erasing") {
         return { state: "skipped", reason, retryAt: null };
       }
-      // The host's maintenance reserve was full: deferred to a later tick, never given up on.
-      if (answer.reason === "maintenance_busy") return deferredResult(reason, now);
+      // The host's maintenance reserve was full, or the control plane did not answer the tenant's
+      // lookup: deferred to a later tick, never given up on (neither is the tenant's doing).
+      if (answer.reason === "maintenance_busy" || answer.reason === "control_plane_unavailable")
+        return deferredResult(reason, now);
       return exhausted
         ? { state: "skipped", reason: `${reason}; gave up after ${attempts} attempts`, retryAt: null }
         : { state: "skipped", reason, retryAt: now + retryDelayMs(attempts) };

@@ -92,7 +92,13 @@ export type MigrateOutcome =
   | { outcome: "migrated"; fromVersion: number; toVersion: number; applied: number[] }
   | {
       outcome: "skipped";
-      reason: "tenant_unknown" | "already_migrating" | "leases_held" | "maintenance_busy" | "tenant_erasing";
+      reason:
+        | "tenant_unknown"
+        | "already_migrating"
+        | "leases_held"
+        | "maintenance_busy"
+        | "tenant_erasing"
+        | "control_plane_unavailable";
       leases?: number;
     }
   | { outcome: "failed"; version: number | null; summary: string };

@@ -38,7 +38,14 @@ export class SchemaMigration {
     const rt = this.rt;
     // An erase closed the gate: the campaign skips this tenant (its rows go with the erase).
     if (rt.erasing) return { outcome: "skipped", reason: "tenant_erasing" };
-    const record = await this.auth.resolve(tenantId).catch(() => null);
+    let record: TenantRecord | null;
+    try {
+      record = await this.auth.resolve(tenantId);
+    } catch (error) {
+      // The lookup failed, not the tenant: a later tick tries again (docs/scaling.md, defect 3).
+      logEvent("warn", "migration_lookup_failed", { tenant: tenantId, failure: describeFailure(error) });
+      return { outcome: "skipped", reason: "control_plane_unavailable" };
+    }
     if (!record) return { outcome: "skipped", reason: "tenant_unknown" };
     if (rt.erasing) return { outcome: "skipped", reason: "tenant_erasing" };
     if (rt.lifecycle.migrating) return { outcome: "skipped", reason: "already_migrating" };

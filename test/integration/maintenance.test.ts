@@ -10,6 +10,7 @@ import { describe, expect, it } from "vitest";
 import { app } from "../../src/app.ts";
 import { runCampaignTick } from "../../src/campaigns/runner.ts";
 import { loadConfig } from "../../src/config/index.ts";
+import { controlPlaneOutageForTests } from "../../src/control-plane/index.ts";
 import { unseal } from "../../src/crypto/seal.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
@@ -331,6 +332,23 @@ describe("maintenance connections are leased from the budget", () => {
     expect(later.campaigns[0]).toMatchObject({ claimed: 1, succeeded: 1 });
     expect((await view()).tenants[0]).toMatchObject({ state: "succeeded" });
   }, 120_000);
+
+  it("a migration whose tenant lookup finds no control plane is deferred, not skipped for good as an unknown tenant", async () => {
+    const id = uniqueTenantId("mnt-nocp");
+    controlPlaneOutageForTests.active = true;
+    let during: Awaited<ReturnType<ReturnType<typeof env.TENANTS.getByName>["migrate"]>>;
+    try {
+      during = await env.TENANTS.getByName(id).migrate(id, 2, 1_000);
+    } finally {
+      controlPlaneOutageForTests.active = false;
+    }
+    expect(during).toEqual({ outcome: "skipped", reason: "control_plane_unavailable" });
+    // With the control plane back, the same lookup says what it is: a tenant that does not exist.
+    expect(await env.TENANTS.getByName(id).migrate(id, 2, 1_000)).toEqual({
+      outcome: "skipped",
+      reason: "tenant_unknown",
+    });
+  });
 
   it("a slot whose holder died comes back when its hold runs out, and a waiter gets it", async () => {
     const budget = env.BUDGETS.getByName(host);

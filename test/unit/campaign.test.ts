@@ -351,6 +351,20 @@ describe("resultOfAttempt", () => {
     });
   });
 
+  it("defers a busy maintenance reserve and an unanswered control-plane lookup, and never gives up on them", () => {
+    for (const reason of ["maintenance_busy", "control_plane_unavailable"]) {
+      expect(resultOfAttempt({ outcome: "skipped", reason }, 99, now, 3)).toEqual({
+        state: "skipped",
+        reason,
+        retryAt: now + 30_000,
+      });
+    }
+    // An unknown tenant is skipped for good.
+    expect(resultOfAttempt({ outcome: "skipped", reason: "tenant_unknown" }, 1, now, 3)).toMatchObject({
+      retryAt: null,
+    });
+  });
+
   it("retries held leases later, with backoff, and gives up after maxAttempts", () => {
     expect(resultOfAttempt({ outcome: "skipped", reason: "leases_held", leases: 1 }, 1, now, 3)).toEqual({
       state: "skipped",

@@ -566,10 +566,20 @@ async function coldAndStorm(
   };
   const first = await burst();
   const runtime = await runtimeOf(base, adminKey, storm.id);
+  // Pooled connections are named `lessor:<role>:<generation>`, and the role's name is opaque: the
+  // catalog says which it is.
+  const role = await asSuperuser(controlPlaneUrl, async (client) => {
+    const { rows } = await client.query<{ role: string }>(
+      "SELECT role_name AS role FROM tenants WHERE id = $1",
+      [storm.id],
+    );
+    return rows[0]?.role ?? null;
+  });
+  if (!role) throw new Error(`${storm.id} has no role in the catalog`);
   const applicationNames = await asSuperuser(superuserUrl, async (client) => {
     const { rows } = await client.query<{ n: number }>(
       "SELECT count(DISTINCT application_name)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1",
-      [`lessor:${storm.id}:%`],
+      [`lessor:${role}:%`],
     );
     return rows[0]?.n ?? -1;
   });

@@ -99,7 +99,16 @@ describe("a tenant cannot log in around Lessor", () => {
     expect(all).toContain(tenant.database);
     expect(all).toContain("postgres");
     expect(all).toContain("lessor");
-    for (const database of all) {
+    // Every database that is not a tenant's, its own, and a sample of other tenants' (they are all
+    // made alike, and the suite's catalog holds hundreds by now: one login each costs a handshake).
+    const others = all.filter((d) => d.startsWith("t_") && d !== tenant.database);
+    const tried = [
+      ...all.filter((d) => !d.startsWith("t_")),
+      tenant.database,
+      ...others.filter((_, i) => i % Math.max(1, Math.ceil(others.length / 25)) === 0),
+    ];
+    expect(tried.length).toBeGreaterThanOrEqual(Math.min(all.length, 4));
+    for (const database of tried) {
       const outcome = await tryLogin(tenant.role, "chosen-by-the-tenant", database);
       expect({ database, outcome }).not.toEqual({ database, outcome: "connected" });
     }

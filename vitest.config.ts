@@ -6,7 +6,28 @@ const testSealKey = "dGVzdC1zZWFsLWtleS0zMi1ieXRlcy1sb25nLi4uLi4="; // 32 bytes
 const testKeyMacKey = "dGVzdC1rZXktbWFjLWtleS0zMi1ieXRlcy1sb25nLi4="; // 32 bytes
 
 /** A project whose tests run inside workerd against the real Postgres its global setup starts. */
-function workersProject(name: string, include: string[], globalSetup: string) {
+/** The integration files of the second half (the longest files alternate between the halves). */
+const secondHalf = [
+  "campaign-fleet",
+  "maintenance",
+  "operator",
+  "seal-ring",
+  "edge",
+  "faults",
+  "campaign-traffic",
+  "leases",
+  "isolation",
+  "killed-mid-write",
+  "tenants-paging",
+  "usage-readers",
+  "examples",
+  "client",
+  "drain",
+  "smoke",
+  "bad-input",
+].map((file) => `test/integration/${file}.test.ts`);
+
+function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {
   return {
     plugins: [
       cloudflareTest(({ inject }) => ({
@@ -43,7 +64,7 @@ function workersProject(name: string, include: string[], globalSetup: string) {
         },
       })),
     ],
-    test: { name, include, globalSetup: [globalSetup], testTimeout: 60_000, hookTimeout: 60_000 },
+    test: { name, include, exclude, globalSetup: [globalSetup], testTimeout: 60_000, hookTimeout: 60_000 },
   };
 }
 
@@ -62,7 +83,11 @@ export default defineConfig({
           testTimeout: 60_000,
         },
       },
-      workersProject("workers", ["test/integration/**/*.test.ts"], "./test/global-setup.ts"),
+      // The integration files in two halves, each on a Postgres of its own, so `npm test` runs the
+      // halves side by side in two vitest processes (test/run.ts) without one half's cron, hosts or
+      // budgets meeting the other's. Balanced by measured duration.
+      workersProject("workers", ["test/integration/**/*.test.ts"], "./test/global-setup.ts", secondHalf),
+      workersProject("workers-2", secondHalf, "./test/global-setup-2.ts"),
       // Stops and restarts its own Postgres under load: kept apart so no other test sees the outage.
       workersProject("pg-restart", ["test/pg-restart/**/*.test.ts"], "./test/pg-restart/global-setup.ts"),
       // Cuts the control plane off (and only it): kept apart so no other test sees the outage.

@@ -1,0 +1,64 @@
+/**
+ * `npm test`'s runner: the suite in two vitest processes side by side, each with Postgres stacks of
+ * its own (vitest.config.ts splits the integration files into `workers` and `workers-2`), so the
+ * waits of one half (admission timeouts, polling, backoffs) overlap the work of the other. One
+ * vitest process runs one file at a time here (two cores), and files of one process share a
+ * Postgres whose hosts, budgets and cron they assume are theirs alone; two processes never share one.
+ *
+ * Each line is prefixed with its half. Exits non-zero if either half fails; both always run to the
+ * end, so every failure is reported. With arguments (`npm test -- <file or filter>`), it runs one
+ * vitest with them instead.
+ */
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+
+const halves: { name: string; projects: string[] }[] = [
+  { name: "a", projects: ["unit", "workers", "pg-restart"] },
+  { name: "b", projects: ["workers-2", "control-plane-outage"] },
+];
+
+function run(args: string[], prefix: string | null): Promise<number> {
+  return new Promise((resolve) => {
+    const child = spawn("vitest", ["run", ...args], {
+      stdio: prefix === null ? "inherit" : ["ignore", "pipe", "pipe"],
+      env: process.env,
+    });
+    if (prefix !== null) {
+      for (const [stream, out] of [
+        [child.stdout, process.stdout],
+        [child.stderr, process.stderr],
+      ] as const) {
+        if (!stream) continue;
+        createInterface({ input: stream }).on("line", (line) => out.write(`[${prefix}] ${line}\n`));
+      }
+    }
+    child.on("error", (error) => {
+      process.stderr.write(`[${prefix ?? "vitest"}] could not start vitest: ${error.message}\n`);
+      resolve(1);
+    });
+    child.on("exit", (code, signal) => resolve(code ?? (signal ? 1 : 0)));
+  });
+}
+
+const extra = process.argv.slice(2);
+if (extra.length > 0) {
+  process.exitCode = await run(extra, null);
+} else {
+  const started = Date.now();
+  const codes = await Promise.all(
+    halves.map((half) =>
+      run(
+        half.projects.flatMap((project) => ["--project", project]),
+        half.name,
+      ),
+    ),
+  );
+  const seconds = Math.round((Date.now() - started) / 1000);
+  const failed = halves.filter((_, i) => codes[i] !== 0).map((half) => half.name);
+  process.stdout.write(
+    failed.length === 0
+      ? `npm test: both halves passed in ${seconds} s\n`
+      : `npm test: half ${failed.join(" and ")} FAILED (${seconds} s); see the lines prefixed [${failed.join("], [")}]\n`,
+  );
+  process.exitCode = failed.length === 0 ? 0 : 1;
+}

@@ -9,6 +9,7 @@ import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import {
+  admin,
   asSuperuser,
   type CreatedTenant,
   createTenant,
@@ -160,5 +161,21 @@ describe("the object killed mid-write", () => {
     expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
       { app: generation(tenant, 2) },
     ]);
+  });
+
+  it("usage the object counted before it was killed is not lost (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-usage"), { tier: "free" });
+    const sql = sqlFor(tenant);
+    await sql`SELECT 1 AS n`;
+    await sql`SELECT g FROM generate_series(1, 3) g`;
+    await expect(sql`SELECT 1 / 0`).rejects.toThrow();
+    // Killed before its heartbeat moved the counts to the durable outbox.
+    await killObject(tenant);
+    // The next instance's heartbeat flushes what the dead one answered for.
+    await runDurableObjectAlarm(env.TENANTS.getByName(tenant.id));
+    const response = await admin(`/v1/tenants/${tenant.id}/usage`);
+    expect(response.status).toBe(200);
+    const { usage } = await response.json<{ usage: Record<string, number> }>();
+    expect(usage).toMatchObject({ queries: 3, errors: 1, rowsReturned: 4, poolStarts: 1 });
   });
 });

@@ -246,6 +246,11 @@ export class TenantObject extends DurableObject<Env> {
     return this.pool.holds(generation);
   }
 
+  /** For budget reconciliation: does this instance still hold the maintenance slot `leaseId`? */
+  async holdsMaintenance(leaseId: string): Promise<boolean> {
+    return this.rt.maintenanceHeld.has(leaseId);
+  }
+
   /** Rotates the tenant's database credential through overlapping generations (see rotation.ts). */
   async rotateCredentials(tenantId: string): Promise<RotateOutcome> {
     // An erasing or erased tenant gets no new credential (the erase removes the old one).

@@ -701,7 +701,12 @@ export class TenantPool {
       this.rt.env,
       config,
       record.host,
-      { purpose, tenantId: record.tenantId, deadlineMs: config.migrationTimeoutMs },
+      {
+        purpose,
+        tenantId: record.tenantId,
+        deadlineMs: config.migrationTimeoutMs,
+        held: this.rt.maintenanceHeld,
+      },
       () =>
         withTenantConnection(
           config,

@@ -53,6 +53,11 @@ export class TenantRuntime {
    * The next start ends them before it serves (persisted, so a second restart still fences).
    */
   fencePending = false;
+  /**
+   * Maintenance slots this instance holds (its migrations' dedicated connections). In memory on
+   * purpose: a killed instance's slots are unknown to the next one, so the budget reconcile frees them.
+   */
+  readonly maintenanceHeld = new Set<string>();
   /** Minute (epoch ms, floored) each key was last used in, not yet written to the catalog. */
   readonly keyUses = new Map<string, number>();
   /** Set once an erase of this tenant started; null otherwise. */

@@ -178,4 +178,37 @@ describe("the object killed mid-write", () => {
     const { usage } = await response.json<{ usage: Record<string, number> }>();
     expect(usage).toMatchObject({ queries: 3, errors: 1, rowsReturned: 4, poolStarts: 1 });
   });
+
+  it("a migration killed with its object gives its maintenance slot back at the next reconcile (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-migrate"), { tier: "free" });
+    const host = (await (await admin(`/v1/tenants/${tenant.id}`)).json<{ tenant: { host: string } }>()).tenant
+      .host;
+    const migrateSlots = async () => {
+      const { hosts } = await (await admin("/v1/capacity")).json<{
+        hosts: { host: string; maintenance: { byPurpose: Record<string, number> } }[];
+      }>();
+      return hosts.find((h) => h.host === host)?.maintenance.byPurpose.migrate ?? 0;
+    };
+    // Back to schema version 1 behind Lessor's back, so there is a migration to run.
+    await asSuperuser(async (client) => {
+      await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
+      await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
+      await client.query("DELETE FROM lessor.schema_migrations WHERE version > 1");
+    }, tenant.database);
+    // The migration's DDL waits behind this lock while the object is killed under it.
+    await asSuperuser(async (locker) => {
+      await locker.query("BEGIN");
+      await locker.query("LOCK TABLE notes IN ACCESS EXCLUSIVE MODE");
+      const migration = env.TENANTS.getByName(tenant.id)
+        .migrate(tenant.id, 2, 1_000)
+        .catch((error: unknown) => String(error));
+      expect(await pollUntil(migrateSlots, (n) => n === 1, { attempts: 80, intervalMs: 100 })).toBe(1);
+      await killObject(tenant);
+      await migration;
+      await locker.query("ROLLBACK");
+    }, tenant.database);
+    // Its holder is gone: the reconcile frees the slot now, not when its 10-minute hold runs out.
+    await env.BUDGETS.getByName(host).reconcile(host, 0);
+    expect(await migrateSlots()).toBe(0);
+  });
 });

@@ -279,6 +279,8 @@ interface SoakTenant {
   refused: Set<string>;
   ambiguous: Set<string>;
   writes: number;
+  /** Numbers the markers (clients run concurrently on one tenant: each marker is taken once). */
+  serial: number;
 }
 
 const tenants = new Map<string, SoakTenant>();
@@ -557,7 +559,7 @@ async function sqlRead(tenant: SoakTenant): Promise<void> {
 
 async function sqlWrite(tenant: SoakTenant): Promise<void> {
   operation("sql write");
-  const marker = `w:${tenant.id}:${tenant.writes}`;
+  const marker = `w:${tenant.id}:${tenant.serial++}`;
   const answer = await send("POST", "/sql", {
     headers: sqlHeaders(tenant),
     json: { query: "INSERT INTO notes (body) VALUES ($1) RETURNING id", params: [marker] },
@@ -571,7 +573,7 @@ async function sqlWrite(tenant: SoakTenant): Promise<void> {
 /** A two-statement transaction on `/sql`: an insert, then the sentinel read in the same snapshot. */
 async function sqlBatch(tenant: SoakTenant): Promise<void> {
   operation("sql batch");
-  const marker = `b:${tenant.id}:${tenant.writes}`;
+  const marker = `b:${tenant.id}:${tenant.serial++}`;
   const answer = await send("POST", "/sql", {
     headers: sqlHeaders(tenant),
     json: {
@@ -612,7 +614,7 @@ async function leaseSession(tenant: SoakTenant): Promise<void> {
     return;
   }
   const commit = random() < 0.7;
-  const marker = `${commit ? "l" : "r"}:${tenant.id}:${tenant.writes}`;
+  const marker = `${commit ? "l" : "r"}:${tenant.id}:${tenant.serial++}`;
   const statement = async (query: string, params: unknown[] = []) => {
     const answer = await send("POST", `/v1/leases/${lease}/sql`, {
       key: tenant.key,
@@ -778,10 +780,11 @@ async function startCampaign(toVersion: number, force: boolean): Promise<void> {
   operation("campaign");
   const answer = await send("POST", "/v1/campaigns", {
     key: adminKey,
+    // No canary: a migration a fault cuts fails that tenant, and a failed canary would end the
+    // campaign at once; with continueOnFailure the rollout goes on through the whole fleet.
     json: {
       toVersion,
       concurrency: 4,
-      canaryPercent: 10,
       continueOnFailure: true,
       force,
       drainTimeoutMs: 5_000,
@@ -1074,7 +1077,7 @@ interface HostCapacity {
   admissions: number;
   saturations: number;
   leases: number;
-  maintenance: { inUse: number; waiting: number };
+  maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
 }
 
 async function capacityNow(): Promise<HostCapacity | null> {
@@ -1244,16 +1247,18 @@ function walkEvents(tenantId: string): void {
   const events = [...(eventsByTenant.get(tenantId)?.values() ?? [])].sort((a, b) => a.seq - b.seq);
   const started = new Set<number>();
   let starts = 0;
+  // The pool's own state: `migrating` is an overlay on it (an event into it leaves the pool as it was).
+  let pool = "stopped";
   for (const event of events) {
-    if (event.to_state === "starting") {
+    // A start is the transition core/lifecycle.ts's beginStart makes: on demand, or a retry after a failure.
+    if (event.reason === "demand" || event.reason === "retry") {
+      starts++;
       const key = `${tenantId}:${event.seq}`;
-      const skip = event.from_state === "starting" && event.reason === "generation_taken";
-      if (!skip) starts++;
-      if (!skip && !["stopped", "failed"].includes(event.from_state) && !startViolations.has(key)) {
+      if (!["stopped", "failed"].includes(pool) && !startViolations.has(key)) {
         startViolations.add(key);
         violation(
           "duplicate_start",
-          `${tenantId} began generation ${event.generation} from ${event.from_state} (event ${event.seq}, ${event.reason})`,
+          `${tenantId} began generation ${event.generation} while its pool was ${pool} (event ${event.seq}: ${event.from_state} → ${event.to_state})`,
         );
       }
       if (started.has(event.generation) && !startViolations.has(`${key}:again`)) {
@@ -1265,6 +1270,7 @@ function walkEvents(tenantId: string): void {
       }
       started.add(event.generation);
     }
+    if (event.to_state !== "migrating") pool = event.to_state;
   }
   eventStats.events = [...eventsByTenant.values()].reduce((n, m) => n + m.size, 0);
   startsByTenant.set(tenantId, starts);
@@ -1337,6 +1343,7 @@ async function provisionOne(id: string): Promise<SoakTenant> {
     refused: new Set(),
     ambiguous: new Set(),
     writes: 0,
+    serial: 0,
   };
   // The sentinel goes in through Lessor, like any write (and counts as a statement).
   for (let attempt = 1; ; attempt++) {
@@ -1393,6 +1400,7 @@ async function waitForDrain(worker: ScheduledWrangler): Promise<DrainOutcome> {
   const began = Date.now();
   let lastTick = 0;
   let last = { ledger: -1, maintenance: -1, backends: -1, leases: -1, sessions: -1 };
+  let maintenanceHeldBy: Record<string, number> = {};
   while (Date.now() - began < drainDeadlineMs) {
     if (Date.now() - lastTick > 10_000) {
       lastTick = Date.now();
@@ -1410,6 +1418,7 @@ async function waitForDrain(worker: ScheduledWrangler): Promise<DrainOutcome> {
       leases += runtime?.leases ?? 0;
     });
     if (host && backends) {
+      maintenanceHeldBy = host.maintenance.byPurpose;
       last = {
         ledger: host.allocated + host.reserved + host.draining,
         maintenance: host.maintenance.inUse,
@@ -1425,7 +1434,7 @@ async function waitForDrain(worker: ScheduledWrangler): Promise<DrainOutcome> {
   }
   const backends = await lessorBackends().catch(() => []);
   const problems = [
-    `after ${drainDeadlineMs / 1000} s: ledger ${last.ledger}, maintenance ${last.maintenance}, backends ${last.backends}, leases ${last.leases}, sessions ${last.sessions}`,
+    `after ${drainDeadlineMs / 1000} s: ledger ${last.ledger}, maintenance ${last.maintenance}, backends ${last.backends}, leases ${last.leases}, sessions ${last.sessions} (maintenance held for ${JSON.stringify(maintenanceHeldBy)})`,
     ...backends.slice(0, 10).map((b) => `left: ${b.app} (${b.state ?? "?"})`),
   ];
   return { drainedAfterMs: null, last, problems };
@@ -1650,6 +1659,7 @@ async function main(): Promise<boolean> {
   const loadSamples: number[] = [];
   const loadSampler = setInterval(() => loadSamples.push(loadNow()[0] ?? 0), 10_000);
   await sleep(trafficMs);
+  clearInterval(ticker);
   progress("stopping faults, then traffic");
   faultsRunning = false;
   await faults;
@@ -1659,7 +1669,7 @@ async function main(): Promise<boolean> {
   await Promise.all(clients);
   cronRunning = false;
   await cron;
-  clearInterval(ticker);
+
   const trafficEndedAt = Date.now();
   progress(`waiting for ${erasures.length} erase(s) to finish`);
   await Promise.all(erasures);

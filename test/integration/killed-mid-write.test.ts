@@ -211,4 +211,21 @@ describe("the object killed mid-write", () => {
     await env.BUDGETS.getByName(host).reconcile(host, 0);
     expect(await migrateSlots()).toBe(0);
   });
+  it("a request in flight when its object is killed answers 503 object_unavailable with Retry-After, not 500 (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-answer"), { tier: "free" });
+    await sqlFor(tenant)`SELECT 1`;
+    const inFlight = sqlRequest(tenant.connectionString, { query: "SELECT pg_sleep(2)", params: [] });
+    const running = await pollUntil(
+      async () =>
+        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("pg_sleep")),
+      (found) => found,
+      { attempts: 40, intervalMs: 50 },
+    );
+    expect(running).toBe(true);
+    await killObject(tenant);
+    const answer = await inFlight;
+    expect(answer.status).toBe(503);
+    expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+    expect(await answer.json()).toMatchObject({ code: "object_unavailable" });
+  });
 });

@@ -223,4 +223,15 @@ describe("a silent database (blackhole)", () => {
     // for an end the connection already had.
     expect(await outcome).toMatch(/the host cut the connection/);
   });
+  it("a credential rotation whose host goes silent answers 503 connection_lost with Retry-After, not 500 (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("bh-rotate"), { host: "silent" });
+    expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+    await proxy("stall");
+    const answer = await within(admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" }));
+    expect(answer).not.toBe("no answer");
+    if (answer === "no answer") return;
+    expect(answer.status).toBe(503);
+    expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+    expect(await answer.json()).toMatchObject({ code: "connection_lost" });
+  });
 });

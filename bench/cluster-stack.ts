@@ -12,10 +12,13 @@
  *
  * IPC: the parent passes a JSON `StackSpec` as the first argument; this process answers
  * `{type: "ready", …}` or `{type: "failed", message}`. It restarts a host with another
- * `max_connections` on `{type: "restart", host, maxConnections}` (answering `restarted`), and stops
- * everything on `"stop"`, on SIGTERM, and when the parent disconnects.
+ * `max_connections` on `{type: "restart", host, maxConnections, downMs?}` (answering `restarted`),
+ * freezes the proxy's tunnels to a host on `{type: "stall", host}` and ends that on
+ * `{type: "unstall", host}` (fault injection, as local/wsproxy.ts's stall mode; answering
+ * `stalled` / `unstalled`), and stops everything on `"stop"`, on SIGTERM, and when the parent
+ * disconnects.
  */
-import { fork } from "node:child_process";
+import { type ChildProcess, fork } from "node:child_process";
 import { resolve } from "node:path";
 import pg from "pg";
 import { controlPlaneDatabase, migrateControlPlane } from "../local/stack.ts";
@@ -57,7 +60,8 @@ export interface StackReady {
 }
 
 type Message =
-  | { type: "restart"; host: string; maxConnections: number }
+  | { type: "restart"; host: string; maxConnections: number; downMs?: number }
+  | { type: "stall" | "unstall"; host: string }
   | { type: "fatal-counts" }
   | { type: "proxy-stats" }
   | "stop";
@@ -146,13 +150,19 @@ async function serve(spec: StackSpec, send: (message: unknown) => void): Promise
       send({ type: "proxy-stats", stats: proxy.stats() });
       return;
     }
+    if (message.type === "stall" || message.type === "unstall") {
+      const host = hosts.find((h) => h.name === message.host);
+      if (host) proxy[message.type](`${host.host}:${host.port}`);
+      send({ type: `${message.type}ed`, ok: host !== undefined });
+      return;
+    }
     if (message.type === "restart") {
       const host = hosts.find((h) => h.name === message.host);
       if (!host) {
         send({ type: "restart-failed", message: `no host ${message.host}` });
         return;
       }
-      host.restart(message.maxConnections).then(
+      host.restart(message.maxConnections, message.downMs).then(
         () => send({ type: "restarted", host: host.name, postmasterPid: host.postmasterPid() }),
         (error: unknown) =>
           send({ type: "restart-failed", message: error instanceof Error ? error.message : String(error) }),
@@ -190,8 +200,17 @@ export interface RunningClusterStack {
    * (control plane or host) is a tunnel, counted per target `host:port` (`tunnels`).
    */
   proxyStats(): Promise<WsProxyStats>;
-  /** Restarts one host with another max_connections; resolves with its new postmaster pid. */
-  restartHost(host: string, maxConnections: number): Promise<number | null>;
+  /**
+   * Restarts one host with another max_connections, `downMs` after it stopped; resolves with its
+   * new postmaster pid.
+   */
+  restartHost(host: string, maxConnections: number, downMs?: number): Promise<number | null>;
+  /**
+   * Fault injection: the proxy freezes every tunnel to `host` (accepted, nothing forwarded either
+   * way) until `unstallHost`, which cuts the frozen tunnels.
+   */
+  stallHost(host: string): Promise<void>;
+  unstallHost(host: string): Promise<void>;
   stop(): Promise<void>;
   pid: number;
 }
@@ -245,7 +264,9 @@ export async function startClusterStack(spec: StackSpec): Promise<RunningCluster
       child.send({ type: "proxy-stats" });
       return within(answer, 10_000, "proxy stats");
     },
-    restartHost: async (host, maxConnections) => {
+    stallHost: (host) => toggleStall(child, "stall", host),
+    unstallHost: (host) => toggleStall(child, "unstall", host),
+    restartHost: async (host, maxConnections, downMs) => {
       const answer = new Promise<number | null>((done, reject) => {
         const listen = (message: unknown) => {
           const typed = message as { type: string; message?: string; postmasterPid?: number | null };
@@ -259,8 +280,8 @@ export async function startClusterStack(spec: StackSpec): Promise<RunningCluster
         };
         child.on("message", listen);
       });
-      child.send({ type: "restart", host, maxConnections });
-      return within(answer, 120_000, `restarting ${host}`);
+      child.send({ type: "restart", host, maxConnections, downMs });
+      return within(answer, 120_000 + (downMs ?? 0), `restarting ${host}`);
     },
     stop: async () => {
       if (child.exitCode !== null || child.signalCode !== null) return;
@@ -270,6 +291,20 @@ export async function startClusterStack(spec: StackSpec): Promise<RunningCluster
       await within(exited, 60_000, "bench stack stop").catch(() => child.kill("SIGKILL"));
     },
   };
+}
+
+async function toggleStall(child: ChildProcess, type: "stall" | "unstall", host: string): Promise<void> {
+  const answer = new Promise<boolean>((done) => {
+    const listen = (message: unknown) => {
+      const typed = message as { type: string; ok?: boolean };
+      if (typed.type !== `${type}ed`) return;
+      child.off("message", listen);
+      done(typed.ok === true);
+    };
+    child.on("message", listen);
+  });
+  child.send({ type, host });
+  if (!(await within(answer, 10_000, `${type} ${host}`))) throw new Error(`${type}: no host ${host}`);
 }
 
 // Run as the forked child: the spec is the first argument and the parent listens on IPC.

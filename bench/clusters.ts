@@ -33,8 +33,11 @@ export interface Cluster {
   url(database?: string): string;
   /** The postmaster's pid (from postmaster.pid), or null when it is not running. */
   postmasterPid(): number | null;
-  /** Stops and starts again on the same data with another `max_connections`. */
-  restart(maxConnections: number): Promise<void>;
+  /**
+   * Stops (a fast shutdown: sessions are ended) and starts again on the same data with another
+   * `max_connections`, after `downMs` with no server (a crash or a maintenance restart).
+   */
+  restart(maxConnections: number, downMs?: number): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -126,8 +129,9 @@ export async function startCluster(options: ClusterOptions): Promise<Cluster> {
         return null;
       }
     },
-    restart: async (maxConnections: number) => {
+    restart: async (maxConnections: number, downMs = 0) => {
       await server.stop();
+      if (downMs > 0) await new Promise((done) => setTimeout(done, downMs));
       server = make(maxConnections);
       await server.start();
       cluster.maxConnections = maxConnections;

@@ -24,21 +24,11 @@
  * interrupted run are not measured again. `--fresh` starts over. Results:
  * bench/results/fleet-<date>.json and markdown on stdout. See bench/README.md.
  */
-import { type ChildProcess, spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import {
-  appendFileSync,
-  cpSync,
-  existsSync,
-  mkdirSync,
-  readFileSync,
-  rmSync,
-  symlinkSync,
-  writeFileSync,
-} from "node:fs";
+import { appendFileSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { neon, neonConfig } from "@neondatabase/serverless";
-import { wranglerDevArgs, writeEnvFile } from "../local/stack.ts";
 import { type RunningClusterStack, type StackHost, startClusterStack } from "./cluster-stack.ts";
 import {
   ApiError,
@@ -67,7 +57,17 @@ import {
   wranglerVars,
 } from "./harness.ts";
 import { closeConnections, lightFetch, percentile, runLoad } from "./load.ts";
-import { findWranglerLayout, freePort, root, type WranglerLayout, within } from "./processes.ts";
+import {
+  type CronLine,
+  cronTick,
+  findWranglerLayout,
+  freePort,
+  root,
+  type ScheduledWrangler,
+  startScheduledWrangler,
+  type WranglerLayout,
+  within,
+} from "./processes.ts";
 
 // ── Arguments and settings ───────────────────────────────────────────────────────────────────────
 
@@ -254,170 +254,35 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 
 // ── wrangler dev with --test-scheduled ───────────────────────────────────────────────────────────
 
-interface CronLine {
-  job: string;
-  status: string;
-  durationMs: number;
-  summary?: string;
-  fields: Record<string, unknown>;
-  receivedAt: number;
-}
-
-interface FleetWrangler {
-  child: ChildProcess;
+interface FleetWrangler extends ScheduledWrangler {
   layout: WranglerLayout;
   direct: string;
-  /** wrangler dev's own port: /__scheduled is served by the middleware wrangler adds to the bundle. */
-  publicUrl: string;
-  cron: CronLine[];
-  tail(): string;
-  stop(): Promise<void>;
-  killNow(): void;
-}
-
-/**
- * A copy of the sources for `wrangler dev` to bundle and watch: `--test-scheduled` works by adding a
- * middleware while bundling, so the Worker cannot be a prebuilt bundle, and a watched file that
- * someone edits would reload the Worker (restarting every Durable Object) mid-measurement.
- */
-function snapshotSources(): void {
-  rmSync(snapshotDir, { recursive: true, force: true });
-  mkdirSync(resolve(snapshotDir, "bench"), { recursive: true });
-  cpSync(resolve(root, "src"), resolve(snapshotDir, "src"), { recursive: true });
-  for (const file of ["worker.ts", "fleet-worker.ts", "lessor-entry.js", "fleet-wrangler.toml"]) {
-    cpSync(resolve(root, "bench", file), resolve(snapshotDir, "bench", file));
-  }
-  for (const file of ["package.json", "tsconfig.json", "worker-configuration.d.ts"]) {
-    if (existsSync(resolve(root, file))) cpSync(resolve(root, file), resolve(snapshotDir, file));
-  }
-  symlinkSync(resolve(root, "node_modules"), resolve(snapshotDir, "node_modules"), "dir");
 }
 
 async function startFleetWrangler(env: Record<string, string>): Promise<FleetWrangler> {
-  writeEnvFile(envFile, env);
-  snapshotSources();
-  const port = await freePort();
-  const child = spawn(
-    process.execPath,
-    wranglerDevArgs({
-      port,
-      envFile,
-      persistTo: persistDir,
-      inspectorPort: await freePort(),
-      testScheduled: true,
-      // The Worker's console lines carry the cron jobs' durations.
-      extra: ["-c", "bench/fleet-wrangler.toml", "--log-level", "log"],
-    }),
-    {
-      cwd: snapshotDir,
-      detached: true,
-      stdio: ["ignore", "pipe", "pipe"],
-      env: {
-        ...process.env,
-        WRANGLER_SEND_METRICS: "false",
-        CI: "1",
-        WRANGLER_CI_DISABLE_CONFIG_WATCHING: "true",
-        // A private dev registry: another wrangler dev on this machine would otherwise reload this one.
-        WRANGLER_REGISTRY_PATH: resolve(stateDir, "registry"),
-      },
-    },
-  );
-  const output: string[] = [];
-  const cron: CronLine[] = [];
-  const partial = { stdout: "", stderr: "" };
-  for (const stream of ["stdout", "stderr"] as const) {
-    child[stream]?.on("data", (chunk: Buffer) => {
-      const lines = (partial[stream] + chunk.toString()).split("\n");
-      partial[stream] = lines.pop() ?? "";
-      for (const line of lines) {
-        if (!line.trim()) continue;
-        output.push(line);
-        if (output.length > 300) output.splice(0, output.length - 300);
-        if (!line.includes('"event":"cron_job"')) continue;
-        try {
-          const parsed = JSON.parse(line.slice(line.indexOf("{"), line.lastIndexOf("}") + 1)) as Record<
-            string,
-            unknown
-          >;
-          const { job, status, durationMs, summary, ...fields } = parsed;
-          cron.push({
-            job: String(job),
-            status: String(status),
-            durationMs: Number(durationMs),
-            ...(typeof summary === "string" ? { summary } : {}),
-            fields,
-            receivedAt: Date.now(),
-          });
-        } catch {
-          // Not one line of JSON after all.
-        }
-      }
-    });
+  const worker = await startScheduledWrangler({
+    env,
+    envFile,
+    persistDir,
+    snapshotDir,
+    registryDir: resolve(stateDir, "registry"),
+    config: "bench/fleet-wrangler.toml",
+    benchFiles: ["worker.ts", "fleet-worker.ts", "lessor-entry.js", "fleet-wrangler.toml"],
+  });
+  const pid = worker.child.pid;
+  try {
+    if (pid === undefined) throw new Error("wrangler dev has no pid");
+    const layout = await findWranglerLayout(pid, worker.port);
+    return { ...worker, layout, direct: `http://127.0.0.1:${layout.directPort}` };
+  } catch (error) {
+    await worker.stop();
+    throw error;
   }
-  const signal = (name: NodeJS.Signals) => {
-    if (child.pid === undefined) return;
-    try {
-      process.kill(-child.pid, name);
-    } catch {
-      // Gone already.
-    }
-  };
-  const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = new Promise<void>((done) => child.once("exit", () => done()));
-      signal("SIGTERM");
-      await within(exited, 15_000, "wrangler stop").catch(() => undefined);
-    }
-    signal("SIGKILL");
-  };
-  let up = false;
-  for (let attempt = 0; attempt < 600 && child.exitCode === null; attempt++) {
-    try {
-      const response = await fetch(`http://127.0.0.1:${port}/bench/noop`, {
-        signal: AbortSignal.timeout(2_000),
-      });
-      if ((await response.text()) === "bench-noop") {
-        up = true;
-        break;
-      }
-    } catch {
-      // Not yet.
-    }
-    await sleep(250);
-  }
-  if (!up || child.pid === undefined) {
-    await stop();
-    throw new Error(`wrangler dev did not start:\n${output.slice(-30).join("\n")}`);
-  }
-  const layout = await findWranglerLayout(child.pid, port);
-  return {
-    child,
-    layout,
-    direct: `http://127.0.0.1:${layout.directPort}`,
-    publicUrl: `http://127.0.0.1:${port}`,
-    cron,
-    tail: () => output.slice(-40).join("\n"),
-    stop,
-    killNow: () => signal("SIGKILL"),
-  };
 }
 
 /** Fires one cron tick and waits (bounded) until every job has logged its end. */
-async function tick(worker: FleetWrangler): Promise<CronLine[]> {
-  const before = worker.cron.length;
-  const response = await lightFetch(`${worker.publicUrl}/__scheduled?cron=*+*+*+*+*`);
-  if (!response.ok) throw new Error(`/__scheduled: ${response.status} ${await response.text()}`);
-  await response.text();
-  const deadline = performance.now() + 120_000;
-  for (;;) {
-    const lines = worker.cron.slice(before);
-    const jobs = new Set(lines.map((l) => l.job));
-    if (jobs.has("usage-fold") && jobs.has("budget-reconcile") && jobs.has("migration-campaigns"))
-      return lines;
-    if (performance.now() > deadline)
-      throw new Error(`a cron tick did not finish within 120 s:\n${worker.tail()}`);
-    await sleep(20);
-  }
+function tick(worker: FleetWrangler): Promise<CronLine[]> {
+  return cronTick(worker);
 }
 
 // ── neon() ───────────────────────────────────────────────────────────────────────────────────────

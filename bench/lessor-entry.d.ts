@@ -11,7 +11,13 @@ export default lessor;
 
 type DurableObjectClass = abstract new (...args: never[]) => object;
 
-/** Lessor's per-tenant Durable Object. */
-export declare const TenantObject: DurableObjectClass;
+/**
+ * Lessor's per-tenant Durable Object. Declared as a class so a bench Worker can extend it (the soak
+ * kills it through `ctx.abort`, bench/soak-worker.ts).
+ */
+export declare class TenantObject {
+  constructor(ctx: unknown, env: unknown);
+  protected readonly ctx: { abort(reason?: string): void };
+}
 /** Lessor's per-host connection budget. */
 export declare const BudgetObject: DurableObjectClass;

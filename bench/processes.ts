@@ -4,13 +4,24 @@
  * each part of the local server spends.
  */
 import { type ChildProcess, fork, spawn } from "node:child_process";
-import { readdirSync, readFileSync, readlinkSync } from "node:fs";
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  symlinkSync,
+} from "node:fs";
 import { resolve } from "node:path";
+import { freePort, wranglerDevArgs, writeEnvFile } from "../local/stack.ts";
+import { lightFetch } from "./load.ts";
 import type { BenchStackInfo } from "./stack.ts";
 
 export const root = resolve(import.meta.dirname, "..");
 
-export { freePort } from "../local/stack.ts";
+export { freePort };
 
 /** Rejects after `ms` with `what` in the message; the timer never keeps the process alive. */
 export function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
@@ -223,6 +234,199 @@ export async function startWrangler(options: {
     throw error;
   }
   return { child, output, stop, killNow: () => signalGroup("SIGKILL") };
+}
+
+// ── wrangler dev --test-scheduled, on a snapshot of the sources ─────────────────────────────────
+
+/** One `cron_job` log line of the Worker: a cron job's end, with its outcome and duration. */
+export interface CronLine {
+  job: string;
+  status: string;
+  durationMs: number;
+  summary?: string;
+  fields: Record<string, unknown>;
+  receivedAt: number;
+}
+
+export interface ScheduledWrangler {
+  child: ChildProcess;
+  /** wrangler dev's own port. */
+  port: number;
+  /** wrangler dev's own URL: /__scheduled is served by the middleware wrangler adds to the bundle. */
+  publicUrl: string;
+  /** Every `cron_job` line so far. */
+  cron: CronLine[];
+  /** The last lines wrangler and the Worker printed, for diagnostics. */
+  tail(lines?: number): string;
+  stop(): Promise<void>;
+  /** Last resort on exit: SIGKILL to wrangler's whole process group. */
+  killNow(): void;
+}
+
+/**
+ * A copy of the sources for `wrangler dev` to bundle and watch: `--test-scheduled` works by adding a
+ * middleware while bundling, so the Worker cannot be a prebuilt bundle, and a watched file that
+ * someone edits would reload the Worker (restarting every Durable Object) mid-measurement.
+ */
+export function snapshotSources(snapshotDir: string, benchFiles: readonly string[]): void {
+  rmSync(snapshotDir, { recursive: true, force: true });
+  mkdirSync(resolve(snapshotDir, "bench"), { recursive: true });
+  cpSync(resolve(root, "src"), resolve(snapshotDir, "src"), { recursive: true });
+  for (const file of benchFiles) cpSync(resolve(root, "bench", file), resolve(snapshotDir, "bench", file));
+  for (const file of ["package.json", "tsconfig.json", "worker-configuration.d.ts"]) {
+    if (existsSync(resolve(root, file))) cpSync(resolve(root, file), resolve(snapshotDir, file));
+  }
+  symlinkSync(resolve(root, "node_modules"), resolve(snapshotDir, "node_modules"), "dir");
+}
+
+/**
+ * Starts `wrangler dev --test-scheduled -c <config>` on a fresh snapshot of the sources (see
+ * `snapshotSources`), with the Worker's own log lines on (`cron_job` lines are collected), and waits
+ * (bounded) until the Worker answers `/bench/noop`. Runs in a process group of its own.
+ */
+export async function startScheduledWrangler(options: {
+  env: Record<string, string>;
+  envFile: string;
+  persistDir: string;
+  snapshotDir: string;
+  /** A private dev registry: another wrangler dev on this machine would otherwise reload this one. */
+  registryDir: string;
+  /** The wrangler config, relative to the snapshot (`bench/fleet-wrangler.toml`). */
+  config: string;
+  /** The files of bench/ the Worker needs. */
+  benchFiles: readonly string[];
+  /** Called with every line wrangler and the Worker print. */
+  onLine?: (line: string) => void;
+}): Promise<ScheduledWrangler> {
+  writeEnvFile(options.envFile, options.env);
+  snapshotSources(options.snapshotDir, options.benchFiles);
+  const port = await freePort();
+  const child = spawn(
+    process.execPath,
+    wranglerDevArgs({
+      port,
+      envFile: options.envFile,
+      persistTo: options.persistDir,
+      inspectorPort: await freePort(),
+      testScheduled: true,
+      // The Worker's console lines carry the cron jobs' durations.
+      extra: ["-c", options.config, "--log-level", "log"],
+    }),
+    {
+      cwd: options.snapshotDir,
+      detached: true,
+      stdio: ["ignore", "pipe", "pipe"],
+      env: {
+        ...process.env,
+        WRANGLER_SEND_METRICS: "false",
+        CI: "1",
+        WRANGLER_CI_DISABLE_CONFIG_WATCHING: "true",
+        WRANGLER_REGISTRY_PATH: options.registryDir,
+      },
+    },
+  );
+  const output: string[] = [];
+  const cron: CronLine[] = [];
+  const partial = { stdout: "", stderr: "" };
+  for (const stream of ["stdout", "stderr"] as const) {
+    child[stream]?.on("data", (chunk: Buffer) => {
+      const lines = (partial[stream] + chunk.toString()).split("\n");
+      partial[stream] = lines.pop() ?? "";
+      for (const line of lines) {
+        if (!line.trim()) continue;
+        output.push(line);
+        if (output.length > 300) output.splice(0, output.length - 300);
+        options.onLine?.(line);
+        if (!line.includes('"event":"cron_job"')) continue;
+        try {
+          const parsed = JSON.parse(line.slice(line.indexOf("{"), line.lastIndexOf("}") + 1)) as Record<
+            string,
+            unknown
+          >;
+          const { job, status, durationMs, summary, ...fields } = parsed;
+          cron.push({
+            job: String(job),
+            status: String(status),
+            durationMs: Number(durationMs),
+            ...(typeof summary === "string" ? { summary } : {}),
+            fields,
+            receivedAt: Date.now(),
+          });
+        } catch {
+          // Not one line of JSON after all.
+        }
+      }
+    });
+  }
+  const signal = (name: NodeJS.Signals) => {
+    if (child.pid === undefined) return;
+    try {
+      process.kill(-child.pid, name);
+    } catch {
+      // Gone already.
+    }
+  };
+  const stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise<void>((done) => child.once("exit", () => done()));
+      signal("SIGTERM");
+      await within(exited, 15_000, "wrangler stop").catch(() => undefined);
+    }
+    signal("SIGKILL");
+  };
+  let up = false;
+  for (let attempt = 0; attempt < 600 && child.exitCode === null; attempt++) {
+    try {
+      const response = await fetch(`http://127.0.0.1:${port}/bench/noop`, {
+        signal: AbortSignal.timeout(2_000),
+      });
+      if ((await response.text()) === "bench-noop") {
+        up = true;
+        break;
+      }
+    } catch {
+      // Not yet.
+    }
+    await new Promise((done) => setTimeout(done, 250));
+  }
+  if (!up || child.pid === undefined) {
+    await stop();
+    throw new Error(`wrangler dev did not start:\n${output.slice(-30).join("\n")}`);
+  }
+  return {
+    child,
+    port,
+    publicUrl: `http://127.0.0.1:${port}`,
+    cron,
+    tail: (lines = 40) => output.slice(-lines).join("\n"),
+    stop,
+    killNow: () => signal("SIGKILL"),
+  };
+}
+
+/**
+ * Fires one cron tick through `/__scheduled` and waits (bounded) until each of `jobs` has logged
+ * its end (the jobs run under waitUntil, after the route answers).
+ */
+export async function cronTick(
+  worker: ScheduledWrangler,
+  jobs: readonly string[] = ["usage-fold", "budget-reconcile", "migration-campaigns"],
+  timeoutMs = 120_000,
+): Promise<CronLine[]> {
+  const before = worker.cron.length;
+  const response = await lightFetch(`${worker.publicUrl}/__scheduled?cron=*+*+*+*+*`);
+  if (!response.ok) throw new Error(`/__scheduled: ${response.status} ${await response.text()}`);
+  await response.text();
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const lines = worker.cron.slice(before);
+    const seen = new Set(lines.map((l) => l.job));
+    if (jobs.every((job) => seen.has(job))) return lines;
+    if (performance.now() > deadline) {
+      throw new Error(`a cron tick did not finish within ${timeoutMs / 1000} s:\n${worker.tail()}`);
+    }
+    await new Promise((done) => setTimeout(done, 20));
+  }
 }
 
 // ── /proc ────────────────────────────────────────────────────────────────────────────────────────

@@ -3,7 +3,7 @@ import { Hono, type MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { loadConfig } from "./config/index.ts";
-import { describeFailure, errorHeaders, LessorError } from "./errors/index.ts";
+import { describeFailure, durableObjectFailure, errorHeaders, LessorError } from "./errors/index.ts";
 import { logEvent } from "./log/index.ts";
 import { auditRoutes } from "./routes/audit.ts";
 import { campaignRoutes } from "./routes/campaigns.ts";
@@ -78,6 +78,20 @@ app.onError((error, c) => {
   if (error instanceof HTTPException) {
     // Hono's own refusals (bearer auth) already carry a JSON body in our shape.
     return error.getResponse();
+  }
+  const objectFailure = durableObjectFailure(error);
+  if (objectFailure) {
+    // An object reset mid-request (a deploy, a crash) or unreachable: retryable, not a bug.
+    logEvent("warn", "object_unavailable", {
+      path: c.req.path,
+      kind: objectFailure,
+      failure: describeFailure(error),
+    });
+    const unavailable = new LessorError("object_unavailable", {
+      cause: error,
+      retryAfterSeconds: objectFailure === "overloaded" ? 5 : 1,
+    });
+    return c.json(unavailable.body(), 503, errorHeaders(unavailable));
   }
   logEvent("error", "unhandled_error", { path: c.req.path, failure: describeFailure(error) });
   const internal = new LessorError("internal");

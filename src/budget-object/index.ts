@@ -317,9 +317,9 @@ export class BudgetObject extends DurableObject<Env> {
     hostName: string,
     olderThanMs = 30_000,
   ): Promise<{ checked: number; released: number; maintenanceExpired: number }> {
-    const maintenanceExpired = this.expireMaintenance();
-    this.serveMaintenance(this.host(hostName));
     const cutoff = Date.now() - olderThanMs;
+    const maintenanceExpired = this.expireMaintenance() + (await this.reclaimMigrationSlots(cutoff));
+    this.serveMaintenance(this.host(hostName));
     const stale = this.ledger.rows().filter((row) => row.updatedAt < cutoff);
     let released = 0;
     for (const row of stale) {
@@ -345,6 +345,37 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   // ── Maintenance ──────────────────────────────────────────────────────────────────────────────────
+
+  /**
+   * Frees the migration slots (held by a TenantObject for up to LESSOR_MIGRATION_TIMEOUT_MS) whose
+   * object no longer holds them: it was killed (a deploy, a crash) and the next instance never knew
+   * them. Without this a deploy in the middle of a campaign held the host's whole reserve for ten
+   * minutes: no create, erase or orphan reaping meanwhile. A migration's connection dies with its
+   * object; its last statement may still finish on the host, then its transaction rolls back.
+   * Slots granted after `cutoff` are left alone (their holder may not have noted them yet).
+   */
+  private async reclaimMigrationSlots(cutoff: number): Promise<number> {
+    let reclaimed = 0;
+    for (const row of this.ledger.maintenanceRows()) {
+      if (row.purpose !== "migrate" || row.tenantId === null || row.acquiredAt >= cutoff) continue;
+      let held = true;
+      try {
+        held = await this.env.TENANTS.getByName(row.tenantId).holdsMaintenance(row.id);
+      } catch (error) {
+        logEvent("warn", "budget_reconcile_probe_failed", {
+          tenant: row.tenantId,
+          failure: describeFailure(error),
+        });
+        continue;
+      }
+      if (!held && this.ledger.releaseMaintenance(row.id)) {
+        this.ledger.bump("maintenance_expired");
+        reclaimed++;
+      }
+    }
+    if (reclaimed > 0) logEvent("warn", "maintenance_slot_reclaimed", { reclaimed });
+    return reclaimed;
+  }
 
   private grantMaintenance(request: MaintenanceRequest): MaintenanceGrant {
     const now = Date.now();

@@ -20,8 +20,9 @@ export interface RetryOptions {
    */
   jitter: number;
   /**
-   * Also retry `503 connection_lost`. Off by default: the statement may or may not have run, so
-   * only statements that are safe to apply twice (or that the app checks first) should opt in.
+   * Also retry `503 connection_lost` and `503 object_unavailable`. Off by default: the statement
+   * may or may not have run, so only statements that are safe to apply twice (or that the app
+   * checks first) should opt in.
    */
   retryConnectionLost: boolean;
 }
@@ -60,7 +61,9 @@ const defaultRetryAfterSeconds = 1;
 export function isRetryable(answer: ErrorAnswer, onLease: boolean, options: RetryOptions): boolean {
   if (answer.status === 503) {
     if (retryableUnavailable.has(answer.code)) return true;
-    return answer.code === "connection_lost" && options.retryConnectionLost;
+    // The statement may have run: retried only where the app said that is safe.
+    const mayHaveRun = answer.code === "connection_lost" || answer.code === "object_unavailable";
+    return mayHaveRun && options.retryConnectionLost;
   }
   if (answer.status === 409) return answer.code === "stale_generation" && !onLease;
   // A 429 is only a retry hint when it says how long to wait.

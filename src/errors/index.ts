@@ -226,6 +226,12 @@ export const errorCatalog = {
     message: "Provisioning could not finish; send the same create request again to resume it.",
     retryable: true,
   },
+  object_unavailable: {
+    status: 503,
+    message:
+      "A Durable Object this request needed restarted or could not be reached (a deploy, a crash, overload); the request may or may not have run. Retry.",
+    retryable: true,
+  },
   control_plane_unavailable: {
     status: 503,
     message: "Lessor's control plane is not reachable right now.",
@@ -311,6 +317,29 @@ export interface WireError {
 /** Headers an error answer carries. */
 export function errorHeaders(error: LessorError): Record<string, string> {
   return error.retryAfterSeconds === undefined ? {} : { "Retry-After": String(error.retryAfterSeconds) };
+}
+
+/**
+ * Whether `error` is a Durable Object's infrastructure failure, as a stub call reports it: the object
+ * was reset (a deploy, a crash, `ctx.abort()`: `durableObjectReset`), could not be reached
+ * (`retryable`), or is overloaded (`overloaded`). Errors thrown by an object's own code carry
+ * `remote` instead, and are not this. Lessor's objects answer refusals as values, never as throws,
+ * so an infrastructure failure is the one way a stub call rejects; the caller answers
+ * `object_unavailable` (retryable), never a 500.
+ */
+export function durableObjectFailure(error: unknown): "reset" | "unreachable" | "overloaded" | null {
+  if (typeof error !== "object" || error === null) return null;
+  const flags = error as {
+    durableObjectReset?: unknown;
+    retryable?: unknown;
+    overloaded?: unknown;
+    remote?: unknown;
+  };
+  if (flags.remote === true) return null;
+  if (flags.overloaded === true) return "overloaded";
+  if (flags.durableObjectReset === true) return "reset";
+  if (flags.retryable === true) return "unreachable";
+  return null;
 }
 
 /** A short, secret-free description of an unknown failure, for logs. */

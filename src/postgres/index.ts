@@ -168,7 +168,30 @@ async function withClient<T>(client: Client, work: (client: Client) => Promise<T
   try {
     return await work(client);
   } finally {
-    await client.end().catch(() => undefined);
+    await closeClient(client);
+  }
+}
+
+/** How long closing a connection may wait for its end before it moves on. */
+const closeBoundMs = 2_000;
+
+/**
+ * Ends `client`, waiting for its end at most `closeBoundMs`. The driver's `end()` waits for the
+ * connection's `end` event, which a connection emits once: when the host has already cut it (a
+ * restart, a proxy that dropped a frozen tunnel), that event came before, and `end()` never
+ * settles. Found by the chaos soak: a create answered workerd's "your Worker's code had hung" 500
+ * instead of its error, and work run in an object would never have returned (or released its
+ * maintenance slot). The socket is closed either way; only the wait is bounded.
+ */
+async function closeClient(client: Client): Promise<void> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const bound = new Promise<void>((resolve) => {
+    timer = setTimeout(resolve, closeBoundMs);
+  });
+  try {
+    await Promise.race([client.end().catch(() => undefined), bound]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 

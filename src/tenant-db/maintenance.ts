@@ -28,6 +28,11 @@ export interface MaintenanceSlot {
   deadlineMs: number;
   /** How long to wait for a slot; the admission wait by default. */
   waitMs?: number;
+  /**
+   * The holder's record of the slots it holds right now (a TenantObject's, for its migrations): the
+   * budget reconcile asks the holder, and frees a slot its holder no longer knows (it was killed).
+   */
+  held?: Set<string>;
 }
 
 /**
@@ -53,9 +58,11 @@ export async function withMaintenanceSlot<T>(
       retryAfterSeconds: Math.max(1, Math.ceil(grant.retryAfterMs / 1_000)),
     });
   }
+  slot.held?.add(grant.leaseId);
   try {
     return await work();
   } finally {
+    slot.held?.delete(grant.leaseId);
     // A release that fails leaves the slot to expire at its deadline: late, never lost.
     await budget.releaseMaintenance(host, grant.leaseId).catch((error: unknown) => {
       logEvent("warn", "maintenance_release_failed", { host, failure: describeFailure(error) });

@@ -40,7 +40,6 @@ import { type EraseStep, eraseHooksForTests, InterruptedForTests } from "../eras
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { EraseAnswer, EraseStatus } from "../rpc/tenant.ts";
-import { zeroUsage } from "../usage/index.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import type { TenantPool } from "./pool.ts";
@@ -369,7 +368,7 @@ export class TenantErase {
       case "credentials":
         return this.onControlPlane((db) => eraseCredentials(db, job.tenantId));
       case "usage":
-        this.rt.usage = { ...zeroUsage };
+        this.rt.discardUsage();
         return this.onControlPlane((db) => eraseUsage(db, job.tenantId));
       case "events":
         return this.onControlPlane((db) => eraseEvents(db, job.tenantId));
@@ -471,7 +470,7 @@ export class TenantErase {
     rt.lifecycle = initialLifecycle;
     rt.pinned = false;
     rt.fencePending = false;
-    rt.usage = { ...zeroUsage };
+    rt.discardUsage();
     rt.keyUses.clear();
     await rt.budget(job.host).reopenTenant(job.tenantId);
     return { outboxRows: rows.outbox + rows.usageOutbox, sessionTokens: rows.sessionTokens };

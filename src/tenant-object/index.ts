@@ -98,6 +98,8 @@ export class TenantObject extends DurableObject<Env> {
       rt.apply(lifecycle, "object_restarted");
     }
     if (deadGenerations.length > 0) rt.requireFence();
+    // Usage a killed instance answered for but did not stage: the heartbeat flushes it.
+    const unstagedUsage = rt.restoreUsage();
     if (rt.record) {
       const { host, tenantId } = rt.record;
       for (const dead of deadGenerations) {
@@ -109,7 +111,9 @@ export class TenantObject extends DurableObject<Env> {
         );
       }
     }
-    if (rt.storage.pendingOutboxRows() > 0 || rt.erasing) await rt.ensureAlarm(Date.now() + 1_000);
+    if (rt.storage.pendingOutboxRows() > 0 || unstagedUsage || rt.erasing) {
+      await rt.ensureAlarm(Date.now() + 1_000);
+    }
   }
 
   // ── Catalog ────────────────────────────────────────────────────────────────────────────────────
@@ -154,11 +158,11 @@ export class TenantObject extends DurableObject<Env> {
     requiredSchemaVersion: number | null = null,
     bearer: string | null = null,
   ): Promise<SqlOutcome> {
-    return this.queries.sql(tenantId, proof, request, requiredSchemaVersion, bearer);
+    return this.counted(this.queries.sql(tenantId, proof, request, requiredSchemaVersion, bearer));
   }
 
   openSession(tenantId: string, proof: KeyProof, ttlMs: number): Promise<SessionOpened> {
-    return this.sessions.open(tenantId, proof, ttlMs);
+    return this.counted(this.sessions.open(tenantId, proof, ttlMs));
   }
 
   sessionSql(
@@ -168,11 +172,23 @@ export class TenantObject extends DurableObject<Env> {
     statement: Statement,
     output: OutputMode = driverOutputMode,
   ): Promise<SqlOutcome> {
-    return this.sessions.sql(tenantId, proof, token, statement, output);
+    return this.counted(this.sessions.sql(tenantId, proof, token, statement, output));
   }
 
   closeSession(tenantId: string, proof: KeyProof, token: string): Promise<Verdict> {
-    return this.sessions.close(tenantId, proof, token);
+    return this.counted(this.sessions.close(tenantId, proof, token));
+  }
+
+  /**
+   * Saves the usage the work counted before its answer leaves the object (runtime.ts, `saveUsage`):
+   * what a caller saw succeed stays counted if the object is killed right after.
+   */
+  private async counted<T>(work: Promise<T>): Promise<T> {
+    try {
+      return await work;
+    } finally {
+      this.rt.saveUsage();
+    }
   }
 
   // ── Operations ─────────────────────────────────────────────────────────────────────────────────
@@ -230,6 +246,11 @@ export class TenantObject extends DurableObject<Env> {
     return this.pool.holds(generation);
   }
 
+  /** For budget reconciliation: does this instance still hold the maintenance slot `leaseId`? */
+  async holdsMaintenance(leaseId: string): Promise<boolean> {
+    return this.rt.maintenanceHeld.has(leaseId);
+  }
+
   /** Rotates the tenant's database credential through overlapping generations (see rotation.ts). */
   async rotateCredentials(tenantId: string): Promise<RotateOutcome> {
     // An erasing or erased tenant gets no new credential (the erase removes the old one).
@@ -237,7 +258,8 @@ export class TenantObject extends DurableObject<Env> {
       const code = this.rt.erasing ? "tenant_erasing" : "tenant_erased";
       return { ok: false, error: new LessorError(code, { retryAfterSeconds: 5 }).toWire() };
     }
-    return this.rotation.rotate(tenantId);
+    // A rotation starts a pool (a pool start is counted in usage).
+    return this.counted(this.rotation.rotate(tenantId));
   }
 
   /** Migrates the tenant's database to `targetVersion` (see migrate.ts). */

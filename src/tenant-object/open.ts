@@ -152,7 +152,12 @@ export class GenerationOpener {
       this.rt.env,
       config,
       record.host,
-      { purpose, tenantId: record.tenantId, deadlineMs: config.migrationTimeoutMs },
+      {
+        purpose,
+        tenantId: record.tenantId,
+        deadlineMs: config.migrationTimeoutMs,
+        held: this.rt.maintenanceHeld,
+      },
       () =>
         withTenantConnection(
           config,

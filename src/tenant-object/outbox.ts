@@ -4,21 +4,14 @@
  * (tenant, seq), so a flush that dies after the append and before the local delete is harmless.
  */
 import { appendLifecycleEvents, recordKeyUses, withControlPlane } from "../control-plane/index.ts";
-import { appendUsageDeltas, isZeroUsage, zeroUsage } from "../usage/index.ts";
+import { appendUsageDeltas, isZeroUsage } from "../usage/index.ts";
 import { pendingCatalogVersionKey, writeCatalogSchemaVersion } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
-
-/** Moves the in-memory usage counters into the durable usage outbox. */
-export function stageUsage(rt: TenantRuntime): void {
-  if (isZeroUsage(rt.usage) || !rt.storage.isOpen) return;
-  rt.storage.stageUsage(rt.usage);
-  rt.usage = { ...zeroUsage };
-}
 
 /** Appends both outboxes to the control plane in one connection, then forgets what was appended. */
 export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
   const record = rt.record;
-  stageUsage(rt);
+  rt.stageUsage();
   const events = rt.storage.pendingEvents();
   const usage = rt.storage.pendingUsage();
   const keyUses = new Map(rt.keyUses);

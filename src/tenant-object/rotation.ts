@@ -16,7 +16,13 @@
  * generations die with the object, so no two live generations are ever left without leases.
  */
 import { appendGeneration, resealCredential, withControlPlane } from "../control-plane/index.ts";
-import { beginRotation, rotationAbandoned, rotationDecision, rotationSwitched } from "../core/lifecycle.ts";
+import {
+  beginRotation,
+  classifyStartFailure,
+  rotationAbandoned,
+  rotationDecision,
+  rotationSwitched,
+} from "../core/lifecycle.ts";
 import { generateDatabasePassword } from "../crypto/keys.ts";
 import { seal } from "../crypto/seal.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
@@ -58,7 +64,7 @@ export class CredentialRotation {
         this.running = null;
       }
     } catch (error) {
-      return { ok: false, error: asLessorError(this.rt.tenantId, error).toWire() };
+      return { ok: false, error: asLessorError(this.rt.tenantId, hostFailure(error)).toWire() };
     }
   }
 
@@ -180,4 +186,20 @@ export class CredentialRotation {
         }),
     );
   }
+}
+
+/**
+ * A connection to the host that failed mid-rotation (a restart, a cut or silent network) is a
+ * retryable `connection_lost`, as on `/sql`: the rotation may or may not have changed the password,
+ * and asking again is safe (every rotation makes a new one). Anything else stays what it was.
+ */
+function hostFailure(error: unknown): unknown {
+  if (error instanceof LessorError) return error;
+  const reason = classifyStartFailure(error);
+  if (reason !== "unreachable" && reason !== "timeout") return error;
+  return new LessorError("connection_lost", {
+    internal: `a connection to the host failed during the rotation (${reason})`,
+    cause: error,
+    retryAfterSeconds: 1,
+  });
 }

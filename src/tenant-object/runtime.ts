@@ -7,7 +7,7 @@
 import { type LessorConfig, loadConfig } from "../config/index.ts";
 import { initialLifecycle, type Lifecycle } from "../core/lifecycle.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { type UsageCounters, zeroUsage } from "../usage/index.ts";
+import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
 import { TenantStorage } from "./storage.ts";
 
 /**
@@ -29,14 +29,23 @@ export interface EraseGate {
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
 export const heartbeatMs = 30_000;
 
+/** The `kv` key of the usage counted since the last stage (see `TenantRuntime.saveUsage`). */
+const unstagedUsageKey = "usage";
+
 export class TenantRuntime {
   readonly config: LessorConfig;
   readonly storage: TenantStorage;
   lifecycle: Lifecycle = initialLifecycle;
   record: TenantRecord | null = null;
   pinned = false;
-  /** Usage since the last flush; staged into the durable usage outbox by the alarm. */
+  /**
+   * Usage since the last stage into the durable usage outbox (the alarm stages it). Saved to storage
+   * before every answer leaves the object (`saveUsage`), so an object killed between two heartbeats
+   * loses none of what it answered for.
+   */
   usage: UsageCounters = { ...zeroUsage };
+  /** What storage holds under the unstaged-usage key, as JSON: a save that changes nothing writes nothing. */
+  private savedUsage = JSON.stringify(zeroUsage);
   /** Session leases reclaimed because their owner went away (for status). */
   reclaimedLeases = 0;
   /**
@@ -44,6 +53,11 @@ export class TenantRuntime {
    * The next start ends them before it serves (persisted, so a second restart still fences).
    */
   fencePending = false;
+  /**
+   * Maintenance slots this instance holds (its migrations' dedicated connections). In memory on
+   * purpose: a killed instance's slots are unknown to the next one, so the budget reconcile frees them.
+   */
+  readonly maintenanceHeld = new Set<string>();
   /** Minute (epoch ms, floored) each key was last used in, not yet written to the catalog. */
   readonly keyUses = new Map<string, number>();
   /** Set once an erase of this tenant started; null otherwise. */
@@ -99,6 +113,51 @@ export class TenantRuntime {
   /** Notes that `keyId` was used now (the catalog keeps last use to the minute). */
   noteKeyUse(keyId: string): void {
     this.keyUses.set(keyId, Math.floor(Date.now() / 60_000) * 60_000);
+  }
+
+  /**
+   * Saves the usage counted since the last stage. The object's RPC methods call it before they
+   * answer: the write commits before the answer leaves the object (the output gate), so whatever a
+   * caller saw succeed is counted even if the object is killed next (a deploy, a crash, an
+   * eviction). The next instance restores it (`restoreUsage`) and its heartbeat flushes it.
+   */
+  saveUsage(): void {
+    if (!this.storage.isOpen) return;
+    const now = JSON.stringify(this.usage);
+    if (now === this.savedUsage) return;
+    this.storage.write(unstagedUsageKey, this.usage);
+    this.savedUsage = now;
+  }
+
+  /** Loads the usage a previous instance saved but did not stage; whether there is any. */
+  restoreUsage(): boolean {
+    const saved = this.storage.read<UsageCounters>(unstagedUsageKey);
+    if (!saved) return false;
+    this.usage = { ...zeroUsage, ...saved };
+    this.savedUsage = JSON.stringify(this.usage);
+    return !isZeroUsage(this.usage);
+  }
+
+  /**
+   * Moves the usage counted so far into the durable usage outbox, clearing the saved counts in the
+   * same storage transaction: a kill between the two can neither lose nor double any of it.
+   */
+  stageUsage(): void {
+    if (isZeroUsage(this.usage) || !this.storage.isOpen) return;
+    const counters = this.usage;
+    this.storage.transaction(() => {
+      this.storage.stageUsage(counters);
+      this.storage.write(unstagedUsageKey, zeroUsage);
+    });
+    this.usage = { ...zeroUsage };
+    this.savedUsage = JSON.stringify(zeroUsage);
+  }
+
+  /** Forgets the usage counted and not yet staged (an erase: it is the tenant's, and goes with it). */
+  discardUsage(): void {
+    this.usage = { ...zeroUsage };
+    if (this.storage.isOpen) this.storage.write(unstagedUsageKey, zeroUsage);
+    this.savedUsage = JSON.stringify(zeroUsage);
   }
 
   /** Records that a dead generation must be fenced before the next one serves. */

@@ -6,6 +6,8 @@
  */
 import { env } from "cloudflare:test";
 import { afterEach, describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config/index.ts";
+import { withConnection } from "../../src/postgres/index.ts";
 import {
   admin,
   type CreatedTenant,
@@ -195,5 +197,41 @@ describe("a silent database (blackhole)", () => {
       { attempts: 20, intervalMs: 500 },
     );
     expect(notes).toEqual([{ n: 0 }]);
+  });
+  it("closing a connection the host already cut never hangs (found by the chaos soak)", async () => {
+    const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
+    const config = loadConfig(env);
+    const outcome = within(
+      withConnection(config, hosts.silent ?? "", "lessor:host:silent:test", async (client) => {
+        await client.query("SELECT 1");
+        // The tunnel freezes mid-query, then is cut, as a stall that ends does.
+        await proxy("stall");
+        const query = client.query("SELECT 1").then(
+          () => "answered",
+          () => "failed",
+        );
+        await new Promise((resolve) => setTimeout(resolve, 200));
+        await proxy("unstall");
+        expect(await query).toBe("failed");
+        throw new Error("the host cut the connection");
+      }).then(
+        () => "no error",
+        (error: unknown) => String(error),
+      ),
+    );
+    // The work's own error comes back within the bound: closing the dead connection does not wait
+    // for an end the connection already had.
+    expect(await outcome).toMatch(/the host cut the connection/);
+  });
+  it("a credential rotation whose host goes silent answers 503 connection_lost with Retry-After, not 500 (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("bh-rotate"), { host: "silent" });
+    expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+    await proxy("stall");
+    const answer = await within(admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" }));
+    expect(answer).not.toBe("no answer");
+    if (answer === "no answer") return;
+    expect(answer.status).toBe(503);
+    expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+    expect(await answer.json()).toMatchObject({ code: "connection_lost" });
   });
 });

@@ -9,6 +9,7 @@ import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
 import {
+  admin,
   asSuperuser,
   type CreatedTenant,
   createTenant,
@@ -160,5 +161,71 @@ describe("the object killed mid-write", () => {
     expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
       { app: generation(tenant, 2) },
     ]);
+  });
+
+  it("usage the object counted before it was killed is not lost (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-usage"), { tier: "free" });
+    const sql = sqlFor(tenant);
+    await sql`SELECT 1 AS n`;
+    await sql`SELECT g FROM generate_series(1, 3) g`;
+    await expect(sql`SELECT 1 / 0`).rejects.toThrow();
+    // Killed before its heartbeat moved the counts to the durable outbox.
+    await killObject(tenant);
+    // The next instance's heartbeat flushes what the dead one answered for.
+    await runDurableObjectAlarm(env.TENANTS.getByName(tenant.id));
+    const response = await admin(`/v1/tenants/${tenant.id}/usage`);
+    expect(response.status).toBe(200);
+    const { usage } = await response.json<{ usage: Record<string, number> }>();
+    expect(usage).toMatchObject({ queries: 3, errors: 1, rowsReturned: 4, poolStarts: 1 });
+  });
+
+  it("a migration killed with its object gives its maintenance slot back at the next reconcile (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-migrate"), { tier: "free" });
+    const host = (await (await admin(`/v1/tenants/${tenant.id}`)).json<{ tenant: { host: string } }>()).tenant
+      .host;
+    const migrateSlots = async () => {
+      const { hosts } = await (await admin("/v1/capacity")).json<{
+        hosts: { host: string; maintenance: { byPurpose: Record<string, number> } }[];
+      }>();
+      return hosts.find((h) => h.host === host)?.maintenance.byPurpose.migrate ?? 0;
+    };
+    // Back to schema version 1 behind Lessor's back, so there is a migration to run.
+    await asSuperuser(async (client) => {
+      await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
+      await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
+      await client.query("DELETE FROM lessor.schema_migrations WHERE version > 1");
+    }, tenant.database);
+    // The migration's DDL waits behind this lock while the object is killed under it.
+    await asSuperuser(async (locker) => {
+      await locker.query("BEGIN");
+      await locker.query("LOCK TABLE notes IN ACCESS EXCLUSIVE MODE");
+      const migration = env.TENANTS.getByName(tenant.id)
+        .migrate(tenant.id, 2, 1_000)
+        .catch((error: unknown) => String(error));
+      expect(await pollUntil(migrateSlots, (n) => n === 1, { attempts: 80, intervalMs: 100 })).toBe(1);
+      await killObject(tenant);
+      await migration;
+      await locker.query("ROLLBACK");
+    }, tenant.database);
+    // Its holder is gone: the reconcile frees the slot now, not when its 10-minute hold runs out.
+    await env.BUDGETS.getByName(host).reconcile(host, 0);
+    expect(await migrateSlots()).toBe(0);
+  });
+  it("a request in flight when its object is killed answers 503 object_unavailable with Retry-After, not 500 (found by the chaos soak)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-answer"), { tier: "free" });
+    await sqlFor(tenant)`SELECT 1`;
+    const inFlight = sqlRequest(tenant.connectionString, { query: "SELECT pg_sleep(2)", params: [] });
+    const running = await pollUntil(
+      async () =>
+        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("pg_sleep")),
+      (found) => found,
+      { attempts: 40, intervalMs: 50 },
+    );
+    expect(running).toBe(true);
+    await killObject(tenant);
+    const answer = await inFlight;
+    expect(answer.status).toBe(503);
+    expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+    expect(await answer.json()).toMatchObject({ code: "object_unavailable" });
   });
 });

@@ -32,12 +32,13 @@ describe("isRetryable", () => {
     expect(isRetryable(refusal(409, "stale_generation", 1), true, options)).toBe(false);
   });
 
-  it("retries connection_lost only when the caller opts in: the statement may have run", () => {
-    expect(isRetryable(refusal(503, "connection_lost", 1), false, options)).toBe(false);
-    expect(
-      isRetryable(refusal(503, "connection_lost", 1), false, { ...options, retryConnectionLost: true }),
-    ).toBe(true);
-  });
+  it.each(["connection_lost", "object_unavailable"])(
+    "retries %s only when the caller opts in: the statement may have run",
+    (code) => {
+      expect(isRetryable(refusal(503, code, 1), false, options)).toBe(false);
+      expect(isRetryable(refusal(503, code, 1), false, { ...options, retryConnectionLost: true })).toBe(true);
+    },
+  );
 
   it("retries a 429 only when it says how long to wait", () => {
     expect(isRetryable(refusal(429, "rate_limited", 2), false, options)).toBe(true);

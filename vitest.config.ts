@@ -25,6 +25,8 @@ const secondHalf = [
   "drain",
   "smoke",
   "bad-input",
+  "rotation",
+  "jwt",
 ].map((file) => `test/integration/${file}.test.ts`);
 
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {

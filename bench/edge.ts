@@ -42,10 +42,11 @@ import {
   setting,
   sleep,
   sourceRevision,
+  stopOnExit,
   type TenantCredentials,
   wranglerVars,
 } from "./harness.ts";
-import { closeConnections, percentile } from "./load.ts";
+import { percentile } from "./load.ts";
 import {
   buildWorker,
   findWranglerLayout,
@@ -75,24 +76,7 @@ const running: { stack: RunningClusterStack | null; wrangler: RunningWrangler | 
   wrangler: null,
 };
 
-async function cleanup(): Promise<void> {
-  closeConnections();
-  await running.wrangler?.stop().catch(() => undefined);
-  running.wrangler = null;
-  await running.stack?.stop().catch(() => undefined);
-  running.stack = null;
-  rmSync(envFile, { force: true });
-}
-process.on("exit", () => {
-  running.wrangler?.killNow();
-  rmSync(envFile, { force: true });
-});
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.on(signal, () => {
-    console.error(`\nbench:edge: ${signal}, stopping`);
-    void cleanup().finally(() => process.exit(130));
-  });
-}
+const cleanup = stopOnExit("bench:edge", envFile, running);
 
 // ── Forged credentials ───────────────────────────────────────────────────────────────────────────
 

@@ -52,11 +52,12 @@ import {
   rssMiB,
   sleep,
   sourceRevision,
+  stopOnExit,
   type TenantCredentials,
   tenantDatabaseNames,
   wranglerVars,
 } from "./harness.ts";
-import { closeConnections, lightFetch, percentile, runLoad } from "./load.ts";
+import { lightFetch, percentile, runLoad } from "./load.ts";
 import {
   type CronLine,
   cronTick,
@@ -233,24 +234,7 @@ const running: { stack: RunningClusterStack | null; wrangler: FleetWrangler | nu
   wrangler: null,
 };
 
-async function cleanup(): Promise<void> {
-  closeConnections();
-  await running.wrangler?.stop().catch(() => undefined);
-  running.wrangler = null;
-  await running.stack?.stop().catch(() => undefined);
-  running.stack = null;
-  rmSync(envFile, { force: true });
-}
-process.on("exit", () => {
-  running.wrangler?.killNow();
-  rmSync(envFile, { force: true });
-});
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.on(signal, () => {
-    console.error(`\nbench:fleet: ${signal}, stopping (run it again to resume)`);
-    void cleanup().finally(() => process.exit(130));
-  });
-}
+const cleanup = stopOnExit("bench:fleet", envFile, running, { onSignal: "run it again to resume" });
 
 // ── wrangler dev with --test-scheduled ───────────────────────────────────────────────────────────
 

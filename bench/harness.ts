@@ -4,11 +4,11 @@
  * every results file records (machine, load average, versions, source commit).
  */
 import { spawnSync } from "node:child_process";
-import { readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { readdirSync, readFileSync, readlinkSync, rmSync } from "node:fs";
 import { cpus, loadavg, release, totalmem } from "node:os";
 import { resolve } from "node:path";
 import pg from "pg";
-import { burstFetch, lightFetch, requestTimeoutMs } from "./load.ts";
+import { burstFetch, closeConnections, lightFetch, requestTimeoutMs } from "./load.ts";
 import { descendants, root } from "./processes.ts";
 
 // ── Progress ─────────────────────────────────────────────────────────────────────────────────────
@@ -407,4 +407,43 @@ export function mdTable(header: readonly string[], rows: readonly (readonly stri
 /** A number for a table: fixed digits, or "–" when there is none. */
 export function num(value: number | null | undefined, digits = 0): string {
   return value === null || value === undefined || !Number.isFinite(value) ? "–" : value.toFixed(digits);
+}
+
+/** What a bench run starts and must stop however it ends: its Postgres stack and `wrangler dev`. */
+export interface BenchRunning {
+  stack: { stop(): Promise<unknown> } | null;
+  wrangler: { stop(): Promise<unknown>; killNow(): void } | null;
+}
+
+/**
+ * Makes sure nothing a bench run starts outlives it: on exit `wrangler dev` is killed and the vars
+ * file removed; on SIGINT/SIGTERM everything is stopped and the run exits 130. Returns the cleanup
+ * a run calls when it ends normally. `before` stops what only that script holds (pools, PgBouncers).
+ */
+export function stopOnExit(
+  name: string,
+  envFile: string,
+  running: BenchRunning,
+  options: { onSignal?: string; before?: () => Promise<void> } = {},
+): () => Promise<void> {
+  const cleanup = async (): Promise<void> => {
+    closeConnections();
+    await options.before?.();
+    await running.wrangler?.stop().catch(() => undefined);
+    running.wrangler = null;
+    await running.stack?.stop().catch(() => undefined);
+    running.stack = null;
+    rmSync(envFile, { force: true });
+  };
+  process.on("exit", () => {
+    running.wrangler?.killNow();
+    rmSync(envFile, { force: true });
+  });
+  for (const signal of ["SIGINT", "SIGTERM"] as const) {
+    process.on(signal, () => {
+      console.error(`\n${name}: ${signal}, stopping${options.onSignal ? ` (${options.onSignal})` : ""}`);
+      void cleanup().finally(() => process.exit(130));
+    });
+  }
+  return cleanup;
 }

@@ -54,11 +54,12 @@ import {
   setting,
   sleep,
   sourceRevision,
+  stopOnExit,
   type TenantCredentials,
   tenantDatabaseNames,
   wranglerVars,
 } from "./harness.ts";
-import { closeConnections, type LoadResult, lightFetch, percentile, runLoad } from "./load.ts";
+import { type LoadResult, lightFetch, percentile, runLoad } from "./load.ts";
 import { type BouncerConfig, ensurePgBouncer, type RunningBouncer, startBouncer } from "./pgbouncer.ts";
 import {
   buildWorker,
@@ -138,26 +139,12 @@ const running: {
   pools: pg.Pool[];
 } = { stack: null, wrangler: null, bouncers: [], pools: [] };
 
-async function cleanup(): Promise<void> {
-  closeConnections();
-  await Promise.all(running.pools.splice(0).map((pool) => pool.end().catch(() => undefined)));
-  await Promise.all(running.bouncers.splice(0).map((b) => b.stop().catch(() => undefined)));
-  await running.wrangler?.stop().catch(() => undefined);
-  running.wrangler = null;
-  await running.stack?.stop().catch(() => undefined);
-  running.stack = null;
-  rmSync(envFile, { force: true });
-}
-process.on("exit", () => {
-  running.wrangler?.killNow();
-  rmSync(envFile, { force: true });
+const cleanup = stopOnExit("bench:peers", envFile, running, {
+  before: async () => {
+    await Promise.all(running.pools.splice(0).map((pool) => pool.end().catch(() => undefined)));
+    await Promise.all(running.bouncers.splice(0).map((b) => b.stop().catch(() => undefined)));
+  },
 });
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.on(signal, () => {
-    console.error(`\nbench:peers: ${signal}, stopping`);
-    void cleanup().finally(() => process.exit(130));
-  });
-}
 
 // ── Names and passwords ──────────────────────────────────────────────────────────────────────────
 

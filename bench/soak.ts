@@ -60,9 +60,10 @@ import {
   round,
   sleep,
   sourceRevision,
+  stopOnExit,
   wranglerVars,
 } from "./harness.ts";
-import { closeConnections, lightFetch } from "./load.ts";
+import { lightFetch } from "./load.ts";
 import {
   cronTick,
   freePort,
@@ -158,24 +159,7 @@ const running: { stack: RunningClusterStack | null; wrangler: ScheduledWrangler 
   stack: null,
   wrangler: null,
 };
-async function cleanup(): Promise<void> {
-  closeConnections();
-  await running.wrangler?.stop().catch(() => undefined);
-  running.wrangler = null;
-  await running.stack?.stop().catch(() => undefined);
-  running.stack = null;
-  rmSync(envFile, { force: true });
-}
-process.on("exit", () => {
-  running.wrangler?.killNow();
-  rmSync(envFile, { force: true });
-});
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.on(signal, () => {
-    console.error(`\nsoak: ${signal}, stopping`);
-    void cleanup().finally(() => process.exit(130));
-  });
-}
+const cleanup = stopOnExit("soak", envFile, running);
 
 // ── The run's records ────────────────────────────────────────────────────────────────────────────
 

@@ -9,6 +9,7 @@
  * a bounded FIFO until a deadline, then get `capacity_saturated`.
  *
  * The admission and eviction math is in core/budget.ts; this class keeps the ledger and does I/O.
+ * The host's maintenance reserve is its own room (maintenance.ts), over the same ledger.
  */
 import { DurableObject } from "cloudflare:workers";
 import { type DatabaseHost, loadConfig } from "../config/index.ts";
@@ -17,7 +18,6 @@ import {
   evictionCandidates,
   evictionDryRun,
   fits,
-  maintenanceFits,
   planEviction,
   poolCapacity,
   rotationFits,
@@ -34,6 +34,7 @@ import type {
   PoolReport,
 } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
+import { MaintenanceSlots } from "./maintenance.ts";
 import { WaitQueue } from "./wait-queue.ts";
 
 interface Waiter {
@@ -53,9 +54,8 @@ export class BudgetObject extends DurableObject<Env> {
   private waiters = new WaitQueue<Waiter, AdmitResult>(maxWaiters);
   /** Rotations waiting for room in the rotation reserve (never served by eviction). */
   private rotationWaiters = new WaitQueue<Waiter, AdmitResult>(maxWaiters);
-  private maintenanceWaiters = new WaitQueue<MaintenanceRequest, MaintenanceGrant>(maxWaiters);
-  private expiryTimer: ReturnType<typeof setTimeout> | null = null;
-  private expiryAt = 0;
+  /** The host's maintenance reserve (maintenance.ts). */
+  private readonly maintenance = new MaintenanceSlots(this.env, () => this.ledger, maxWaiters);
   private reclaiming: Promise<void> | null = null;
 
   constructor(ctx: DurableObjectState, env: Env) {
@@ -197,30 +197,12 @@ export class BudgetObject extends DurableObject<Env> {
    * died is reclaimed when its `holdMs` runs out.
    */
   async acquireMaintenance(hostName: string, request: MaintenanceRequest): Promise<MaintenanceGrant> {
-    const host = this.host(hostName);
-    this.expireMaintenance();
-    if (
-      this.maintenanceWaiters.length === 0 &&
-      maintenanceFits(this.ledger.maintenanceRows().length, host.budget)
-    ) {
-      return this.grantMaintenance(request);
-    }
-    if (request.waitMs <= 0 || this.maintenanceWaiters.full) {
-      this.ledger.bump("maintenance_refused");
-      return { granted: false, retryAfterMs: 1_000 };
-    }
-    const grant = this.maintenanceWaiters.wait(request, request.waitMs, () => {
-      this.ledger.bump("maintenance_refused");
-      return { granted: false, retryAfterMs: 1_000 };
-    });
-    this.scheduleExpiry(host);
-    return grant;
+    return this.maintenance.acquire(this.host(hostName), request);
   }
 
   /** The maintenance connection is closed. Idempotent. */
   async releaseMaintenance(hostName: string, leaseId: string): Promise<void> {
-    this.ledger.releaseMaintenance(leaseId);
-    this.serveMaintenance(this.host(hostName));
+    this.maintenance.release(this.host(hostName), leaseId);
   }
 
   /** Counts what the cron reconcile found on the host itself (orphaned backends it terminated). */
@@ -256,7 +238,7 @@ export class BudgetObject extends DurableObject<Env> {
       saturations: this.ledger.counter("saturations"),
       admissions: this.ledger.counter("admissions"),
       leases: allocations.reduce((n, a) => n + a.leases, 0),
-      maintenance: this.maintenanceStatus(),
+      maintenance: this.maintenance.status(),
       reconciled: {
         allocationsReleased: this.ledger.counter("allocations_released"),
         orphansTerminated: this.ledger.counter("orphans_terminated"),
@@ -318,8 +300,7 @@ export class BudgetObject extends DurableObject<Env> {
     olderThanMs = 30_000,
   ): Promise<{ checked: number; released: number; maintenanceExpired: number }> {
     const cutoff = Date.now() - olderThanMs;
-    const maintenanceExpired = this.expireMaintenance() + (await this.reclaimMigrationSlots(cutoff));
-    this.serveMaintenance(this.host(hostName));
+    const maintenanceExpired = await this.maintenance.reclaim(this.host(hostName), cutoff);
     const stale = this.ledger.rows().filter((row) => row.updatedAt < cutoff);
     let released = 0;
     for (const row of stale) {
@@ -342,101 +323,6 @@ export class BudgetObject extends DurableObject<Env> {
     }
     if (released > 0) logEvent("info", "budget_reconciled", { host: hostName, released });
     return { checked: stale.length, released, maintenanceExpired };
-  }
-
-  // ── Maintenance ──────────────────────────────────────────────────────────────────────────────────
-
-  /**
-   * Frees the migration slots (held by a TenantObject for up to LESSOR_MIGRATION_TIMEOUT_MS) whose
-   * object no longer holds them: it was killed (a deploy, a crash) and the next instance never knew
-   * them. Without this a deploy in the middle of a campaign held the host's whole reserve for ten
-   * minutes: no create, erase or orphan reaping meanwhile. A migration's connection dies with its
-   * object; its last statement may still finish on the host, then its transaction rolls back.
-   * Slots granted after `cutoff` are left alone (their holder may not have noted them yet).
-   */
-  private async reclaimMigrationSlots(cutoff: number): Promise<number> {
-    let reclaimed = 0;
-    for (const row of this.ledger.maintenanceRows()) {
-      if (row.purpose !== "migrate" || row.tenantId === null || row.acquiredAt >= cutoff) continue;
-      let held = true;
-      try {
-        held = await this.env.TENANTS.getByName(row.tenantId).holdsMaintenance(row.id);
-      } catch (error) {
-        logEvent("warn", "budget_reconcile_probe_failed", {
-          tenant: row.tenantId,
-          failure: describeFailure(error),
-        });
-        continue;
-      }
-      if (!held && this.ledger.releaseMaintenance(row.id)) {
-        this.ledger.bump("maintenance_expired");
-        reclaimed++;
-      }
-    }
-    if (reclaimed > 0) logEvent("warn", "maintenance_slot_reclaimed", { reclaimed });
-    return reclaimed;
-  }
-
-  private grantMaintenance(request: MaintenanceRequest): MaintenanceGrant {
-    const now = Date.now();
-    const row = {
-      id: crypto.randomUUID(),
-      purpose: request.purpose,
-      tenantId: request.tenantId,
-      acquiredAt: now,
-      expiresAt: now + request.holdMs,
-    };
-    this.ledger.holdMaintenance(row);
-    this.ledger.bump("maintenance_granted");
-    return { granted: true, leaseId: row.id, expiresAt: row.expiresAt };
-  }
-
-  /** Grants maintenance waiters in FIFO order while the reserve has room. */
-  private serveMaintenance(host: DatabaseHost): void {
-    this.expireMaintenance();
-    this.maintenanceWaiters.serveWhile((request) =>
-      maintenanceFits(this.ledger.maintenanceRows().length, host.budget)
-        ? this.grantMaintenance(request)
-        : null,
-    );
-    if (this.maintenanceWaiters.length > 0) this.scheduleExpiry(host);
-    else if (this.expiryTimer) {
-      // Nobody waits: no timer keeps the object busy.
-      clearTimeout(this.expiryTimer);
-      this.expiryTimer = null;
-    }
-  }
-
-  /** Frees the slots of holders that outlived their deadline: they died, and so did their connections. */
-  private expireMaintenance(): number {
-    const expired = this.ledger.expireMaintenance(Date.now());
-    for (let i = 0; i < expired; i++) this.ledger.bump("maintenance_expired");
-    if (expired > 0) logEvent("warn", "maintenance_slot_expired", { expired });
-    return expired;
-  }
-
-  /** While someone waits, wakes up when the earliest held slot expires (its holder may be dead). */
-  private scheduleExpiry(host: DatabaseHost): void {
-    const earliest = Math.min(...this.ledger.maintenanceRows().map((row) => row.expiresAt));
-    if (!Number.isFinite(earliest)) return;
-    // A timer already set for that moment or sooner will do; a later one is replaced.
-    if (this.expiryTimer && this.expiryAt <= earliest) return;
-    if (this.expiryTimer) clearTimeout(this.expiryTimer);
-    this.expiryAt = earliest;
-    this.expiryTimer = setTimeout(
-      () => {
-        this.expiryTimer = null;
-        this.serveMaintenance(host);
-      },
-      Math.max(0, earliest - Date.now()) + 10,
-    );
-  }
-
-  private maintenanceStatus(): CapacityStatus["maintenance"] {
-    const rows = this.ledger.maintenanceRows().filter((row) => row.expiresAt > Date.now());
-    const byPurpose: Record<string, number> = {};
-    for (const row of rows) byPurpose[row.purpose] = (byPurpose[row.purpose] ?? 0) + 1;
-    return { inUse: rows.length, waiting: this.maintenanceWaiters.length, byPurpose };
   }
 
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────

@@ -28,7 +28,7 @@ export interface LocalPostgres {
   readonly port: number;
   readonly user: string;
   readonly password: string;
-  /** Connection string of the superuser, for the given database. */
+  /** Connection string of the superuser, for the given database (setup and tests' inspection only). */
   url(database?: string): string;
   /** Stops the cluster for good (deleting a throwaway cluster's files). */
   stop(): Promise<void>;
@@ -46,6 +46,8 @@ export async function startLocalPostgres(options: {
   port: number;
   password: string;
   persistent: boolean;
+  /** 0 refuses `PREPARE TRANSACTION` outright (what Lessor asks of the hosts it provisions). */
+  maxPreparedTransactions?: number;
   log?: (line: string) => void;
 }): Promise<LocalPostgres> {
   const dataDir = resolve(options.dataDir);
@@ -81,7 +83,7 @@ export async function startLocalPostgres(options: {
       "-c",
       "synchronous_commit=off",
       "-c",
-      "max_prepared_transactions=10",
+      `max_prepared_transactions=${options.maxPreparedTransactions ?? 0}`,
       "-c",
       "track_activities=on",
     ],

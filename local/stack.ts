@@ -9,6 +9,7 @@ import { resolve } from "node:path";
 import { drizzle } from "drizzle-orm/node-postgres";
 import { migrate } from "drizzle-orm/node-postgres/migrator";
 import pg from "pg";
+import { clusterSetupStatements, databaseSetupStatements, localAdminRole } from "./host-setup.ts";
 import { type LocalPostgres, startLocalPostgres } from "./postgres.ts";
 import { startWsProxy, type WsProxy, type WsProxyLimits } from "./wsproxy.ts";
 
@@ -18,7 +19,9 @@ export const controlPlaneDatabase = "lessor";
 export interface LocalStack {
   pg: LocalPostgres;
   proxy: WsProxy;
-  /** Superuser connection string of the control-plane database. */
+  /** The host admin's connection string (a non-superuser, local/host-setup.ts) for `database`. */
+  adminUrl(database?: string): string;
+  /** The control-plane database's connection string (as the host admin, who owns it). */
   controlPlaneUrl: string;
   /** `LESSOR_HOSTS` for this stack: one host, `local`. */
   hostsJson: string;
@@ -35,8 +38,12 @@ export async function startLocalStack(options: {
   proxyPort?: number;
   /** Test-only fault injection on the proxy (see startWsProxy). */
   proxyControl?: boolean;
+  /** Test-only: more actions on the proxy's control endpoint (`/__control/hook/<name>`). */
+  proxyHooks?: Record<string, (url: URL) => Promise<unknown>>;
   /** Overrides of the proxy's bounds (see defaultWsProxyLimits). */
   proxyLimits?: Partial<WsProxyLimits>;
+  /** `max_prepared_transactions` of the cluster (0, the default, refuses PREPARE TRANSACTION). */
+  maxPreparedTransactions?: number;
   log?: (line: string) => void;
 }): Promise<LocalStack> {
   const pgServer = await startLocalPostgres({
@@ -44,11 +51,15 @@ export async function startLocalStack(options: {
     port: options.pgPort,
     password: options.pgPassword,
     persistent: options.persistent,
+    maxPreparedTransactions: options.maxPreparedTransactions ?? 0,
     ...(options.log ? { log: options.log } : {}),
   });
   try {
-    await ensureDatabase(pgServer.url(), controlPlaneDatabase);
-    await migrateControlPlane(pgServer.url(controlPlaneDatabase));
+    // The host admin is the local password's role, not the superuser (local/host-setup.ts).
+    const adminUrl = (database = "postgres") =>
+      `postgres://${localAdminRole}:${encodeURIComponent(options.pgPassword)}@${pgServer.host}:${pgServer.port}/${database}`;
+    await prepareHost(pgServer, options.pgPassword);
+    await migrateControlPlane(adminUrl(controlPlaneDatabase));
     const proxy = await startWsProxy({
       // 127.0.0.2 and 127.0.0.3 reach the same cluster; tests use them as a second host and as a
       // control plane they can cut off.
@@ -60,14 +71,22 @@ export async function startLocalStack(options: {
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
       ...(options.proxyLimits ? { limits: options.proxyLimits } : {}),
       ...(options.proxyControl
-        ? { control: true, hooks: { "pg-stop": () => pgServer.halt(), "pg-start": () => pgServer.restart() } }
+        ? {
+            control: true,
+            hooks: {
+              "pg-stop": () => pgServer.halt(),
+              "pg-start": () => pgServer.restart(),
+              ...options.proxyHooks,
+            },
+          }
         : {}),
     });
     return {
       pg: pgServer,
       proxy,
-      controlPlaneUrl: pgServer.url(controlPlaneDatabase),
-      hostsJson: JSON.stringify({ local: pgServer.url("postgres") }),
+      adminUrl,
+      controlPlaneUrl: adminUrl(controlPlaneDatabase),
+      hostsJson: JSON.stringify({ local: adminUrl("postgres") }),
       wsProxy: `127.0.0.1:${proxy.port}`,
       stop: async () => {
         await proxy.close();
@@ -80,14 +99,47 @@ export async function startLocalStack(options: {
   }
 }
 
-async function ensureDatabase(adminUrl: string, name: string): Promise<void> {
-  const client = new pg.Client(adminUrl);
+/** Runs `statements` as the superuser in `database`. */
+async function asSuperuser(pgServer: LocalPostgres, database: string, statements: string[]): Promise<void> {
+  const client = new pg.Client(pgServer.url(database));
   await client.connect();
   try {
-    const exists = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [name]);
-    if (!exists.rowCount) await client.query(`CREATE DATABASE "${name}"`);
+    for (const statement of statements) await client.query(statement);
   } finally {
     await client.end();
+  }
+}
+
+/**
+ * Gives the cluster what a managed provider gives Lessor (local/host-setup.ts, idempotent) and the
+ * control-plane database, owned by the host admin. A persistent cluster made before Lessor ran
+ * without a superuser has its control plane and tenants owned by the superuser: it is refused with
+ * the way out, rather than half converted.
+ */
+async function prepareHost(pgServer: LocalPostgres, adminPassword: string): Promise<void> {
+  const client = new pg.Client(pgServer.url());
+  await client.connect();
+  try {
+    const { rows } = await client.query<{ owner: string }>(
+      "SELECT pg_catalog.pg_get_userbyid(datdba) AS owner FROM pg_catalog.pg_database WHERE datname = $1",
+      [controlPlaneDatabase],
+    );
+    const owner = rows[0]?.owner;
+    if (owner !== undefined && owner !== localAdminRole) {
+      throw new Error(
+        `The local data under .lessor/ was made by an older Lessor, whose host admin was the superuser (its control plane belongs to ${owner}). Lessor now runs without a superuser. Stop Lessor and reset local state: rm -rf .lessor/pg (local tenants are lost).`,
+      );
+    }
+    for (const statement of clusterSetupStatements(adminPassword)) await client.query(statement);
+    if (owner === undefined) {
+      await client.query(`CREATE DATABASE "${controlPlaneDatabase}" OWNER ${localAdminRole}`);
+    }
+    await client.query(`REVOKE CONNECT, TEMPORARY ON DATABASE "${controlPlaneDatabase}" FROM PUBLIC`);
+  } finally {
+    await client.end();
+  }
+  for (const database of ["template1", "postgres"]) {
+    await asSuperuser(pgServer, database, databaseSetupStatements());
   }
 }
 

@@ -117,8 +117,11 @@ export async function startWsProxy(options: {
    * proxy's port. Off unless asked for; `npm start` never enables it.
    */
   control?: boolean;
-  /** Test-only actions served at `/__control/hook/<name>` when `control` is on (e.g. restart Postgres). */
-  hooks?: Record<string, () => Promise<void>>;
+  /**
+   * Test-only actions served at `/__control/hook/<name>` when `control` is on (e.g. restart Postgres);
+   * what one resolves to is answered as JSON.
+   */
+  hooks?: Record<string, (url: URL) => Promise<unknown>>;
   /**
    * How a tunnel opens its TCP connection (default `net.connect`). Tests pass a socket that never
    * connects, to reach the pre-connect bound without depending on a slow network.
@@ -208,8 +211,9 @@ export async function startWsProxy(options: {
       ? options.hooks?.[url.pathname.replace(/^\/__control\/hook\//, "")]
       : undefined;
     if (hook && url.pathname.startsWith("/__control/hook/")) {
-      hook().then(
-        () => res.writeHead(200, { "content-type": "application/json" }).end("{}"),
+      hook(url).then(
+        (result) =>
+          res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(result ?? {})),
         (error: unknown) => res.writeHead(500).end(String(error)),
       );
       return;

@@ -38,17 +38,34 @@ export function localStackSetup(name: string, options: { controlPlaneAddress?: s
   };
 }
 
+/** The server's own log lines a test may read (`/__control/hook/pg-log`), newest last, bounded. */
+const pgLogLimit = 20_000;
+
 async function startTestStack(
   project: TestProject,
   name: string,
   controlPlaneAddress?: string,
 ): Promise<LocalStack> {
+  const pgLog: string[] = [];
   const stack = await startLocalStack({
     dataDir: `.lessor/test-${name}-pg-${process.pid}`,
     pgPort: await freePort(),
-    pgPassword: "lessor-test-superuser",
+    pgPassword: "lessor-test-password",
     persistent: false,
     proxyControl: true,
+    // Hosts that cannot set it to 0 (Lessor's advice) need the clean-up path tested.
+    maxPreparedTransactions: 10,
+    log: (line) => {
+      pgLog.push(line);
+      if (pgLog.length > pgLogLimit) pgLog.splice(0, pgLog.length - pgLogLimit);
+    },
+    // `?grep=<text>`: the lines that contain it (e.g. the trap test's `lessor_trap`).
+    proxyHooks: {
+      "pg-log": async (url) => {
+        const grep = url.searchParams.get("grep") ?? "";
+        return { lines: pgLog.filter((line) => line.includes(grep)) };
+      },
+    },
   });
   // A control plane under an address of its own can be cut off alone (the outage project).
   project.provide(
@@ -57,21 +74,22 @@ async function startTestStack(
       ? stack.controlPlaneUrl.replace("@127.0.0.1:", `@${controlPlaneAddress}:`)
       : stack.controlPlaneUrl,
   );
-  const superuser = stack.pg.url("postgres");
+  // Lessor's host admin: what a managed provider gives (local/host-setup.ts), never the superuser.
+  const admin = stack.adminUrl("postgres");
   project.provide(
     "hostsJson",
     JSON.stringify({
-      local: superuser,
+      local: admin,
       // Same cluster under other names: a host with a small budget, and one the tests can cut off.
-      small: superuser,
+      small: admin,
       // Another small host, for the maintenance tests (each file's budgets are its own, but Postgres is shared).
-      tiny: superuser,
+      tiny: admin,
       // Hosts for the rotation tests: one with a rotation reserve that fits an overlap, one without room.
-      rot: superuser,
-      rotfull: superuser,
-      faulty: superuser.replace("@127.0.0.1:", "@127.0.0.2:"),
+      rot: admin,
+      rotfull: admin,
+      faulty: admin.replace("@127.0.0.1:", "@127.0.0.2:"),
       // A host the blackhole tests stall; where 127.0.0.3 is the control plane, there is none.
-      ...(controlPlaneAddress ? {} : { silent: superuser.replace("@127.0.0.1:", "@127.0.0.3:") }),
+      ...(controlPlaneAddress ? {} : { silent: admin.replace("@127.0.0.1:", "@127.0.0.3:") }),
     }),
   );
   project.provide("wsProxy", stack.wsProxy);

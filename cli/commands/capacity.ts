@@ -1,5 +1,6 @@
 /** `lessorctl capacity` and `lessorctl evict --dry-run`: each host's budget, and what an admission would evict. */
 import { type Command, Option } from "commander";
+import type { HostReport } from "../../src/core/host-capabilities.ts";
 import type { CapacityStatus, EvictionReport } from "../../src/rpc/budget.ts";
 import { ApiError } from "../client.ts";
 import type { CommandContext } from "../context.ts";
@@ -35,6 +36,7 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       reserve: status.reserve,
       waiting: status.maintenance?.waiting ?? 0,
     }),
+    ...hostLines(status.capabilities ?? null),
     ...status.candidates.map((c) =>
       kv("", {
         eviction_candidate: c.tenantId,
@@ -45,6 +47,30 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
         size: c.size,
       }),
     ),
+  ];
+}
+
+/**
+ * The host's kind and what its admin role can do, as last probed: a line, then one per missing
+ * capability (with the provider's remedy) and per warning.
+ */
+function hostLines(report: HostReport | null): string[] {
+  if (report === null)
+    return [kv("capabilities", { probed: "never", note: "probed on the next admin connection" })];
+  const { facts, verdict } = report;
+  return [
+    kv("capabilities", {
+      kind: report.kind,
+      fit: verdict.fit,
+      containment: verdict.containment,
+      passwords: verdict.passwordMode,
+      event_triggers: facts.eventTriggers,
+      server: Math.floor(facts.serverVersionNum / 10_000),
+      admin: facts.role,
+      probed: new Date(report.probedAt).toISOString(),
+    }),
+    ...verdict.missing.map((m) => kv("", { missing: m.capability, remedy: m.remedy })),
+    ...verdict.warnings.map((w) => kv("", { warning: w })),
   ];
 }
 
@@ -86,6 +112,9 @@ export function register(program: Command, ctx: CommandContext): void {
 Output, per host:
   repos host=local ready=8 starting=1 draining=1 failed=2
   connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  maintenance in_use=1 reserve=4 waiting=0
+  capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
+  warning="…"   (what the host allows that is weaker than ideal; missing=… remedy=… if it cannot run Lessor)
   eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5   (up to 5, least recently used first)
 
   ready/starting/draining and the connections come from the host's BudgetObject ledger;

@@ -22,6 +22,7 @@ import {
   poolCapacity,
   rotationFits,
 } from "../core/budget.ts";
+import { describeMissing, type HostReport } from "../core/host-capabilities.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type {
@@ -82,6 +83,16 @@ export class BudgetObject extends DurableObject<Env> {
     if (this.ledger.isClosed(tenantId))
       return { granted: false, retryAfterMs: 5_000, waited: false, closed: true };
     if (this.ledger.find(tenantId, generation)) return { granted: true };
+    // A host whose admin cannot do what Lessor needs runs no new pool (src/core/host-capabilities.ts).
+    const report = this.ledger.hostReport(hostName);
+    if (report && !report.verdict.fit) {
+      return {
+        granted: false,
+        retryAfterMs: 30_000,
+        waited: false,
+        unfit: describeMissing(hostName, report.verdict),
+      };
+    }
     if (this.waiters.length === 0 && fits(this.ledger.rows(), host.budget, size)) {
       this.ledger.reserve(tenantId, generation, size);
       this.ledger.bump("admissions");
@@ -197,7 +208,28 @@ export class BudgetObject extends DurableObject<Env> {
    * died is reclaimed when its `holdMs` runs out.
    */
   async acquireMaintenance(hostName: string, request: MaintenanceRequest): Promise<MaintenanceGrant> {
-    return this.maintenance.acquire(this.host(hostName), request);
+    const grant = await this.maintenance.acquire(this.host(hostName), request);
+    // The holder learns the host's last report with its slot: no second call to know whether to probe.
+    return grant.granted ? { ...grant, hostReport: this.ledger.hostReport(hostName) } : grant;
+  }
+
+  /** What the last probe of the host's admin role found, or null before the first. */
+  async hostReport(hostName: string): Promise<HostReport | null> {
+    return this.ledger.hostReport(this.host(hostName).name);
+  }
+
+  /** Keeps a probe's report (src/tenant-db/capabilities.ts); from now on admissions follow its verdict. */
+  async recordHostReport(hostName: string, report: HostReport): Promise<void> {
+    const before = this.ledger.hostReport(this.host(hostName).name);
+    this.ledger.recordHostReport(hostName, report);
+    if (before?.verdict.fit !== report.verdict.fit) {
+      logEvent(report.verdict.fit ? "info" : "error", "host_capabilities", {
+        host: hostName,
+        fit: report.verdict.fit,
+        containment: report.verdict.containment,
+        missing: report.verdict.missing.map((m) => m.capability),
+      });
+    }
   }
 
   /** The maintenance connection is closed. Idempotent. */
@@ -239,6 +271,7 @@ export class BudgetObject extends DurableObject<Env> {
       admissions: this.ledger.counter("admissions"),
       leases: allocations.reduce((n, a) => n + a.leases, 0),
       maintenance: this.maintenance.status(),
+      capabilities: this.ledger.hostReport(hostName),
       reconciled: {
         allocationsReleased: this.ledger.counter("allocations_released"),
         orphansTerminated: this.ledger.counter("orphans_terminated"),

@@ -6,9 +6,17 @@ import { and, eq, lte, sql } from "drizzle-orm";
 import { type DrizzleSqliteDODatabase, drizzle } from "drizzle-orm/durable-sqlite";
 import { migrate } from "drizzle-orm/durable-sqlite/migrator";
 import type { Allocation, AllocationPhase } from "../core/budget.ts";
+import type { HostReport } from "../core/host-capabilities.ts";
 import { budgetObjectMigrations } from "../migrations/budget-object.gen.ts";
 import type { PoolReport } from "../rpc/budget.ts";
-import { allocations, budgetObjectSchema, closedTenants, counters, maintenance } from "./storage-schema.ts";
+import {
+  allocations,
+  budgetObjectSchema,
+  closedTenants,
+  counters,
+  hostReports,
+  maintenance,
+} from "./storage-schema.ts";
 
 /** An allocation as stored, with when it last changed (reconcile looks only at quiet ones). */
 export interface LedgerRow extends Allocation {
@@ -150,6 +158,20 @@ export class CapacityLedger {
   /** Frees the slots whose holders outlived their deadline (they died): how many. */
   expireMaintenance(now: number): number {
     return this.db.delete(maintenance).where(lte(maintenance.expiresAt, now)).returning().all().length;
+  }
+
+  hostReport(host: string): HostReport | null {
+    const row = this.db.select().from(hostReports).where(eq(hostReports.host, host)).get();
+    return row ? (JSON.parse(row.report) as HostReport) : null;
+  }
+
+  recordHostReport(host: string, report: HostReport): void {
+    const values = { host, report: JSON.stringify(report), probedAt: report.probedAt };
+    this.db
+      .insert(hostReports)
+      .values(values)
+      .onConflictDoUpdate({ target: hostReports.host, set: values })
+      .run();
   }
 
   counter(name: CounterName): number {

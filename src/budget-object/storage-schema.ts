@@ -49,4 +49,14 @@ export const closedTenants = sqliteTable("closed_tenants", {
   closedAt: integer("closed_at").notNull(),
 });
 
-export const budgetObjectSchema = { allocations, maintenance, counters, closedTenants };
+/**
+ * What the last probe of the host's admin role found (src/core/host-capabilities.ts), as JSON: the
+ * verdict admissions and provisioning follow, and what operators see. One row.
+ */
+export const hostReports = sqliteTable("host_reports", {
+  host: text("host").primaryKey(),
+  report: text("report").notNull(),
+  probedAt: integer("probed_at").notNull(),
+});
+
+export const budgetObjectSchema = { allocations, maintenance, counters, closedTenants, hostReports };

@@ -117,7 +117,7 @@ export async function sqlWithSchemaVersion(
   const required = requiredSchemaVersion(rawHeader);
   const tenant = env.TENANTS.getByName(tenantId);
   const outcome = await tenant.sql(tenantId, proof, request, required, bearer);
-  const authenticated = outcome.ok || !("error" in outcome) || outcome.error.code !== "invalid_credentials";
+  const authenticated = outcome.ok || outcome.authenticated;
   if (required !== null && authenticated) noteAppSchemaVersion(env, tenantId, required, waitUntil);
   if (
     required === null ||

@@ -3,6 +3,13 @@
  * object; a bad value is a `misconfigured` error that names the setting, never its value.
  */
 import { type BudgetLimits, validateLimits } from "../core/budget.ts";
+import {
+  type ContainmentLevel,
+  type HostKind,
+  hostKinds,
+  impliedHostKind,
+  isPoolerHostname,
+} from "../core/host-capabilities.ts";
 import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
 
@@ -13,7 +20,17 @@ export interface DatabaseHost {
   hostname: string;
   port: number;
   budget: BudgetLimits;
+  /** What the host is (docs/adr/016-host-kinds.md): how passwords travel, which URLs are allowed. */
+  kind: HostKind;
+  /** `full` (default): refuse to run without the login guard; `reduced`: run without it, knowingly. */
+  containment: ContainmentLevel;
+  /** Where Cloudflare should create the host's objects (a location hint), or null: near the first caller. */
+  locationHint: LocationHint | null;
 }
+
+/** Cloudflare's Durable Object location hints (developers.cloudflare.com, "Data location"). */
+export const locationHints = ["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"] as const;
+export type LocationHint = (typeof locationHints)[number];
 
 export interface LessorConfig {
   idleTimeoutMs: number;
@@ -99,6 +116,55 @@ function tempFileLimit(raw: string | undefined): string | null {
   return raw;
 }
 
+interface HostEntry {
+  url: string;
+  kind?: HostKind;
+  containment?: ContainmentLevel;
+  locationHint?: LocationHint;
+}
+
+/**
+ * One `LESSOR_HOSTS` value: an admin connection string (a Postgres host of the kind its name
+ * implies), or `{ "url", "kind", "containment", "locationHint" }`.
+ */
+function hostEntry(name: string, entry: unknown): HostEntry {
+  if (typeof entry === "string") return { url: entry };
+  if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+    fail("LESSOR_HOSTS", `host ${name} needs an admin connection string, or an object with "url"`);
+  }
+  const { url, kind, containment, locationHint, ...rest } = entry as Record<string, unknown>;
+  const unknown = Object.keys(rest);
+  if (unknown.length > 0) {
+    fail(
+      "LESSOR_HOSTS",
+      `host ${name} has unknown fields (${unknown.join(", ")}); known: url, kind, containment, locationHint`,
+    );
+  }
+  if (typeof url !== "string") fail("LESSOR_HOSTS", `host ${name} needs "url", its admin connection string`);
+  if (kind !== undefined && !(hostKinds as readonly unknown[]).includes(kind)) {
+    fail("LESSOR_HOSTS", `host ${name}: kind must be one of ${hostKinds.join(", ")}`);
+  }
+  if (containment !== undefined && containment !== "full" && containment !== "reduced") {
+    fail("LESSOR_HOSTS", `host ${name}: containment must be "full" or "reduced"`);
+  }
+  if (locationHint !== undefined && !(locationHints as readonly unknown[]).includes(locationHint)) {
+    fail("LESSOR_HOSTS", `host ${name}: locationHint must be one of ${locationHints.join(", ")}`);
+  }
+  return {
+    url,
+    ...(kind === undefined ? {} : { kind: kind as HostKind }),
+    ...(containment === undefined ? {} : { containment: containment as ContainmentLevel }),
+    ...(locationHint === undefined ? {} : { locationHint: locationHint as LocationHint }),
+  };
+}
+
+/** Whether a `host:port` (or a URL) names this machine's loopback. */
+function isLoopbackAddress(address: string): boolean {
+  const rest = address.replace(/^[a-z]+:\/\//i, "");
+  const host = rest.startsWith("[") ? rest.slice(1, rest.indexOf("]")) : rest.replace(/[:/].*$/, "");
+  return host === "localhost" || host === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
 /** Reads and validates the configuration. */
 export function loadConfig(env: Env): LessorConfig {
   const cached = cache.get(env);
@@ -119,15 +185,23 @@ export function loadConfig(env: Env): LessorConfig {
   const largestPool = Math.max(...poolSizes.values());
   const budgets = jsonObject("LESSOR_BUDGETS", env.LESSOR_BUDGETS);
   const hosts = new Map<string, DatabaseHost>();
-  for (const [name, adminUrl] of Object.entries(jsonObject("LESSOR_HOSTS", env.LESSOR_HOSTS))) {
+  for (const [name, entry] of Object.entries(jsonObject("LESSOR_HOSTS", env.LESSOR_HOSTS))) {
     if (!/^[a-z0-9][a-z0-9-]{0,39}$/.test(name)) fail("LESSOR_HOSTS", "host names are lowercase slugs");
-    if (typeof adminUrl !== "string") fail("LESSOR_HOSTS", `host ${name} needs an admin connection string`);
+    const declared = hostEntry(name, entry);
+    const adminUrl = declared.url;
     let url: URL;
     try {
       url = new URL(adminUrl.replace(/^postgres(ql)?:/, "http:"));
     } catch {
       fail("LESSOR_HOSTS", `host ${name} has a malformed connection string`);
     }
+    if (isPoolerHostname(url.hostname)) {
+      fail(
+        "LESSOR_HOSTS",
+        `host ${name} is a -pooler endpoint (PgBouncer), which refuses the startup parameters Lessor's login tokens and pinned settings ride in; use the direct endpoint (drop "-pooler" from the host name)`,
+      );
+    }
+    const kind = declared.kind ?? impliedHostKind(url.hostname);
     const rawBudget = budgets[name] ?? budgets["*"];
     if (typeof rawBudget !== "object" || rawBudget === null) {
       fail("LESSOR_BUDGETS", `host ${name} has no budget (give it one, or a "*" default)`);
@@ -144,7 +218,26 @@ export function loadConfig(env: Env): LessorConfig {
     };
     const problem = validateLimits(budget, largestPool);
     if (problem) fail("LESSOR_BUDGETS", `host ${name}: ${problem}`);
-    hosts.set(name, { name, adminUrl, hostname: url.hostname, port: Number(url.port || 5432), budget });
+    hosts.set(name, {
+      name,
+      adminUrl,
+      hostname: url.hostname,
+      port: Number(url.port || 5432),
+      budget,
+      kind,
+      containment: declared.containment ?? "full",
+      locationHint: declared.locationHint ?? null,
+    });
+  }
+  const wsProxy = env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null;
+  // A plaintext password (Neon's kind) travels only over TLS: the driver's own wss:// to the host, or
+  // a proxy on this machine's loopback (local runs and tests).
+  const neonHost = [...hosts.values()].find((h) => h.kind === "neon");
+  if (neonHost && wsProxy !== null && !isLoopbackAddress(wsProxy)) {
+    fail(
+      "LESSOR_WS_PROXY",
+      `host ${neonHost.name} is of kind neon, whose role passwords are sent in plaintext, so its connections must use TLS; unset LESSOR_WS_PROXY (the driver then uses wss:// to the host) or point it at loopback`,
+    );
   }
   const defaultHost = [...hosts.keys()][0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
@@ -158,7 +251,7 @@ export function loadConfig(env: Env): LessorConfig {
     defaultTier,
     hosts,
     defaultHost,
-    wsProxy: env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null,
+    wsProxy,
     admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),
     maxDrainMs: positiveInt("LESSOR_MAX_DRAIN_MS", env.LESSOR_MAX_DRAIN_MS, 30_000),

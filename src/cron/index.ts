@@ -8,6 +8,7 @@ import { auditRetentionJob } from "./jobs/audit-retention.ts";
 import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
 import { credentialRotationJob } from "./jobs/credential-rotation.ts";
 import { eraseResumeJob } from "./jobs/erase-resume.ts";
+import { hostHygieneJob } from "./jobs/host-hygiene.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
 import { resealJob } from "./jobs/reseal.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
@@ -23,6 +24,7 @@ export const cronJobs: readonly CronJob[] = [
   eraseResumeJob,
   auditRetentionJob,
   resealJob,
+  hostHygieneJob,
 ];
 
 /** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */

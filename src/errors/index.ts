@@ -143,6 +143,17 @@ export const errorCatalog = {
     message: "The tenant's schema is being migrated; retry shortly.",
     retryable: true,
   },
+  tenant_database_conflict: {
+    status: 409,
+    message:
+      "The tenant's database holds an object in a place Lessor keeps its own (a schema named lessor_guard or auth); the tenant must rename it, then the request can be sent again.",
+  },
+  host_unfit: {
+    status: 503,
+    message:
+      "The tenant's database host cannot run Lessor right now: its admin role lacks a capability Lessor needs. An operator must fix the host (GET /v1/capacity names what is missing); retry after that.",
+    retryable: true,
+  },
   maintenance_busy: {
     status: 503,
     message:

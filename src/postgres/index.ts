@@ -67,20 +67,61 @@ export interface TenantConnectionOptions {
   limits: SessionLimits;
   /** Mints the one-time login token each new connection presents to the tenant database's guard. */
   loginToken: () => Promise<string>;
+  /** More pinned settings (a migration pins its `search_path`). */
+  extraSettings?: readonly string[];
 }
 
-/** The libpq `options` startup parameter: `-c name=value` pairs (values here never hold spaces). */
-function startupOptions(limits: SessionLimits, token: string): string {
+/**
+ * The libpq `options` startup parameter: `-c name=value` pairs. Startup parameters win over every
+ * database- and role-level setting, so what is pinned here no tenant can change for the session
+ * (it can still `SET` it inside its own statements). A space in a value is escaped, as libpq does.
+ */
+export function startupOptions(settings: readonly string[]): string {
+  return settings.map((setting) => `-c ${setting.replaceAll("\\", "\\\\").replaceAll(" ", "\\ ")}`).join(" ");
+}
+
+/**
+ * The session defaults of every connection as a tenant role (its pool, its migrations): the soft
+ * limits, and the two settings Lessor's own statements on it depend on, whatever the tenant set
+ * for its role. Its `search_path` stays the tenant's own: Lessor's statements there name every
+ * object with its schema.
+ */
+export function tenantSessionSettings(limits: SessionLimits): string[] {
   return [
     `statement_timeout=${limits.statementTimeoutMs}`,
     `lock_timeout=${limits.lockTimeoutMs}`,
     `idle_in_transaction_session_timeout=${limits.idleInTransactionMs}`,
     // A backend whose client vanished notices within a second even while it computes.
     "client_connection_check_interval=1000",
-    `lessor.login=${token}`,
-  ]
-    .map((setting) => `-c ${setting}`)
-    .join(" ");
+    "default_transaction_read_only=off",
+    "standard_conforming_strings=on",
+  ];
+}
+
+/**
+ * The pinned session of every connection Lessor opens with more rights than a tenant (the host's
+ * admin role, in its own database or a tenant's): nothing a database or role setting says can
+ * reach it. Only `pg_catalog` resolves names (`pg_temp` last, so no temporary object shadows one),
+ * literals parse one way, transactions are read-write and read committed, and every wait is bounded
+ * by the work's deadline (docs/adr/007-tenant-containment.md, "Pinning").
+ */
+export function privilegedSessionSettings(deadlineMs: number): string[] {
+  return [
+    "search_path=pg_catalog,pg_temp",
+    "standard_conforming_strings=on",
+    "default_transaction_read_only=off",
+    "default_transaction_isolation=read committed",
+    "default_table_access_method=heap",
+    "check_function_bodies=on",
+    "array_nulls=on",
+    "transform_null_equals=off",
+    "row_security=on",
+    `statement_timeout=${deadlineMs}`,
+    `lock_timeout=${deadlineMs}`,
+    `idle_in_transaction_session_timeout=${deadlineMs}`,
+    "idle_session_timeout=0",
+    "client_connection_check_interval=1000",
+  ];
 }
 
 interface StartupConfigurable {
@@ -110,7 +151,11 @@ function tenantClientClass(options: TenantConnectionOptions): typeof Client {
     /** Called by the driver when it sends the startup message, after `connect` minted the token. */
     override getStartupConf = (): Record<string, string> => {
       const conf = baseStartupConf.call(this);
-      conf.options = startupOptions(options.limits, this.loginToken);
+      conf.options = startupOptions([
+        ...tenantSessionSettings(options.limits),
+        ...(options.extraSettings ?? []),
+        `lessor.login=${this.loginToken}`,
+      ]);
       return conf;
     };
   };
@@ -218,23 +263,45 @@ export function withTenantConnection<T>(
 }
 
 /**
- * Runs `work` on a fresh connection and always closes it. For the control plane and a host's admin
- * role, never for a tenant's queries (those go through the tenant's pool).
+ * Runs `work` on a fresh connection and always closes it. For the control plane, never for a
+ * tenant's queries (those go through the tenant's pool) nor for a host's admin role
+ * (`withPrivilegedConnection`).
  */
 export function withConnection<T>(
   config: LessorConfig,
   connectionString: string,
   applicationName: string,
   work: (client: Client) => Promise<T>,
-  purpose: Exclude<ConnectionPurpose, "tenant"> = applicationName.startsWith("lessor:host:")
-    ? "host_admin"
-    : "control_plane",
 ): Promise<T> {
   configureDriver(config);
-  opened[purpose]++;
+  opened.control_plane++;
   return withClient(
     new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
     work,
+  );
+}
+
+/**
+ * Runs `work` on a fresh connection as a host's admin role, pinned (`privilegedSessionSettings`)
+ * and cancelled at `deadlineMs`, and always closes it.
+ */
+export function withPrivilegedConnection<T>(
+  config: LessorConfig,
+  connectionString: string,
+  applicationName: string,
+  deadlineMs: number,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  configureDriver(config);
+  opened.host_admin++;
+  return withClient(
+    new Client({
+      connectionString,
+      application_name: applicationName,
+      connectionTimeoutMillis: 10_000,
+      options: startupOptions(privilegedSessionSettings(deadlineMs)),
+    }),
+    (client) => underDeadline(config, targetOfUrl(connectionString), client, deadlineMs, () => work(client)),
   );
 }
 

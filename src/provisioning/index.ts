@@ -10,31 +10,42 @@ import { writeAudit } from "../audit/index.ts";
 import type { LessorConfig } from "../config/index.ts";
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
-import { hostApplicationName, newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import type { HostReport } from "../core/host-capabilities.ts";
+import { newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
 import { hmacPads, jwtClaimsKey } from "../crypto/jwt-claims.ts";
 import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
-import { scramVerifier } from "../crypto/scram.ts";
 import { seal } from "../crypto/seal.ts";
 import { mintTenantKey } from "../crypto/tenant-keys.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import {
-  adminUrlFor,
-  targetOfUrl,
-  underDeadline,
-  withConnection,
-  withTenantConnection,
-} from "../postgres/index.ts";
+import { underDeadline, withTenantConnection } from "../postgres/index.ts";
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
-import { guardKeyId, migrationLimits, roleLimits, tenantCredential } from "../tenant-db/connect.ts";
-import { ensureTenantDatabase, ensureTenantRole, revokePublicConnect } from "../tenant-db/host-admin.ts";
+import {
+  guardKeyId,
+  migrationLimits,
+  migrationSettings,
+  roleLimits,
+  tenantCredential,
+} from "../tenant-db/connect.ts";
+import {
+  createClosedDatabase,
+  ensureTenantRole,
+  openTenantDatabase,
+  revokePublicConnect,
+} from "../tenant-db/host-admin.ts";
 import { installAuthFunctions } from "../tenant-db/jwt-install.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
-import { adminDeadlineMs, withMaintenanceSlot } from "../tenant-db/maintenance.ts";
+import {
+  adminDeadlineMs,
+  requireFitHost,
+  withAdminConnection,
+  withMaintenanceSlot,
+} from "../tenant-db/maintenance.ts";
 import { migrateTenantDatabase } from "../tenant-db/migrator.ts";
+import { provisioningHooksForTests } from "./test-hooks.ts";
 
 export interface ProvisionInput {
   id: TenantId;
@@ -96,7 +107,7 @@ export async function provisionTenant(
     config,
     existing?.host ?? input.host,
     { purpose: "provision", tenantId: input.id, deadlineMs: 3 * adminDeadlineMs },
-    () =>
+    (knownReport) =>
       withControlPlane(config, env, async (db) => {
         // The lock is on the control-plane session, which withControlPlane keeps for this call and
         // resets (pg_advisory_unlock_all) before its connection serves anyone else.
@@ -105,7 +116,7 @@ export async function provisionTenant(
         );
         if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
         try {
-          return await provisionLocked(db, env, config, input, actor);
+          return await provisionLocked(db, env, config, input, actor, knownReport);
         } finally {
           await db.execute(
             sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`,
@@ -129,6 +140,7 @@ async function provisionLocked(
   config: LessorConfig,
   input: ProvisionInput,
   actor: string,
+  knownReport: HostReport | null,
 ): Promise<Provisioned> {
   let [row] = await db.select().from(tenants).where(eq(tenants.id, input.id)).limit(1);
   // The id may be created again once its erase has committed (a new tenant, a new ordinal).
@@ -167,29 +179,47 @@ async function provisionLocked(
 
   let schemaVersion: number;
   try {
-    const verifier = await scramVerifier(password);
     const guardKey = await loginGuardKey(password);
+    const keyId = await guardKeyId(guardKey);
     const { roleName, databaseName } = row;
-    const applicationName = hostApplicationName(host.name, "provision");
-    await withConnection(config, host.adminUrl, applicationName, (admin) =>
-      underDeadline(config, targetOfUrl(host.adminUrl), admin, adminDeadlineMs, async () => {
+    // The role, and its database created closed (owned by the admin, nobody else may connect).
+    const report = await withAdminConnection(
+      env,
+      config,
+      host,
+      { purpose: "provision", knownReport },
+      async (admin, current) => {
+        requireFitHost(host, current);
         // Serialise the host's catalog edits: two provisionings granting and revoking on the same
         // pg_database row at once fail with "tuple concurrently updated". Released at close.
-        await admin.query("SELECT pg_advisory_lock(hashtext('lessor:host-admin'))");
+        await admin.query("SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('lessor:host-admin'))");
         await revokePublicConnect(admin);
-        await ensureTenantRole(admin, roleName, verifier, roleLimits(config, poolSize));
-        await ensureTenantDatabase(admin, databaseName, roleName);
-      }),
+        await ensureTenantRole(
+          admin,
+          roleName,
+          { password, mode: current.verdict.passwordMode },
+          roleLimits(config, poolSize),
+          current.facts.tempFileLimit,
+        );
+        await createClosedDatabase(admin, databaseName);
+        return current;
+      },
     );
-    const guardUrl = adminUrlFor(host.adminUrl, databaseName);
-    await withConnection(config, guardUrl, applicationName, (admin) =>
-      underDeadline(config, targetOfUrl(guardUrl), admin, adminDeadlineMs, async () => {
-        const keyId = await guardKeyId(guardKey);
-        await installLoginGuard(admin, keyId, guardKey);
+    await provisioningHooksForTests.onStep?.({ tenantId: input.id, step: "database_closed", databaseName });
+    // Inside it: the guard and the auth functions first, then the tenant is let in.
+    await withAdminConnection(
+      env,
+      config,
+      host,
+      { purpose: "provision", database: databaseName, knownReport: report },
+      async (admin, current) => {
+        await installLoginGuard(admin, keyId, guardKey, current.facts.eventTriggers);
         // auth.session() and friends: readable before JWT mode is on (they answer null until then).
         await installAuthFunctions(admin, keyId, hmacPads(await jwtClaimsKey(password)));
-      }),
+        await openTenantDatabase(admin, databaseName, roleName);
+      },
     );
+    await provisioningHooksForTests.onStep?.({ tenantId: input.id, step: "opened", databaseName });
     const credential = await tenantCredential(config, row, password);
     const run = await withTenantConnection(
       config,
@@ -198,6 +228,7 @@ async function provisionLocked(
         applicationName: tenantMaintenanceApplicationName(roleName, "migrate"),
         limits: migrationLimits(config),
         loginToken: credential.loginToken,
+        extraSettings: migrationSettings,
       },
       (client) =>
         underDeadline(config, credential.target, client, adminDeadlineMs, () =>

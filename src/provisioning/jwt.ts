@@ -14,7 +14,6 @@ import { type JwtConfig, jwtLoginRoleName } from "../core/jwt-config.ts";
 import type { TenantId } from "../core/tenant-id.ts";
 import { hmacPads, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
-import { scramVerifier } from "../crypto/scram.ts";
 import { unseal } from "../crypto/seal.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
@@ -83,17 +82,17 @@ export async function setTenantJwt(
   const password = await unseal(env.LESSOR_SEAL_KEY, tenantId, sealed);
   const loginRole = jwtLoginRoleName(row.roleName);
   try {
-    const verifier = await scramVerifier(await jwtLoginPassword(password));
+    const loginPassword = await jwtLoginPassword(password);
     const poolSize = config.poolSizes.get(row.tier) ?? 1;
-    await withHostAdmin(env, config, host, { purpose: "jwt", tenantId }, async (admin) => {
+    await withHostAdmin(env, config, host, { purpose: "jwt", tenantId }, async (admin, report) => {
       // Host catalog edits are serialised with provisioning's (same lock, released at close).
-      await admin.query("SELECT pg_advisory_lock(hashtext('lessor:host-admin'))");
+      await admin.query("SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('lessor:host-admin'))");
       const conflict = await jwtRoleConflict(admin, jwt.role);
       if (conflict) throw new LessorError("jwt_role_unavailable", { publicMessage: conflict });
       await ensureJwtRoles(admin, {
         database: row.databaseName,
         loginRole,
-        verifier,
+        secret: { password: loginPassword, mode: report.verdict.passwordMode },
         connectionLimit: poolSize,
         role: jwt.role,
       });

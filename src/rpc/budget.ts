@@ -1,5 +1,6 @@
 /** What crosses RPC between a TenantObject (or a route) and a host's BudgetObject. */
 import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
+import type { HostReport } from "../core/host-capabilities.ts";
 
 export type AdmitResult =
   | { granted: true }
@@ -9,6 +10,8 @@ export type AdmitResult =
       waited: boolean;
       /** The tenant is being erased: no pool of it is admitted (not a capacity problem). */
       closed?: true;
+      /** The host cannot run Lessor (its admin lacks a capability): what is missing. */
+      unfit?: string;
     };
 
 /** A request for one maintenance connection from the host's reserve. */
@@ -23,7 +26,7 @@ export interface MaintenanceRequest {
 }
 
 export type MaintenanceGrant =
-  | { granted: true; leaseId: string; expiresAt: number }
+  | { granted: true; leaseId: string; expiresAt: number; hostReport?: HostReport | null }
   | { granted: false; retryAfterMs: number };
 
 /** What a tenant reports about its pool, for victim selection. */
@@ -62,6 +65,8 @@ export interface CapacityStatus {
   leases: number;
   /** Maintenance connections (migrations, provisioning, admin) holding or waiting for the reserve. */
   maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
+  /** The host's kind and what its admin role can do, as last probed (null before the first probe). */
+  capabilities: HostReport | null;
   /** What reconcile has repaired since the ledger was created (monotonic counters). */
   reconciled: { allocationsReleased: number; orphansTerminated: number; maintenanceExpired: number };
   candidates: {

@@ -76,10 +76,15 @@ export type RotateOutcome =
   | { ok: false; error: WireError };
 
 /** The answer to a statement. The answer is serialised once, in the object: the Worker passes the text through. */
+/**
+ * A `/sql` answer. A refusal says whether the caller was authenticated before it: said as a fact
+ * the object established, never inferred from which refusal it was (anything that stopped the
+ * request before its key was checked, a catalog outage say, counts as not authenticated).
+ */
 export type SqlOutcome =
   | { ok: true; json: string }
-  | { ok: false; postgres: PostgresErrorBody }
-  | { ok: false; error: WireError };
+  | { ok: false; postgres: PostgresErrorBody; authenticated: boolean }
+  | { ok: false; error: WireError; authenticated: boolean };
 
 export type SessionOpened =
   | { ok: true; lease: string; generation: number; expiresAt: string }

@@ -76,6 +76,14 @@ export function migrationLimits(config: LessorConfig): SessionLimits {
   };
 }
 
+/**
+ * What a migration's connection pins beyond every tenant connection's defaults: the bundled
+ * migrations are the application's schema code, the same for every tenant, so they resolve names
+ * the same way everywhere (`public`, with pg_catalog searched first), whatever the tenant set for its
+ * role.
+ */
+export const migrationSettings: readonly string[] = ["search_path=public"];
+
 /** The limits a tenant role gets on its host: its pool plus one migration connection. */
 export function roleLimits(config: LessorConfig, poolSize: number): RoleLimits {
   return { connectionLimit: poolSize + 1, tempFileLimit: config.tempFileLimit };

@@ -16,25 +16,34 @@
  *   grants privileges and writes policies `TO authenticated` as it would for any role.
  */
 import type { Queryable } from "../postgres/queryable.ts";
-import { quoteIdent, quoteLiteral } from "./host-admin.ts";
+import {
+  ensureRole,
+  quoteIdent,
+  quoteLiteral,
+  type RolePassword,
+  roleExists,
+  setRolePassword,
+} from "./host-admin.ts";
+import { ensureOwnSchema } from "./login-guard.ts";
 
 /** The comment that marks a role as Lessor's end-user role (and so safe to grant to login roles). */
 export const jwtRoleMarker = "lessor:jwt-role";
 
-/** The schema, the key table and the functions; every statement idempotent. */
+/**
+ * The key table and the functions, in schemas `ensureOwnSchema` made sure are the admin's; every
+ * statement idempotent. The functions run in end users' sessions: each pins the settings its body
+ * depends on.
+ */
 export const authFunctionStatements: readonly string[] = [
-  "CREATE SCHEMA IF NOT EXISTS lessor_guard",
-  "REVOKE ALL ON SCHEMA lessor_guard FROM PUBLIC",
   `CREATE TABLE IF NOT EXISTS lessor_guard.claim_keys (
-     key_id text PRIMARY KEY, inner_pad bytea NOT NULL, outer_pad bytea NOT NULL,
-     added_at timestamptz NOT NULL DEFAULT now())`,
+     key_id pg_catalog.text PRIMARY KEY, inner_pad pg_catalog.bytea NOT NULL, outer_pad pg_catalog.bytea NOT NULL,
+     added_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now())`,
   "REVOKE ALL ON lessor_guard.claim_keys FROM PUBLIC",
-  "CREATE SCHEMA IF NOT EXISTS auth",
-  "GRANT USAGE ON SCHEMA auth TO PUBLIC",
   // Claims, if Lessor signed them for this backend; else JSON null (pg_session_jwt's answer).
   // PARALLEL RESTRICTED: a parallel worker has another backend pid.
   `CREATE OR REPLACE FUNCTION auth.session() RETURNS jsonb
-     LANGUAGE plpgsql STABLE PARALLEL RESTRICTED SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+     LANGUAGE plpgsql STABLE PARALLEL RESTRICTED SECURITY DEFINER
+     SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $$
    DECLARE
      claims text := current_setting('request.jwt.claims', true);
      mac text := current_setting('lessor.jwt_claims_mac', true);
@@ -59,14 +68,15 @@ export const authFunctionStatements: readonly string[] = [
      RETURN session;
    END $$`,
   `CREATE OR REPLACE FUNCTION auth.jwt() RETURNS jsonb
-     LANGUAGE sql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp AS $$ SELECT auth.session() $$`,
+     LANGUAGE sql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $$ SELECT auth.session() $$`,
   `CREATE OR REPLACE FUNCTION auth.user_id() RETURNS text
-     LANGUAGE sql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp AS $$
+     LANGUAGE sql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $$
      SELECT CASE WHEN jsonb_typeof(s -> 'sub') = 'string' THEN s ->> 'sub' END FROM (SELECT auth.session() AS s) c $$`,
   `CREATE OR REPLACE FUNCTION auth.uid() RETURNS uuid
-     LANGUAGE sql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp AS $$
+     LANGUAGE sql STABLE PARALLEL RESTRICTED SET search_path = pg_catalog, pg_temp SET standard_conforming_strings = on AS $$
      SELECT CASE WHEN pg_input_is_valid(u, 'uuid') THEN u::uuid END FROM (SELECT auth.user_id() AS u) c $$`,
-  "REVOKE ALL ON FUNCTION auth.session(), auth.jwt(), auth.user_id(), auth.uid() FROM PUBLIC",
+  // Only the admin owns them, so only the admin could grant more: there is nothing to revoke first
+  // (a revoke and grant would leave a moment in which end users' statements are refused).
   "GRANT EXECUTE ON FUNCTION auth.session(), auth.jwt(), auth.user_id(), auth.uid() TO PUBLIC",
 ];
 
@@ -79,9 +89,12 @@ export async function installAuthFunctions(
   keyId: string,
   pads: { inner: Uint8Array; outer: Uint8Array },
 ): Promise<void> {
+  await ensureOwnSchema(admin, "lessor_guard", false);
+  await ensureOwnSchema(admin, "auth", true);
   for (const statement of authFunctionStatements) await admin.query(statement);
   await admin.query(
-    `INSERT INTO lessor_guard.claim_keys (key_id, inner_pad, outer_pad) VALUES ($1, $2, $3)
+    `INSERT INTO lessor_guard.claim_keys (key_id, inner_pad, outer_pad)
+       VALUES ($1::pg_catalog.text, $2::pg_catalog.bytea, $3::pg_catalog.bytea)
        ON CONFLICT (key_id) DO UPDATE SET inner_pad = EXCLUDED.inner_pad, outer_pad = EXCLUDED.outer_pad`,
     [keyId, `\\x${hex(pads.inner)}`, `\\x${hex(pads.outer)}`],
   );
@@ -95,9 +108,10 @@ function hex(bytes: Uint8Array): string {
 export async function jwtRoleConflict(admin: Queryable, role: string): Promise<string | null> {
   const { rows } = await admin.query(
     `SELECT r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls AS powerful,
-            shobj_description(r.oid, 'pg_authid') AS comment,
-            EXISTS (SELECT 1 FROM pg_auth_members m WHERE m.member = r.oid) AS member_of_something
-       FROM pg_roles r WHERE r.rolname = $1`,
+            pg_catalog.shobj_description(r.oid, 'pg_authid') AS comment,
+            EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m WHERE m.member OPERATOR(pg_catalog.=) r.oid)
+              AS member_of_something
+       FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) $1::pg_catalog.text`,
     [role],
   );
   const row = rows[0] as
@@ -113,38 +127,43 @@ export async function jwtRoleConflict(admin: Queryable, role: string): Promise<s
 export interface JwtRoles {
   database: string;
   loginRole: string;
-  /** SCRAM verifier of the login role's password. */
-  verifier: string;
+  /** The login role's password (derived from the tenant role's), and how the host takes it. */
+  secret: RolePassword;
   connectionLimit: number;
   /** The configured role statements run as. */
   role: string;
 }
 
 /**
- * Creates (or brings up to date) the end-user role and the tenant's end-user login role, on the
- * host's admin connection. The caller checked `jwtRoleConflict` first.
+ * Creates (or brings back to what it must be) the end-user role and the tenant's end-user login
+ * role, on the host's admin connection: its attributes, its password, no role-level settings, CONNECT
+ * on its database and exactly one membership. The same call is the repair after an end-user login
+ * failed (someone changed the role): whatever drifted is set back. The caller checked
+ * `jwtRoleConflict` first.
  */
 export async function ensureJwtRoles(admin: Queryable, roles: JwtRoles): Promise<void> {
   const role = quoteIdent(roles.role);
   const login = quoteIdent(roles.loginRole);
-  const exists = async (name: string) =>
-    (await admin.query("SELECT 1 FROM pg_roles WHERE rolname = $1", [name])).rows.length > 0;
-  if (!(await exists(roles.role))) {
+  if (!(await roleExists(admin, roles.role))) {
     await admin.query(
       `CREATE ROLE ${role} WITH NOLOGIN NOINHERIT NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS`,
     );
   }
   await admin.query(`COMMENT ON ROLE ${role} IS ${quoteLiteral(jwtRoleMarker)}`);
-  const attributes = `LOGIN NOINHERIT NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS CONNECTION LIMIT ${roles.connectionLimit}`;
-  await admin.query(
-    `${(await exists(roles.loginRole)) ? "ALTER" : "CREATE"} ROLE ${login} WITH ${attributes}`,
-  );
-  await admin.query(`ALTER ROLE ${login} PASSWORD ${quoteLiteral(roles.verifier)}`);
+  await ensureRole(admin, roles.loginRole, {
+    login: true,
+    inherit: false,
+    connectionLimit: roles.connectionLimit,
+  });
+  await admin.query(`ALTER ROLE ${login} RESET ALL`);
+  await setRolePassword(admin, roles.loginRole, roles.secret);
   await admin.query(`GRANT CONNECT ON DATABASE ${quoteIdent(roles.database)} TO ${login}`);
   // Exactly one membership: the configured role (a changed configuration drops the old one).
   const { rows } = await admin.query(
-    `SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
-      WHERE m.member = (SELECT oid FROM pg_roles WHERE rolname = $1) AND g.rolname <> $2`,
+    `SELECT g.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles g ON g.oid OPERATOR(pg_catalog.=) m.roleid
+      WHERE m.member OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r
+                                             WHERE r.rolname OPERATOR(pg_catalog.=) $1::pg_catalog.text)
+        AND g.rolname OPERATOR(pg_catalog.<>) $2::pg_catalog.text`,
     [roles.loginRole, roles.role],
   );
   for (const row of rows as { rolname: string }[]) {
@@ -155,8 +174,16 @@ export async function ensureJwtRoles(admin: Queryable, roles: JwtRoles): Promise
 
 /** Takes the end-user login role's way in away (JWT mode switched off); the role stays, inert. */
 export async function disableJwtLogin(admin: Queryable, database: string, loginRole: string): Promise<void> {
-  const exists = await admin.query("SELECT 1 FROM pg_roles WHERE rolname = $1", [loginRole]);
-  if (exists.rows.length === 0) return;
+  if (!(await roleExists(admin, loginRole))) return;
   await admin.query(`ALTER ROLE ${quoteIdent(loginRole)} NOLOGIN`);
   await admin.query(`REVOKE CONNECT ON DATABASE ${quoteIdent(database)} FROM ${quoteIdent(loginRole)}`);
+}
+
+/** Removes every claims key but `keepKeyId` (the current password's), in the tenant's database. */
+export async function retireClaimKeys(admin: Queryable, keepKeyId: string): Promise<number> {
+  const { rows } = await admin.query(
+    "DELETE FROM lessor_guard.claim_keys WHERE key_id OPERATOR(pg_catalog.<>) $1::pg_catalog.text RETURNING key_id",
+    [keepKeyId],
+  );
+  return rows.length;
 }

@@ -11,10 +11,12 @@
  */
 import type { Client } from "@neondatabase/serverless";
 import type { DatabaseHost, LessorConfig } from "../config/index.ts";
+import { describeMissing, evaluateHost, type HostReport, reportIsFresh } from "../core/host-capabilities.ts";
 import { hostApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { adminUrlFor, targetOfUrl, underDeadline, withConnection } from "../postgres/index.ts";
+import { adminUrlFor, withPrivilegedConnection } from "../postgres/index.ts";
+import { probeHostFacts } from "./capabilities.ts";
 
 /** How long an admin connection's work may run before it is cancelled. */
 export const adminDeadlineMs = 60_000;
@@ -44,7 +46,7 @@ export async function withMaintenanceSlot<T>(
   config: LessorConfig,
   host: string,
   slot: MaintenanceSlot,
-  work: () => Promise<T>,
+  work: (hostReport: HostReport | null) => Promise<T>,
 ): Promise<T> {
   const budget = env.BUDGETS.getByName(host);
   const grant = await budget.acquireMaintenance(host, {
@@ -60,7 +62,7 @@ export async function withMaintenanceSlot<T>(
   }
   slot.held?.add(grant.leaseId);
   try {
-    return await work();
+    return await work(grant.hostReport ?? null);
   } finally {
     slot.held?.delete(grant.leaseId);
     // A release that fails leaves the slot to expire at its deadline: late, never lost.
@@ -79,17 +81,75 @@ export interface HostAdminOptions {
 }
 
 /**
- * Runs `work` on a connection as the host's admin role, named `lessor:host:<host>:<purpose>`, within
- * a maintenance slot and under `adminDeadlineMs`.
+ * The host's report as of now: the one the BudgetObject holds while it is fresh, else a new probe of
+ * the admin role on `admin` (src/tenant-db/capabilities.ts), handed to the BudgetObject, whose
+ * admissions follow its verdict. A probe that cannot be recorded still answers this caller.
+ */
+export async function currentHostReport(
+  env: Env,
+  host: DatabaseHost,
+  admin: Client,
+  known: HostReport | null,
+): Promise<HostReport> {
+  const now = Date.now();
+  if (reportIsFresh(known, now) && known.kind === host.kind) return known;
+  const facts = await probeHostFacts(admin);
+  const report: HostReport = {
+    kind: host.kind,
+    probedAt: now,
+    facts,
+    verdict: evaluateHost(host.kind, facts, host.containment),
+  };
+  await env.BUDGETS.getByName(host.name)
+    .recordHostReport(host.name, report)
+    .catch((error: unknown) => {
+      logEvent("warn", "host_report_not_recorded", { host: host.name, failure: describeFailure(error) });
+    });
+  return report;
+}
+
+/** Refuses work on a host that cannot run Lessor, naming what its admin role lacks. */
+export function requireFitHost(host: DatabaseHost, report: HostReport): void {
+  if (report.verdict.fit) return;
+  throw new LessorError("host_unfit", {
+    publicMessage: describeMissing(host.name, report.verdict),
+    retryAfterSeconds: 30,
+  });
+}
+
+/**
+ * Runs `work` on a pinned connection as the host's admin role (src/postgres `withPrivilegedConnection`),
+ * named `lessor:host:<host>:<purpose>`, under `adminDeadlineMs`, with the host's current report. The
+ * caller holds a maintenance slot.
+ */
+export function withAdminConnection<T>(
+  env: Env,
+  config: LessorConfig,
+  host: DatabaseHost,
+  options: { purpose: string; database?: string; knownReport: HostReport | null },
+  work: (admin: Client, report: HostReport) => Promise<T>,
+): Promise<T> {
+  const url = options.database ? adminUrlFor(host.adminUrl, options.database) : host.adminUrl;
+  return withPrivilegedConnection(
+    config,
+    url,
+    hostApplicationName(host.name, options.purpose),
+    adminDeadlineMs,
+    async (admin) => work(admin, await currentHostReport(env, host, admin, options.knownReport)),
+  );
+}
+
+/**
+ * Runs `work` on a pinned connection as the host's admin role within a maintenance slot
+ * (`withAdminConnection`).
  */
 export function withHostAdmin<T>(
   env: Env,
   config: LessorConfig,
   host: DatabaseHost,
   options: HostAdminOptions,
-  work: (admin: Client) => Promise<T>,
+  work: (admin: Client, report: HostReport) => Promise<T>,
 ): Promise<T> {
-  const url = options.database ? adminUrlFor(host.adminUrl, options.database) : host.adminUrl;
   return withMaintenanceSlot(
     env,
     config,
@@ -100,9 +160,17 @@ export function withHostAdmin<T>(
       deadlineMs: adminDeadlineMs,
       ...(options.waitMs === undefined ? {} : { waitMs: options.waitMs }),
     },
-    () =>
-      withConnection(config, url, hostApplicationName(host.name, options.purpose), (admin) =>
-        underDeadline(config, targetOfUrl(url), admin, adminDeadlineMs, () => work(admin)),
+    (knownReport) =>
+      withAdminConnection(
+        env,
+        config,
+        host,
+        {
+          purpose: options.purpose,
+          knownReport,
+          ...(options.database ? { database: options.database } : {}),
+        },
+        work,
       ),
   );
 }

@@ -32,21 +32,23 @@ export class MigrationError extends Error {
 /** Key of the advisory lock every migration runner takes in a tenant database. */
 export const migrationLockKey = 0x1e55_0001;
 
+// Lessor's own statements here name every type and function with its schema: the migration runs
+// as the tenant's role, in a database whose `public` the tenant fills.
 const ledgerDdl = `
   CREATE SCHEMA IF NOT EXISTS lessor;
   CREATE TABLE IF NOT EXISTS lessor.schema_migrations (
-    version integer PRIMARY KEY,
-    name text NOT NULL,
-    kind text NOT NULL,
-    checksum text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    version pg_catalog.int4 PRIMARY KEY,
+    name pg_catalog.text NOT NULL,
+    kind pg_catalog.text NOT NULL,
+    checksum pg_catalog.text NOT NULL,
+    applied_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()
   )`;
 
 /** The database's real schema version: the highest version its own ledger records (0 if none). */
 export async function readSchemaVersion(db: Queryable): Promise<number> {
   const { rows } = await db.query(
-    `SELECT CASE WHEN to_regclass('lessor.schema_migrations') IS NULL THEN 0
-            ELSE (SELECT coalesce(max(version), 0) FROM lessor.schema_migrations) END AS version`,
+    `SELECT CASE WHEN pg_catalog.to_regclass('lessor.schema_migrations') IS NULL THEN 0
+            ELSE (SELECT COALESCE(pg_catalog.max(m.version), 0) FROM lessor.schema_migrations m) END AS version`,
   );
   return Number(rows[0]?.version ?? 0);
 }
@@ -73,11 +75,11 @@ export async function migrateTenantDatabase(
   // Waiting for another runner is bounded by the caller's deadline, not by the session's lock
   // timeout (which bounds the steps' own DDL lock waits, so tenant traffic never queues long).
   await db.query("SET lock_timeout = 0");
-  await db.query("SELECT pg_advisory_lock($1)", [migrationLockKey]);
+  await db.query("SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", [migrationLockKey]);
   await db.query("RESET lock_timeout");
   try {
     const { rows } = await db.query(
-      "SELECT version, checksum FROM lessor.schema_migrations ORDER BY version",
+      "SELECT m.version, m.checksum FROM lessor.schema_migrations m ORDER BY m.version USING OPERATOR(pg_catalog.<)",
     );
     const applied = new Map(rows.map((row) => [Number(row.version), String(row.checksum)]));
     for (const [version, checksum] of applied) {
@@ -115,6 +117,8 @@ export async function migrateTenantDatabase(
     }
     return { fromVersion, toVersion: Math.max(fromVersion, ...done), applied: done };
   } finally {
-    await db.query("SELECT pg_advisory_unlock($1)", [migrationLockKey]).catch(() => undefined);
+    await db
+      .query("SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)", [migrationLockKey])
+      .catch(() => undefined);
   }
 }

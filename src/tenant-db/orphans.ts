@@ -39,9 +39,11 @@ export async function reapOrphanBackends(
 ): Promise<OrphanReport> {
   return withHostAdmin(env, config, host, { purpose: "reconcile", tenantId: null }, async (admin) => {
     const { rows } = await admin.query(
-      `SELECT pid, usename, application_name FROM pg_stat_activity
-        WHERE application_name ~ '^lessor:(t_[0-9a-f]{16}|tenant_[a-z0-9-]{1,40}):[0-9]+$'
-          AND backend_start < now() - make_interval(secs => $1::double precision / 1000)`,
+      `SELECT a.pid, a.usename, a.application_name FROM pg_catalog.pg_stat_activity a
+        WHERE a.application_name OPERATOR(pg_catalog.~) '^lessor:(t_[0-9a-f]{16}|tenant_[a-z0-9-]{1,40}):[0-9]+$'
+          AND a.backend_start OPERATOR(pg_catalog.<)
+              (pg_catalog.now() OPERATOR(pg_catalog.-)
+               pg_catalog.make_interval(secs => $1::pg_catalog.float8 OPERATOR(pg_catalog./) 1000))`,
       [minAgeMs],
     );
     const backends: Backend[] = [];
@@ -78,7 +80,8 @@ export async function reapOrphanBackends(
     }
     if (orphans.length === 0) return { checked: backends.length, terminated: 0 };
     const { rows: ended } = await admin.query(
-      "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS n FROM unnest($1::int[]) AS pid",
+      `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(o.pid, 5000))::pg_catalog.int4 AS n
+         FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS o(pid)`,
       [orphans],
     );
     const terminated = Number((ended[0] as { n: number } | undefined)?.n ?? 0);

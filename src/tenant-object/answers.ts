@@ -21,8 +21,8 @@ export function asLessorError(tenantId: string, error: unknown): LessorError {
 }
 
 /** A failed statement's answer: its Postgres error, or the refusal. */
-export function sqlFailure(tenantId: string, error: unknown): SqlOutcome {
+export function sqlFailure(tenantId: string, error: unknown, authenticated: boolean): SqlOutcome {
   const postgres = postgresErrorBody(error);
-  if (postgres) return { ok: false, postgres };
-  return { ok: false, error: asLessorError(tenantId, error).toWire() };
+  if (postgres) return { ok: false, postgres, authenticated };
+  return { ok: false, error: asLessorError(tenantId, error).toWire(), authenticated };
 }

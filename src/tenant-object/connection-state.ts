@@ -64,11 +64,12 @@ export function isConnectionFatal(error: unknown): boolean {
  * transaction, cursors, the role, every setting (back to the connection's startup values), prepared
  * statements, LISTEN, session advisory locks, temporary tables, sequence state. Sent after every
  * request, whatever it ran, so no state can pass to the next request: a reset by construction,
- * with no guess about what a statement might have changed.
+ * with no guess about what a statement might have changed. Its one function is named with its
+ * schema: the tenant chooses its role's `search_path` and fills `public`.
  */
 export const sessionResetSql =
   "ROLLBACK; CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; " +
-  "SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
+  "SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
 
 /**
  * Leaves the connection as a fresh one would be. Returns an error if it cannot be made clean, so the

@@ -5,17 +5,24 @@
  * none of its writes can commit after).
  */
 import type { Client } from "@neondatabase/serverless";
+import type { HostReport } from "../core/host-capabilities.ts";
 import { jwtLoginRoleName } from "../core/jwt-config.ts";
 import { tenantMaintenanceApplicationName } from "../core/names.ts";
-import { claimsSigner, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
+import { claimsSigner, hmacPads, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
 import { loginGuardKey, loginTokenMinter } from "../crypto/login-guard.ts";
-import { scramVerifier } from "../crypto/scram.ts";
 import { unseal } from "../crypto/seal.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { guardKeyId, type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
-import { quoteIdent, setRolePassword, terminateRoleBackends } from "../tenant-db/host-admin.ts";
+import {
+  openTenantDatabase,
+  quoteIdent,
+  roleExists,
+  setRolePassword,
+  terminateRoleBackends,
+} from "../tenant-db/host-admin.ts";
+import { ensureJwtRoles, installAuthFunctions, retireClaimKeys } from "../tenant-db/jwt-install.ts";
 import { installLoginGuard } from "../tenant-db/login-guard.ts";
 import { withHostAdmin } from "../tenant-db/maintenance.ts";
 import type { TenantRuntime } from "./runtime.ts";
@@ -58,11 +65,22 @@ export class TenantCredentials {
     };
   }
 
-  /** Sets the end-user login role's password back (an end user changed it). */
+  /**
+   * Brings the end-user login role back to what it must be (an end user changed it: its password,
+   * its settings, its grants): the same statements that made it, with the password of the current
+   * credential.
+   */
   async repairJwt(record: TenantRecord, credential: JwtCredential): Promise<void> {
-    const verifier = await scramVerifier(credential.password);
-    await this.withHostAdmin(record, "repair", (admin) =>
-      setRolePassword(admin, credential.target.user, verifier),
+    const jwt = record.jwt;
+    if (!jwt) throw new LessorError("jwt_not_configured");
+    await this.withHostAdmin(record, "repair", (admin, report) =>
+      ensureJwtRoles(admin, {
+        database: record.databaseName,
+        loginRole: credential.target.user,
+        secret: { password: credential.password, mode: report.verdict.passwordMode },
+        connectionLimit: record.poolSize,
+        role: jwt.role,
+      }),
     );
     this.rt.note("jwt_credential_repaired");
     logEvent("warn", "jwt_credential_repaired", { tenant: record.tenantId });
@@ -78,8 +96,9 @@ export class TenantCredentials {
   /**
    * The one path by which the role's password changes after provisioning (a rotation, and the
    * repair after 28P01): on one admin connection to the tenant's database, the password's guard key
-   * is added to the login guard (old keys stay, so the connections and tokens of a generation still
-   * serving keep working), then the password is set as a SCRAM verifier. Returns the key's id.
+   * and claims key are added (old keys stay, so the connections, tokens and signed claims of a
+   * generation still serving keep working), the end-user login role (JWT mode) gets the password
+   * derived from the new one, and then the role's own password is set. Returns the keys' id.
    */
   async changePassword(
     record: TenantRecord,
@@ -88,20 +107,36 @@ export class TenantCredentials {
     /** A rotation's overlap: the role's CONNECTION LIMIT must hold both generations meanwhile. */
     connectionLimit?: number,
   ): Promise<string> {
-    const verifier = await scramVerifier(password);
     const guardKey = await loginGuardKey(password);
     const keyId = await guardKeyId(guardKey);
+    const pads = hmacPads(await jwtClaimsKey(password));
+    const loginRole = jwtLoginRoleName(record.roleName);
+    const jwtPassword = await jwtLoginPassword(password);
     await this.withHostAdmin(
       record,
       purpose,
-      async (admin) => {
-        await installLoginGuard(admin, keyId, guardKey);
+      async (admin, report) => {
+        const mode = report.verdict.passwordMode;
+        // All or nothing: keys, limits and passwords move together.
+        await admin.query("BEGIN");
+        await installLoginGuard(admin, keyId, guardKey, guardPath(report));
+        await installAuthFunctions(admin, keyId, pads);
         if (connectionLimit !== undefined) {
           await admin.query(
             `ALTER ROLE ${quoteIdent(record.roleName)} CONNECTION LIMIT ${Math.floor(connectionLimit)}`,
           );
         }
-        await setRolePassword(admin, record.roleName, verifier);
+        if (await roleExists(admin, loginRole)) {
+          // Both generations' end-user pools may be open during the overlap, each up to the pool size.
+          if (connectionLimit !== undefined) {
+            await admin.query(`ALTER ROLE ${quoteIdent(loginRole)} CONNECTION LIMIT ${2 * record.poolSize}`);
+          }
+          await setRolePassword(admin, loginRole, { password: jwtPassword, mode });
+        }
+        await setRolePassword(admin, record.roleName, { password, mode });
+        // What the tenant role needs in its database, granted again (a repair heals a lost CONNECT).
+        await openTenantDatabase(admin, record.databaseName, record.roleName);
+        await admin.query("COMMIT");
       },
       undefined,
       record.databaseName,
@@ -110,22 +145,30 @@ export class TenantCredentials {
   }
 
   /**
-   * Removes every guard key but `keepKeyId` (the current password's): called once no generation
-   * under an older password runs, so a rotated-out password can mint no login, even to Lessor.
+   * Removes every guard key and claims key but `keepKeyId` (the current password's): called once no
+   * generation under an older password runs, so a rotated-out password can mint no login and sign
+   * no claims, even for Lessor.
    */
   async retireGuardKeys(record: TenantRecord, keepKeyId: string): Promise<number> {
     return this.withHostAdmin(
       record,
       "rotate",
       async (admin) => {
-        // The overlap is over: the role's limit is one pool and its migration connection again.
+        // The overlap is over: the role's limit is one pool and its migration connection again,
+        // and the end-user login role's one pool.
         await admin.query(
           `ALTER ROLE ${quoteIdent(record.roleName)} CONNECTION LIMIT ${record.poolSize + 1}`,
         );
-        const { rowCount } = await admin.query("DELETE FROM lessor_guard.keys WHERE key_id <> $1", [
-          keepKeyId,
-        ]);
-        return rowCount ?? 0;
+        const loginRole = jwtLoginRoleName(record.roleName);
+        if (await roleExists(admin, loginRole)) {
+          await admin.query(`ALTER ROLE ${quoteIdent(loginRole)} CONNECTION LIMIT ${record.poolSize}`);
+        }
+        const { rows } = await admin.query(
+          "DELETE FROM lessor_guard.keys WHERE key_id OPERATOR(pg_catalog.<>) $1::pg_catalog.text RETURNING key_id",
+          [keepKeyId],
+        );
+        await retireClaimKeys(admin, keepKeyId);
+        return rows.length;
       },
       undefined,
       record.databaseName,
@@ -139,7 +182,7 @@ export class TenantCredentials {
   private withHostAdmin<T>(
     record: TenantRecord,
     purpose: string,
-    work: (admin: Client) => Promise<T>,
+    work: (admin: Client, report: HostReport) => Promise<T>,
     waitMs?: number,
     database?: string,
   ): Promise<T> {
@@ -175,21 +218,26 @@ export class TenantCredentials {
 
   /**
    * Ends one backend of the tenant's roles (its own, or its end-user login role) through the admin
-   * role: a statement that would not stop.
+   * role: a statement that would not stop. "Gone" (no such backend of those roles any more) and
+   * "ended" both settle it; a backend still there after the wait, or a check that could not run,
+   * does not.
    */
-  async terminate(record: TenantRecord, pid: number): Promise<boolean> {
+  async terminate(record: TenantRecord, pid: number): Promise<"ended" | "gone" | "still_running"> {
     // The watchdog has already cut the connection: a short wait, so a busy reserve delays nothing.
     const { rows } = await this.withHostAdmin(
       record,
       "terminate",
       (admin) =>
         admin.query(
-          "SELECT pg_terminate_backend(pid, 5000) AS ended FROM pg_stat_activity WHERE pid = $1 AND usename = ANY($2::text[])",
+          `SELECT pg_catalog.pg_terminate_backend(a.pid, 5000) AS ended FROM pg_catalog.pg_stat_activity a
+            WHERE a.pid OPERATOR(pg_catalog.=) $1::pg_catalog.int4
+              AND a.usename OPERATOR(pg_catalog.=) ANY($2::pg_catalog.text[])`,
           [pid, [record.roleName, jwtLoginRoleName(record.roleName)]],
         ),
       500,
     );
-    return rows[0]?.ended === true;
+    if (rows.length === 0) return "gone";
+    return rows[0]?.ended === true ? "ended" : "still_running";
   }
 
   /**
@@ -208,4 +256,13 @@ export class TenantCredentials {
     }
     return ended;
   }
+}
+
+/**
+ * How the guard's trigger is made on this host. A host configured for reduced containment that
+ * cannot create event triggers gets no trigger (its report says so); any other host without a way
+ * was refused by its verdict before this point.
+ */
+export function guardPath(report: HostReport): HostReport["facts"]["eventTriggers"] {
+  return report.facts.eventTriggers;
 }

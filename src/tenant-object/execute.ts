@@ -23,7 +23,7 @@ import {
   type Statement,
 } from "../core/neon-protocol.ts";
 import { LessorError } from "../errors/index.ts";
-import { quoteLiteral } from "../tenant-db/host-admin.ts";
+import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
 
 /** One statement's result, as Postgres sent it: text values, in column order. */
 export interface RawResult {
@@ -246,14 +246,36 @@ export async function runStatement(
   return result;
 }
 
-/** Rolls back every prepared transaction of the connection's role in its database. */
+/**
+ * Rolls back every prepared transaction in the connection's database that its login role may finish:
+ * its own, and those of a role it may `SET ROLE` to (an end user's statements run as the configured
+ * role, so what they prepare is that role's). Found through `pg_catalog` whatever the session's
+ * `search_path`, named with a dollar-quoted literal whatever its gid and whatever
+ * `standard_conforming_strings` says. What is left (none a tenant can make) is the reconcile's and
+ * the erase's, through the admin role.
+ */
 export async function rollBackPreparedTransactions(client: PoolClient): Promise<number> {
-  const { rows } = await client.query<{ gid: string }>(
-    "SELECT gid FROM pg_prepared_xacts WHERE owner = current_user AND database = current_database()",
-  );
-  for (const { gid } of rows) await client.query(`ROLLBACK PREPARED ${quoteLiteral(gid)}`);
+  const { rows } = await client.query<{ gid: string; owner: string; own: boolean }>(preparedByThisLoginSql);
+  for (const { gid, owner, own } of rows) {
+    if (own) {
+      await client.query(`ROLLBACK PREPARED ${dollarQuote(gid)}`);
+      continue;
+    }
+    await client.query(`SET ROLE ${quoteIdent(owner)}`);
+    try {
+      await client.query(`ROLLBACK PREPARED ${dollarQuote(gid)}`);
+    } finally {
+      await client.query("RESET ROLE");
+    }
+  }
   return rows.length;
 }
+
+const preparedByThisLoginSql = `
+SELECT x.gid, x.owner::pg_catalog.text AS owner, x.owner OPERATOR(pg_catalog.=) SESSION_USER AS own
+  FROM pg_catalog.pg_prepared_xacts x
+ WHERE x.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
+   AND (x.owner OPERATOR(pg_catalog.=) SESSION_USER OR pg_catalog.pg_has_role(SESSION_USER, x.owner, 'SET'))`;
 
 /**
  * Executes the request. A Postgres error propagates with its fields; a failed transaction is rolled

@@ -19,11 +19,24 @@ import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { migrationLimits, sessionLimits } from "../tenant-db/connect.ts";
+import { migrationLimits, migrationSettings, sessionLimits } from "../tenant-db/connect.ts";
 import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
 import { wasEndedOnPurpose } from "./connection-state.ts";
 import type { TenantCredentials, UnsealedCredential } from "./credentials.ts";
 import type { TenantRuntime } from "./runtime.ts";
+
+/**
+ * Ends every other backend of the connection's own role but those named in `$1` (a role may end its
+ * own backends), waiting for each to go: the fence of a restarted object's first connection, and of
+ * an end-user pool's. Every name is schema-qualified: it runs as the tenant's role, in a database
+ * whose `public` the tenant fills, under whatever `search_path` the tenant gave its role.
+ */
+export const ownBackendsFenceSql = `
+SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(a.pid, 5000))::pg_catalog.int4 AS ended
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.usename OPERATOR(pg_catalog.=) CURRENT_USER
+   AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+   AND NOT (COALESCE(a.application_name, '') OPERATOR(pg_catalog.=) ANY($1::pg_catalog.text[]))`;
 
 export class GenerationOpener {
   constructor(
@@ -78,7 +91,8 @@ export class GenerationOpener {
 
   /**
    * Opens the pool's first connection. Two refusals have a cure Lessor applies itself, once: a
-   * password that drifted (28P01: the tenant set its own) is repaired through the admin role, and a
+   * password that drifted (28P01: the tenant set its own) or a CONNECT that did (42501) is repaired
+   * through the admin role, and a
    * role at its connection limit with no live pool of ours (53300: backends a dead generation left)
    * is fenced.
    */
@@ -93,9 +107,10 @@ export class GenerationOpener {
       return pool;
     } catch (error) {
       const code = (error as { code?: unknown }).code;
-      if (code !== "28P01" && code !== "53300") throw error;
+      if (code !== "28P01" && code !== "42501" && code !== "53300") throw error;
       await pool.end().catch(() => undefined);
-      if (code === "28P01") await this.credentials.repair(record, credential, generation);
+      // A password or a CONNECT that drifted: the repair sets both back.
+      if (code === "28P01" || code === "42501") await this.credentials.repair(record, credential, generation);
       else await this.credentials.fence(record, "role connection limit reached");
       const retried = this.open(record, generation, credential);
       try {
@@ -118,12 +133,9 @@ export class GenerationOpener {
       await pool.query("SELECT 1");
       return;
     }
-    const { rows } = await pool.query(
-      `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS ended
-         FROM pg_stat_activity
-        WHERE usename = current_user AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM $1`,
+    const { rows } = await pool.query(ownBackendsFenceSql, [
       [tenantMaintenanceApplicationName(record.roleName, "migrate")],
-    );
+    ]);
     const ended = Number(rows[0]?.ended ?? 0);
     if (ended > 0) {
       this.rt.note(`fenced: ${ended} backend(s) of the dead generation ended`);
@@ -166,6 +178,7 @@ export class GenerationOpener {
             applicationName: tenantMaintenanceApplicationName(record.roleName, purpose),
             limits: migrationLimits(config),
             loginToken: credential.loginToken,
+            extraSettings: migrationSettings,
           },
           (client) =>
             underDeadline(config, credential.target, client, config.migrationTimeoutMs, () => work(client)),

@@ -37,7 +37,7 @@ import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
-import { GenerationOpener } from "./open.ts";
+import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
@@ -335,12 +335,15 @@ export class TenantPool {
         code: typeof code === "string" ? code : null,
         failure: describeFailure(error),
       });
-      // Only the tenant role's pools move with a rotation (an end-user pool has its own repair).
-      const movable = (pool === this.pool && change !== null) || pool === this.retiring?.pool;
+      // A login refused while the credential changes (or on a generation it replaced) is the
+      // rotation's doing, not drift: the request moves to the new generation, nothing is repaired.
+      const current = pool === this.pool || (pool === this.jwtPool && this.jwtPool !== null);
+      const retiring = pool === this.retiring?.pool || (pool === this.retiring?.jwtPool && pool !== null);
+      const movable = (current && change !== null) || retiring;
       if ((code === "28P01" || code === "28000") && movable) {
         if (change)
           await Promise.race([change.catch(() => undefined), sleep(this.rt.config.admissionWaitMs)]);
-        if (this.pool !== null && this.pool !== pool) throw new CredentialMoved();
+        if (this.pool !== null && pool !== this.pool && pool !== this.jwtPool) throw new CredentialMoved();
       }
       throw new LessorError(/timeout/i.test(String(error)) ? "lease_timeout" : "connection_lost", {
         internal: "pool checkout failed",
@@ -365,16 +368,26 @@ export class TenantPool {
   };
 
   /**
-   * An end-user connection that could not log in for a reason Lessor cures itself, once: its
-   * password drifted (an end user ran `ALTER ROLE CURRENT_USER PASSWORD` after `RESET ROLE`: 28P01)
-   * or the role is at its connection limit with backends a dead generation left (53300).
+   * An end-user connection that could not log in for a reason Lessor cures itself, once: the login
+   * role drifted (an end user ran `ALTER ROLE CURRENT_USER …` after `RESET ROLE`: 28P01; its CONNECT
+   * went: 42501), or the role is at its connection limit with backends a dead generation left (53300).
    */
   private async repairJwt(kind: ConnectionKind, pool: Pool, error: unknown): Promise<PoolClient> {
     const code = (error as { cause?: { code?: unknown } }).cause?.code;
     const record = this.rt.record;
     const credential = this.jwtCredential;
-    if (kind !== "jwt" || !record || !credential || (code !== "28P01" && code !== "53300")) throw error;
-    if (code === "28P01") await this.credentials.repairJwt(record, credential);
+    if (
+      kind !== "jwt" ||
+      !record ||
+      !credential ||
+      (code !== "28P01" && code !== "42501" && code !== "53300")
+    ) {
+      throw error;
+    }
+    // Never while a credential changes (the role's password is moving on purpose), nor while a
+    // replaced generation still serves: its end-user connections are live, not a dead generation's.
+    if (this.hooks.credentialChange() !== null || this.retiring !== null) throw error;
+    if (code === "28P01" || code === "42501") await this.credentials.repairJwt(record, credential);
     else
       await this.credentials.fenceRole(
         record,
@@ -388,6 +401,9 @@ export class TenantPool {
   private jwtPoolOf(lease: LiveLease): Pool {
     const record = this.rt.record;
     const credential = this.jwtCredential;
+    // A rotation switched generations after this lease was taken: nothing ran on it yet, so the
+    // request runs once on the new generation (its end-user pool has the new credential).
+    if (this.retiring !== null && lease.generation === this.retiring.generation) throw new CredentialMoved();
     if (!record || !credential || lease.generation !== this.poolGeneration || this.pool !== lease.pool) {
       throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
     }
@@ -414,18 +430,16 @@ export class TenantPool {
 
   /**
    * The end-user pool's first connection ends the login role's other backends (a dead generation's,
-   * after a restart): the role may end its own, and no other generation of it can be live.
+   * after a restart): the role may end its own. Only the generations this object holds are live: the
+   * current one, and one a rotation replaced that still finishes its leases.
    */
   private async fenceJwt(client: PoolClient, lease: LiveLease): Promise<void> {
     const record = this.rt.record;
     if (!record) return;
     try {
-      await client.query(
-        `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))::int AS ended
-           FROM pg_stat_activity
-          WHERE usename = current_user AND pid <> pg_backend_pid() AND application_name IS DISTINCT FROM $1`,
-        [poolApplicationName(record.roleName, lease.generation)],
-      );
+      // A generation a rotation replaced still serves its leases: its end users' backends stay.
+      const live = [lease.generation, ...(this.retiring ? [this.retiring.generation] : [])];
+      await client.query(ownBackendsFenceSql, [live.map((g) => poolApplicationName(record.roleName, g))]);
       this.jwtFenced = true;
     } catch (error) {
       client.release(error instanceof Error ? error : new Error("fence failed"));
@@ -475,8 +489,15 @@ export class TenantPool {
       throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
     }
     if (!admitted.granted) {
-      rt.apply(startRefused(rt.lifecycle), admitted.closed ? "tenant_erasing" : "capacity_saturated");
+      const why = admitted.closed ? "tenant_erasing" : admitted.unfit ? "host_unfit" : "capacity_saturated";
+      rt.apply(startRefused(rt.lifecycle), why);
       if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+      if (admitted.unfit) {
+        throw new LessorError("host_unfit", {
+          internal: admitted.unfit,
+          retryAfterSeconds: admitted.retryAfterMs / 1000,
+        });
+      }
       throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
     }
     let pool: Pool | null = null;
@@ -542,7 +563,8 @@ export class TenantPool {
     record: TenantRecord,
     generation: number,
     credential: UnsealedCredential,
-  ): Promise<{ pool: Pool; target: ConnectionTarget }> {
+  ): Promise<PreparedGeneration> {
+    const jwtCredential = await this.credentials.openJwt(record, credential);
     const pool = this.opener.open(record, generation, credential);
     try {
       await pool.query("SELECT 1");
@@ -550,7 +572,7 @@ export class TenantPool {
       await pool.end().catch(() => undefined);
       throw error;
     }
-    return { pool, target: credential.target };
+    return { pool, target: credential.target, jwtCredential };
   }
 
   /**
@@ -558,12 +580,15 @@ export class TenantPool {
    * new leases go to it from now on; the old generation keeps the leases it holds and retires when
    * the last one ends. No await, so no lease can be taken between the two.
    */
-  switchTo(prepared: { pool: Pool; target: ConnectionTarget }, generation: number): void {
+  switchTo(prepared: PreparedGeneration, generation: number): void {
     const old = this.pool
       ? { pool: this.pool, jwtPool: this.jwtPool, generation: this.poolGeneration, leases: this.leaseCount }
       : null;
-    // The new generation opens its own end-user pool on first use.
+    // The new generation opens its own end-user pool on first use, under the new credential's
+    // derived login password and claims key (src/tenant-object/credentials.ts `changePassword`).
     this.jwtPool = null;
+    this.jwtFenced = false;
+    this.jwtCredential = prepared.jwtCredential;
     this.pool = prepared.pool;
     this.poolGeneration = generation;
     this.poolTarget = prepared.target;
@@ -669,6 +694,13 @@ export class TenantPool {
   reportWhenIdle(): void {
     this.budgetWaitsForIdle = true;
   }
+}
+
+/** A generation a rotation prepared: its pool, where it points, and its end users' credential. */
+export interface PreparedGeneration {
+  pool: Pool;
+  target: ConnectionTarget;
+  jwtCredential: JwtCredential;
 }
 
 /** A checkout refused because a rotation moved the credential: retry on the current generation. */

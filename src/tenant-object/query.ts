@@ -27,7 +27,9 @@ import { StatementWatchdog } from "./watchdog.ts";
 
 /** Sets an end user's claims, their MAC and the configured role, for the transaction only. */
 const jwtPreludeSql =
-  "SELECT set_config('request.jwt.claims', $1, true), set_config('lessor.jwt_claims_mac', $2, true), set_config('role', $3, true)";
+  "SELECT pg_catalog.set_config('request.jwt.claims', $1::pg_catalog.text, true), " +
+  "pg_catalog.set_config('lessor.jwt_claims_mac', $2::pg_catalog.text, true), " +
+  "pg_catalog.set_config('role', $3::pg_catalog.text, true)";
 
 /** An end user's verified token and the role their statements run as. */
 interface EndUser {
@@ -86,7 +88,7 @@ export class TenantQueries {
         this.rt.usage.queries++;
         this.rt.usage.errors++;
       }
-      return sqlFailure(this.rt.tenantId, error);
+      return sqlFailure(this.rt.tenantId, error, authenticated);
     }
   }
 

@@ -130,8 +130,10 @@ export class SessionLeases {
     statement: Statement,
     output: OutputMode,
   ): Promise<SqlOutcome> {
+    let authenticated = false;
     try {
       const record = await this.auth.authenticate(tenantId, proof, "lease");
+      authenticated = true;
       const session = await this.find(token);
       if (session.busy) {
         throw new LessorError("invalid_request", {
@@ -153,7 +155,7 @@ export class SessionLeases {
         }
       }
     } catch (error) {
-      return sqlFailure(this.rt.tenantId, error);
+      return sqlFailure(this.rt.tenantId, error, authenticated);
     }
   }
 

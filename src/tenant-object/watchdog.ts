@@ -94,15 +94,40 @@ export class StatementWatchdog {
     markEndedOnPurpose(this.client);
     cutConnection(this.client);
     if (pid === null) return;
-    this.rt.ctx.waitUntil(
-      this.credentials.terminate(this.record, pid).then(
-        (ended) => logEvent("warn", "statement_terminated", { tenant: this.record.tenantId, ended }),
-        (error: unknown) =>
-          logEvent("error", "statement_terminate_failed", {
-            tenant: this.record.tenantId,
-            failure: describeFailure(error),
-          }),
-      ),
-    );
+    this.rt.ctx.waitUntil(this.terminateUntilSettled(pid));
+  }
+
+  /**
+   * Asks the admin role to end the backend until it is known to be gone. A check that could not run
+   * (no maintenance slot free, the host unreachable) or a backend still there after its wait does not
+   * count as done: it is asked again, backing off, for as long as `terminateRetryDelaysMs` lasts.
+   */
+  private async terminateUntilSettled(pid: number): Promise<void> {
+    const tenant = this.record.tenantId;
+    for (const [attempt, delayMs] of [0, ...terminateRetryDelaysMs].entries()) {
+      if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+      try {
+        const outcome = await this.credentials.terminate(this.record, pid);
+        if (outcome !== "still_running") {
+          logEvent("warn", "statement_terminated", { tenant, outcome, attempts: attempt + 1 });
+          return;
+        }
+      } catch (error) {
+        logEvent("warn", "statement_terminate_retry", {
+          tenant,
+          attempt: attempt + 1,
+          failure: describeFailure(error),
+        });
+      }
+    }
+    logEvent("error", "statement_terminate_unsettled", {
+      tenant,
+      attempts: terminateRetryDelaysMs.length + 1,
+    });
   }
 }
+
+/** Waits between the tries to end a cut statement's backend: about two minutes in all. */
+export const terminateRetryDelaysMs: readonly number[] = [
+  500, 1_000, 2_000, 4_000, 8_000, 15_000, 30_000, 60_000,
+];

@@ -10,12 +10,14 @@ import { Client } from "@neondatabase/serverless";
 import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { afterEach, describe, expect, it } from "vitest";
 import { runCampaignTick } from "../../src/campaigns/runner.ts";
+import { loadConfig } from "../../src/config/index.ts";
 import { controlPlaneOutageForTests } from "../../src/control-plane/index.ts";
 import type { EraseStage } from "../../src/core/erase.ts";
 import { eraseStages } from "../../src/core/erase.ts";
 import { auditRetentionJob } from "../../src/cron/jobs/audit-retention.ts";
 import { eraseResumeJob } from "../../src/cron/jobs/erase-resume.ts";
 import { type EraseStepEvent, eraseHooksForTests, InterruptedForTests } from "../../src/erase/test-hooks.ts";
+import { adminUrlFor } from "../../src/postgres/index.ts";
 import {
   admin,
   asSuperuser,
@@ -272,11 +274,14 @@ describe("erase: the request", () => {
   });
 });
 
-/** A superuser connection string for `database` on the test cluster. */
-function superuserUrl(database: string): string {
-  const url = new URL(env.TEST_PG_SUPERUSER_URL.replace(/^postgres:/, "http:"));
-  url.pathname = `/${database}`;
-  return url.toString().replace(/^http:/, "postgres:");
+/**
+ * A connection string for `database` as the host's admin role: what a managed host's operator holds
+ * (no superuser), whose backends Lessor's admin may end like any other non-superuser's.
+ */
+function hostAdminUrl(database: string): string {
+  const host = loadConfig(env).hosts.get("local");
+  if (!host) throw new Error("no local host");
+  return adminUrlFor(host.adminUrl, database);
 }
 
 /** Whether the tenant's erase has started `stage` (watched through the test hook). */
@@ -586,10 +591,10 @@ describe("erase: leases and statements", () => {
   it("a statement running when the erase starts may finish within the wait; one that outlasts it is ended", async () => {
     const quick = await busyTenant("erase-stmt");
     const slow = await busyTenant("erase-stmt-slow");
-    // Each statement waits on a lock a superuser holds in the tenant's database: it runs exactly as
-    // long as the test says.
+    // Each statement waits on a lock the host's admin holds in the tenant's database: it runs
+    // exactly as long as the test says.
     const blocked = async (tenant: CreatedTenant) => {
-      const holder = new Client(superuserUrl(tenant.database));
+      const holder = new Client(hostAdminUrl(tenant.database));
       holder.on("error", () => undefined);
       await holder.connect();
       await holder.query("BEGIN");

@@ -230,7 +230,7 @@ describe("a canary password never surfaces", () => {
     );
     const guardKey = await loginGuardKey(canary);
     await asSuperuser(
-      async (client) => installLoginGuard(client, await guardKeyId(guardKey), guardKey),
+      async (client) => installLoginGuard(client, await guardKeyId(guardKey), guardKey, "direct"),
       bird.database,
     );
     expect((await admin(`/v1/tenants/${bird.id}/drain`, { method: "POST", json: {} })).status).toBe(202);

@@ -48,6 +48,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
               rotfull: { connections: 9, reserve: 2, rotationReserve: 1 },
               faulty: { connections: 100, reserve: 4 },
               silent: { connections: 20, reserve: 2 },
+              // The hosts of host-kinds.test.ts.
+              "*": { connections: 20, reserve: 2 },
             }),
             LESSOR_SEAL_KEY: testSealKey,
             LESSOR_KEY_MAC_KEYS: testKeyMacKey,

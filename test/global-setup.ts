@@ -3,7 +3,10 @@
  * the WebSocket proxy and the control-plane schema. Tests inside workerd reach it through the
  * bindings that vitest.config.ts builds from what this provides.
  */
+
+import pg from "pg";
 import type { TestProject } from "vitest/node";
+import { localAdminRole, providerGroup } from "../local/host-setup.ts";
 import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 
@@ -76,6 +79,8 @@ async function startTestStack(
   );
   // Lessor's host admin: what a managed provider gives (local/host-setup.ts), never the superuser.
   const admin = stack.adminUrl("postgres");
+  await createTestAdmins(stack);
+  const as = (role: string) => admin.replace(`//${localAdminRole}:`, `//${role}:`);
   project.provide(
     "hostsJson",
     JSON.stringify({
@@ -90,12 +95,47 @@ async function startTestStack(
       faulty: admin.replace("@127.0.0.1:", "@127.0.0.2:"),
       // A host the blackhole tests stall; where 127.0.0.3 is the control plane, there is none.
       ...(controlPlaneAddress ? {} : { silent: admin.replace("@127.0.0.1:", "@127.0.0.3:") }),
+      // Hosts whose admin lacks what Lessor needs (host-kinds.test.ts), one configured for reduced
+      // containment, and two whose admins' DDL the server logs: one of Neon's kind, one not.
+      nocreatedb: as("lessor_nocreatedb"),
+      notrigger: as("lessor_notrigger"),
+      reduced: { url: as("lessor_notrigger"), containment: "reduced" },
+      neonlike: { url: as("lessor_admin_neon"), kind: "neon" },
+      logged: as("lessor_admin_logged"),
     }),
   );
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));
   project.provide("proxyControlUrl", `http://${stack.wsProxy}/__control`);
   return stack;
+}
+
+/** The test admins of the hosts above; every one has the same password as the stack's admin. */
+async function createTestAdmins(stack: LocalStack): Promise<void> {
+  const client = new pg.Client(stack.pg.url("postgres"));
+  await client.connect();
+  try {
+    const password = "lessor-test-password";
+    for (const statement of [
+      // The provider's group, but no CREATEDB (an attribute: not inherited from the group).
+      `CREATE ROLE lessor_nocreatedb LOGIN CREATEROLE PASSWORD '${password}'`,
+      `GRANT ${providerGroup} TO lessor_nocreatedb WITH INHERIT TRUE`,
+      // Everything but a way to create event triggers (not in the provider group).
+      `CREATE ROLE lessor_notrigger LOGIN CREATEROLE CREATEDB PASSWORD '${password}'`,
+      "GRANT pg_signal_backend, pg_monitor TO lessor_notrigger",
+      "GRANT CONNECT ON DATABASE postgres TO lessor_nocreatedb, lessor_notrigger",
+      // Admins like the stack's, whose DDL the server logs (the password modes are read from it).
+      `CREATE ROLE lessor_admin_neon LOGIN CREATEROLE CREATEDB REPLICATION BYPASSRLS PASSWORD '${password}'`,
+      `CREATE ROLE lessor_admin_logged LOGIN CREATEROLE CREATEDB REPLICATION BYPASSRLS PASSWORD '${password}'`,
+      `GRANT ${providerGroup} TO lessor_admin_neon, lessor_admin_logged WITH INHERIT TRUE`,
+      "ALTER ROLE lessor_admin_neon SET log_statement = 'ddl'",
+      "ALTER ROLE lessor_admin_logged SET log_statement = 'ddl'",
+    ]) {
+      await client.query(statement);
+    }
+  } finally {
+    await client.end();
+  }
 }
 
 export const { setup, teardown } = localStackSetup("main");

@@ -35,12 +35,17 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), a
     (db) => readMaintenanceStatus(db.$client, options, { before: cursor, limit }),
     "lessor-maintenance",
   );
-  // What the budget reconcile repaired on each host, and the maintenance reserve in use right now.
+  // Each host's kind and capabilities, what the budget reconcile repaired, and the maintenance
+  // reserve in use right now.
   const hosts = await Promise.all(
     [...config.hosts.keys()].map(async (host) => {
       const budget = await c.env.BUDGETS.getByName(host).status(host, 0);
+      const kind = config.hosts.get(host)?.kind ?? "postgres";
       return {
         host,
+        kind,
+        // What its admin role can do, as last probed (null until an admin connection probes it).
+        capabilities: budget.capabilities,
         reserve: budget.reserve,
         maintenance: budget.maintenance,
         reconciled: budget.reconciled,

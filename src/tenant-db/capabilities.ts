@@ -17,8 +17,12 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS vers
        pg_catalog.pg_has_role(r.oid, 'pg_read_all_stats', 'USAGE') AS read_all_stats,
        pg_catalog.has_parameter_privilege('temp_file_limit', 'SET') AS temp_file_limit,
        pg_catalog.current_setting('max_prepared_transactions')::pg_catalog.int4 AS max_prepared,
-       pg_catalog.to_regprocedure('lessor_provider.create_event_trigger(name,name,regprocedure)') IS NOT NULL
-         AS provider_function,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                 JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+                WHERE n.nspname OPERATOR(pg_catalog.=) 'lessor_provider'
+                  AND p.proname OPERATOR(pg_catalog.=) 'create_event_trigger'
+                  AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+                  AND pg_catalog.has_function_privilege(p.oid, 'EXECUTE')) AS provider_function,
        (SELECT COALESCE(pg_catalog.array_agg(d.datname::pg_catalog.text ORDER BY d.datname), '{}')
           FROM pg_catalog.pg_database d
          WHERE d.datallowconn AND NOT d.datistemplate

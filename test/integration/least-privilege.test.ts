@@ -14,8 +14,11 @@
 import { env, runInDurableObject } from "cloudflare:test";
 import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { appSchemaVersionReported } from "../../src/campaigns/schema-version.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { unseal } from "../../src/crypto/seal.ts";
+import { setLogSink } from "../../src/log/index.ts";
+import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import { provisioningHooksForTests } from "../../src/provisioning/test-hooks.ts";
 import { sessionLimits, tenantCredential } from "../../src/tenant-db/connect.ts";
@@ -322,7 +325,9 @@ describe("a prepared transaction never survives", () => {
       expect((await onLease(tenant, lease, "SET standard_conforming_strings = off")).status).toBe(200);
       expect((await onLease(tenant, lease, "BEGIN")).status).toBe(200);
       expect((await onLease(tenant, lease, "INSERT INTO public.marks VALUES ('odd')")).status).toBe(200);
-      const prepared = await onLease(tenant, lease, "PREPARE TRANSACTION 'it''s \\' $lessor$ odd'");
+      // Under these settings '\\' is one backslash: the gid holds a quote, a backslash and a
+      // dollar-quote tag, which no literal written for standard strings names.
+      const prepared = await onLease(tenant, lease, "PREPARE TRANSACTION 'it''s \\\\ $lessor$ odd'");
       expect(prepared.body.code).toBe("prepared_transaction_refused");
     } finally {
       await closeLease(tenant, lease);
@@ -543,5 +548,74 @@ describe("end users", () => {
     expect(
       await superuserValue("SELECT has_database_privilege($1, $2, 'CONNECT')", [login, tenant.database]),
     ).toBe(true);
+  });
+});
+
+describe("checks fail closed", () => {
+  it("a statement cut while no maintenance slot is free is terminated once one is, not forgotten", async () => {
+    const tenant = await createTenant(uniqueTenantId("lp-cut"), { host: "small" });
+    await asTenantOk(tenant, "SELECT 1");
+    const budget = env.BUDGETS.getByName("small");
+    const held: string[] = [];
+    for (;;) {
+      const grant = await budget.acquireMaintenance("small", {
+        purpose: "test-hold",
+        tenantId: null,
+        holdMs: 60_000,
+        waitMs: 0,
+      });
+      if (!grant.granted) break;
+      held.push(grant.leaseId);
+    }
+    expect(held.length).toBeGreaterThan(0);
+    const lines: string[] = [];
+    const restore = setLogSink((_level, line) => lines.push(line));
+    try {
+      const stubborn = await asTenant(
+        tenant,
+        `DO $d$ BEGIN
+           LOOP
+             BEGIN PERFORM pg_catalog.pg_sleep(30); EXCEPTION WHEN query_canceled THEN NULL; END;
+           END LOOP;
+         END $d$`,
+      );
+      expect(stubborn.status).not.toBe(200);
+      // The cut happened and its terminate found the reserve full: asked again, not given up.
+      const retried = await pollUntil(
+        () => Promise.resolve(lines.filter((l) => l.includes('"statement_terminate_retry"')).length),
+        (n) => n >= 1,
+        { attempts: 40, intervalMs: 100 },
+      );
+      expect(retried).toBeGreaterThanOrEqual(1);
+      expect(lines.some((l) => l.includes('"statement_terminated"'))).toBe(false);
+      for (const leaseId of held.splice(0)) await budget.releaseMaintenance("small", leaseId);
+      const settled = await pollUntil(
+        () => Promise.resolve(lines.find((l) => l.includes('"statement_terminated"'))),
+        (line) => line !== undefined,
+        { attempts: 60, intervalMs: 250 },
+      );
+      expect(JSON.parse(settled ?? "{}")).toMatchObject({ event: "statement_terminated" });
+      expect(Number((JSON.parse(settled ?? "{}") as { attempts?: number }).attempts)).toBeGreaterThanOrEqual(
+        2,
+      );
+    } finally {
+      restore();
+      for (const leaseId of held) await budget.releaseMaintenance("small", leaseId);
+    }
+  });
+
+  it("a refusal before the key was checked records no app schema version", async () => {
+    const tenant = await createTenant(uniqueTenantId("lp-appver"));
+    await asTenantOk(tenant, "SELECT 1");
+    const started = await admin(`/v1/tenants/${tenant.id}?confirm=${tenant.id}`, { method: "DELETE" });
+    expect(started.status).toBe(202);
+    const version = tenantMigrations.length;
+    const refused = await sqlRequest(
+      tenant.connectionString,
+      { query: "SELECT 1", params: [] },
+      { "Lessor-Schema-Version": String(version) },
+    );
+    expect([503, 410]).toContain(refused.status);
+    expect(appSchemaVersionReported(tenant.id, version)).toBe(false);
   });
 });

@@ -9,7 +9,7 @@
  * `default_transaction_read_only = on`). Every privileged operation then runs: start, the fence of
  * a restarted object, repair after a self-set password, rotation, JWT setup and end-user requests,
  * migration, the admin fence at the role's connection limit, reconcile, the watchdog's cut, a
- * second tenant's provisioning, erase.
+ * second tenant's provisioning, the host-hygiene pass taking over a database the tenant owned, erase.
  *
  * Each must still succeed, and no trap may fire at all but the test's own positive control: not as
  * the admin role (a privilege escalation), and not as the tenant's roles either (Lessor's own
@@ -24,6 +24,7 @@ import { unseal } from "../../src/crypto/seal.ts";
 import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import { sessionLimits, tenantCredential } from "../../src/tenant-db/connect.ts";
+import { hostHygiene } from "../../src/tenant-db/hygiene.ts";
 import { reapOrphanBackends } from "../../src/tenant-db/orphans.ts";
 import {
   admin,
@@ -218,6 +219,20 @@ async function expectNoTrapFired(after: string, tenant: CreatedTenant, controls 
   for (const f of control) expect(f.currentUser).toBe(tenant.role);
 }
 
+const hostileSettings = [
+  "search_path = public, pg_catalog",
+  "standard_conforming_strings = off",
+  "default_transaction_read_only = on",
+];
+
+/** The hostile settings, database-wide (as a database owner would set them). */
+async function plantDatabaseSettings(tenant: CreatedTenant): Promise<void> {
+  await asSuperuser(async (client) => {
+    for (const setting of hostileSettings)
+      await client.query(`ALTER DATABASE "${tenant.database}" SET ${setting}`);
+  });
+}
+
 /** Resets the tenant's object at once, as a crash or a deploy does. */
 async function crash(id: string): Promise<void> {
   const outcome = await runInDurableObject(env.TENANTS.getByName(id), (_instance, state) => {
@@ -304,14 +319,8 @@ describe("a tenant that booby-trapped its database", () => {
     }
     // Hostile settings: the role's own (the tenant may set them), and the database's (set here as
     // a database owner would; a tenant that owned its database could).
-    for (const setting of [
-      "search_path = public, pg_catalog",
-      "standard_conforming_strings = off",
-      "default_transaction_read_only = on",
-    ]) {
-      await asTenantOk(tenant, `ALTER ROLE CURRENT_USER SET ${setting}`);
-      await asSuperuser((client) => client.query(`ALTER DATABASE "${tenant.database}" SET ${setting}`));
-    }
+    for (const setting of hostileSettings) await asTenantOk(tenant, `ALTER ROLE CURRENT_USER SET ${setting}`);
+    await plantDatabaseSettings(tenant);
     await control();
     await expectNoTrapFired("planting", tenant, controls);
   }, 120_000);
@@ -505,6 +514,26 @@ describe("a tenant that booby-trapped its database", () => {
     } finally {
       // The traps first: on failure, what fired is the headline, not what broke after it.
       await expectNoTrapFired("another tenant's provisioning", tenant, controls);
+    }
+  });
+
+  it("takes its database over from it (a tenant that owned it, before issue 24)", async () => {
+    try {
+      await asSuperuser(async (client) => {
+        await client.query(`ALTER DATABASE "${tenant.database}" OWNER TO "${tenant.role}"`);
+        await client.query(`REVOKE CREATE ON DATABASE "${tenant.database}" FROM "${tenant.role}"`);
+      });
+      const config = loadConfig(env);
+      const host = config.hosts.get("local");
+      if (!host) throw new Error("no local host");
+      const pass = await hostHygiene(env, config, host);
+      expect(pass.moved).toBeGreaterThanOrEqual(1);
+      expect(pass.failed).toBe(0);
+      await asTenantOk(tenant, "SELECT 1");
+    } finally {
+      await expectNoTrapFired("the host-hygiene pass", tenant, controls);
+      // The database-wide traps again, for the erase (the pass cleared them).
+      await plantDatabaseSettings(tenant);
     }
   });
 

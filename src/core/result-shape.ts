@@ -9,6 +9,10 @@
  * - `Neon-Array-Mode: true`: each row is an array in column order; otherwise an object keyed by
  *   column name.
  *
+ * Rows are encoded to JSON one at a time as they arrive (`rowEncoder`), so an answer is held once,
+ * as the text that travels, and measured in the bytes that travel (`utf8Length`); `encodeResult`
+ * puts the pieces together exactly as `JSON.stringify(shapeResult(…))` would.
+ *
  * Pure: no runtime. One deliberate difference: an empty array is `[]` (Neon's typed mode fails on it).
  */
 import type { FieldDescription } from "./neon-protocol.ts";
@@ -159,4 +163,62 @@ export function shapeResult(result: RawStatementResult, mode: OutputMode): Shape
     return object;
   });
   return { fields, rows, command: result.command, rowCount: result.rowCount, rowAsArray: mode.arrayMode };
+}
+
+/** One row as the JSON text it is answered with, in the caller's mode. */
+export type RowEncoder = (row: (string | null)[]) => string;
+
+/** The encoder of rows of `fields` in `mode`: the same text `shapeResult` then `JSON.stringify` give. */
+export function rowEncoder(fields: readonly FieldDescription[], mode: OutputMode): RowEncoder {
+  // The driver's mode (raw text, arrays): the row as it came.
+  if (mode.arrayMode && mode.rawText) return (row) => JSON.stringify(row);
+  const names = fields.map((field, index) => field.name ?? String(index));
+  const oids = fields.map((field) => field.dataTypeID);
+  const convert = (value: string | null, index: number): unknown =>
+    value === null || mode.rawText ? value : typedValue(oids[index] ?? 0, value);
+  if (mode.arrayMode) return (row) => JSON.stringify(row.map(convert));
+  return (row) => {
+    const object: Record<string, unknown> = {};
+    row.forEach((value, index) => {
+      object[names[index] ?? String(index)] = convert(value, index);
+    });
+    return JSON.stringify(object);
+  };
+}
+
+/** A statement's result with its rows already encoded (`rowEncoder`). */
+export interface EncodedResult {
+  command: string;
+  rowCount: number | null;
+  fields: FieldDescription[];
+  /** Each row's JSON text, in order. */
+  rows: string[];
+  rowAsArray: boolean;
+}
+
+/** The JSON of one statement's answer: byte for byte `JSON.stringify(shapeResult(…))`. */
+export function encodeResult(result: EncodedResult): string {
+  return `{"fields":${JSON.stringify(result.fields)},"rows":[${result.rows.join(",")}],"command":${JSON.stringify(result.command)},"rowCount":${JSON.stringify(result.rowCount)},"rowAsArray":${result.rowAsArray}}`;
+}
+
+/**
+ * The UTF-8 length of a string (what it takes on the wire and in an RPC), without encoding it: one
+ * byte below U+0080, two below U+0800, four for a surrogate pair, three otherwise (a lone surrogate
+ * becomes U+FFFD, three bytes).
+ */
+export function utf8Length(text: string): number {
+  let bytes = 0;
+  for (let i = 0; i < text.length; i++) {
+    const code = text.charCodeAt(i);
+    if (code < 0x80) bytes += 1;
+    else if (code < 0x800) bytes += 2;
+    else if (code >= 0xd800 && code <= 0xdbff && i + 1 < text.length) {
+      const next = text.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) {
+        bytes += 4;
+        i++;
+      } else bytes += 3;
+    } else bytes += 3;
+  }
+  return bytes;
 }

@@ -6,9 +6,10 @@
  *   Bind, and nothing reaches the connection unseen;
  * - raw text values in array mode, with the field list (shape.ts turns them into what the caller
  *   asked for);
- * - an answer stops growing at `LESSOR_MAX_RESPONSE_BYTES`: past it rows are read and dropped, not
- *   kept, so the connection goes back clean; a single row too big to wait for gets the connection
- *   cut (watchdog.ts);
+ * - each row is encoded as the JSON it is answered with as it arrives (src/core/result-shape.ts), so
+ *   an answer is held once and measured in the bytes that travel; it stops growing at
+ *   `LESSOR_MAX_RESPONSE_BYTES`: past it rows are read and dropped, not kept, so the connection goes
+ *   back clean; a single row too big to wait for gets the connection cut (watchdog.ts);
  * - a prepared transaction is never left behind: a `PREPARE TRANSACTION` is rolled back at once and
  *   refused;
  * - an end user's statements (JWT mode) carry a prelude in the first statement's flight that sets the
@@ -22,22 +23,35 @@ import {
   type SqlRequest,
   type Statement,
 } from "../core/neon-protocol.ts";
+import {
+  driverOutputMode,
+  type EncodedResult,
+  type OutputMode,
+  type RowEncoder,
+  rowEncoder,
+  utf8Length,
+} from "../core/result-shape.ts";
+
+/** A result's JSON beyond its fields and rows: its keys, command tag and counts, generously. */
+const resultFrameBytes = 128;
 import { LessorError } from "../errors/index.ts";
 import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
 
-/** One statement's result, as Postgres sent it: text values, in column order. */
-export interface RawResult {
-  command: string;
-  rowCount: number | null;
-  fields: FieldDescription[];
-  rows: (string | null)[][];
-}
+/** One statement's result: its rows already encoded as the JSON they are answered with. */
+export type RawResult = EncodedResult;
 
-/** Bytes an answer may still take; shared by every statement of one request. */
+/**
+ * Bytes an answer may still take, counted as the JSON that will travel (UTF-8, escapes and, in
+ * object mode, every row's column names); shared by every statement of one request, which are all
+ * answered in its `mode`.
+ */
 export class ResponseBudget {
   private used = 0;
 
-  constructor(readonly max: number) {}
+  constructor(
+    readonly max: number,
+    readonly mode: OutputMode = driverOutputMode,
+  ) {}
 
   /** Counts `bytes`; false once the answer is over the limit. */
   take(bytes: number): boolean {
@@ -60,12 +74,6 @@ export type Overrun = "too_large" | "flood";
 /** What the runner calls when an answer overruns (watchdog.ts decides what to do). */
 export type OverrunHandler = (why: Overrun) => void;
 
-/** A data row's size as held in memory: its values plus a little per field. */
-function rowBytes(values: readonly (string | null)[]): number {
-  let bytes = 0;
-  for (const value of values) bytes += 4 + (value === null ? 0 : value.length);
-  return bytes;
-}
 
 /** Wire bytes beyond the budget after which a connection is cut rather than drained. */
 const drainSlackBytes = 4 * 1024 * 1024;
@@ -94,7 +102,8 @@ class BoundedStatement {
   private resolve: (result: RawResult) => void = () => undefined;
   private reject: (error: unknown) => void = () => undefined;
   private fields: FieldDescription[] = [];
-  private rows: (string | null)[][] = [];
+  private encode: RowEncoder | null = null;
+  private rows: string[] = [];
   private command = "";
   private rowCount: number | null = null;
   private overran = false;
@@ -156,6 +165,7 @@ class BoundedStatement {
   }
 
   handleRowDescription(message: { fields: FieldDescription[] }): void {
+    if (this.inPrelude) return;
     this.fields = message.fields.map((field) => ({
       name: field.name,
       tableID: field.tableID,
@@ -165,15 +175,20 @@ class BoundedStatement {
       dataTypeModifier: field.dataTypeModifier,
       format: field.format,
     }));
+    this.encode = rowEncoder(this.fields, this.budget.mode);
+    // The field list travels too (and the result's frame: command, counts, keys).
+    if (!this.budget.take(utf8Length(JSON.stringify(this.fields)) + resultFrameBytes)) this.overrun();
   }
 
   handleDataRow(message: { fields: (string | null)[] }): void {
     if (this.overran || this.inPrelude) return;
-    if (!this.budget.take(rowBytes(message.fields))) {
+    const row = (this.encode ?? rowEncoder([], this.budget.mode))(message.fields);
+    // The row as it will travel, and the comma before the next one.
+    if (!this.budget.take(utf8Length(row) + 1)) {
       this.overrun();
       return;
     }
-    this.rows.push(message.fields);
+    this.rows.push(row);
   }
 
   handleCommandComplete(message: { text?: string; command?: string }): void {
@@ -215,7 +230,13 @@ class BoundedStatement {
       this.reject(tooLarge(this.budget.max));
       return;
     }
-    this.resolve({ command: this.command, rowCount: this.rowCount, fields: this.fields, rows: this.rows });
+    this.resolve({
+      command: this.command,
+      rowCount: this.rowCount,
+      fields: this.fields,
+      rows: this.rows,
+      rowAsArray: this.budget.mode.arrayMode,
+    });
   }
 }
 

@@ -10,7 +10,7 @@
  */
 import type { PoolClient } from "@neondatabase/serverless";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
-import { shapeResult } from "../core/result-shape.ts";
+import { encodeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { backendPid } from "../postgres/index.ts";
@@ -78,11 +78,10 @@ export class TenantQueries {
         if (!(error instanceof CredentialMoved)) throw error;
         results = await this.run(record, await this.pool.acquire(record), request, endUser);
       }
-      const shaped = results.map((result) => shapeResult(result, request.output));
       this.rt.usage.queries++;
       this.rt.usage.rowsReturned += results.reduce((n, r) => n + r.rows.length, 0);
-      const body = request.kind === "single" ? shaped[0] : { results: shaped };
-      return { ok: true, json: JSON.stringify(body) };
+      const encoded = results.map(encodeResult);
+      return { ok: true, json: request.kind === "single" ? (encoded[0] ?? "null") : `{"results":[${encoded.join(",")}]}` };
     } catch (error) {
       if (authenticated) {
         this.rt.usage.queries++;
@@ -139,7 +138,7 @@ export class TenantQueries {
       throw error;
     }
     const watchdog = new StatementWatchdog(this.rt, this.pool.credentials, record, lease.target, client);
-    const budget = new ResponseBudget(this.rt.config.maxResponseBytes);
+    const budget = new ResponseBudget(this.rt.config.maxResponseBytes, request.output);
     let broken: Error | undefined;
     watchdog.arm();
     try {

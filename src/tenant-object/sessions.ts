@@ -8,7 +8,7 @@
  */
 import type { PoolClient } from "@neondatabase/serverless";
 import type { Statement } from "../core/neon-protocol.ts";
-import { type OutputMode, shapeResult } from "../core/result-shape.ts";
+import { encodeResult, type OutputMode } from "../core/result-shape.ts";
 import { randomHex } from "../crypto/encoding.ts";
 import { hashKey } from "../crypto/keys.ts";
 import { LessorError } from "../errors/index.ts";
@@ -143,10 +143,10 @@ export class SessionLeases {
       session.busy = true;
       this.pool.markUsed();
       try {
-        const result = await this.run(record, session, statement);
+        const result = await this.run(record, session, statement, output);
         this.rt.usage.queries++;
         this.rt.usage.rowsReturned += result.rows.length;
-        return { ok: true, json: JSON.stringify(shapeResult(result, output)) };
+        return { ok: true, json: encodeResult(result) };
       } finally {
         session.busy = false;
         if (this.sessions.has(session.tokenHash)) {
@@ -159,7 +159,7 @@ export class SessionLeases {
     }
   }
 
-  private async run(record: TenantRecord, session: Session, statement: Statement) {
+  private async run(record: TenantRecord, session: Session, statement: Statement, output: OutputMode) {
     const watchdog = new StatementWatchdog(
       this.rt,
       this.pool.credentials,
@@ -180,7 +180,7 @@ export class SessionLeases {
           return runStatement(
             session.client,
             statement,
-            new ResponseBudget(this.rt.config.maxResponseBytes),
+            new ResponseBudget(this.rt.config.maxResponseBytes, output),
             watchdog.onOverrun,
           );
         },

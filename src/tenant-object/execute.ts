@@ -34,6 +34,7 @@ import {
 
 /** A result's JSON beyond its fields and rows: its keys, command tag and counts, generously. */
 const resultFrameBytes = 128;
+
 import { LessorError } from "../errors/index.ts";
 import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
 
@@ -73,7 +74,6 @@ export type Overrun = "too_large" | "flood";
 
 /** What the runner calls when an answer overruns (watchdog.ts decides what to do). */
 export type OverrunHandler = (why: Overrun) => void;
-
 
 /** Wire bytes beyond the budget after which a connection is cut rather than drained. */
 const drainSlackBytes = 4 * 1024 * 1024;

@@ -81,7 +81,10 @@ export class TenantQueries {
       this.rt.usage.queries++;
       this.rt.usage.rowsReturned += results.reduce((n, r) => n + r.rows.length, 0);
       const encoded = results.map(encodeResult);
-      return { ok: true, json: request.kind === "single" ? (encoded[0] ?? "null") : `{"results":[${encoded.join(",")}]}` };
+      return {
+        ok: true,
+        json: request.kind === "single" ? (encoded[0] ?? "null") : `{"results":[${encoded.join(",")}]}`,
+      };
     } catch (error) {
       if (authenticated) {
         this.rt.usage.queries++;

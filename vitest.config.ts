@@ -27,6 +27,7 @@ const secondHalf = [
   "bad-input",
   "rotation",
   "jwt",
+  "mass-restart",
 ].map((file) => `test/integration/${file}.test.ts`);
 
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {
@@ -48,6 +49,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
               rotfull: { connections: 9, reserve: 2, rotationReserve: 1 },
               faulty: { connections: 100, reserve: 4 },
               silent: { connections: 20, reserve: 2 },
+              // A fleet of 100 one-connection pools, restarted at once (mass-restart.test.ts).
+              mass: { connections: 120, reserve: 10 },
               // The hosts of host-kinds.test.ts.
               "*": { connections: 20, reserve: 2 },
             }),

@@ -4,7 +4,7 @@ import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { loadConfig } from "./config/index.ts";
 import { describeFailure, durableObjectFailure, errorHeaders, LessorError } from "./errors/index.ts";
-import { logEvent } from "./log/index.ts";
+import { logEvent, logEventSampled } from "./log/index.ts";
 import { auditRoutes } from "./routes/audit.ts";
 import { campaignRoutes } from "./routes/campaigns.ts";
 import { capacityRoutes } from "./routes/capacity.ts";
@@ -82,7 +82,8 @@ app.onError((error, c) => {
   const objectFailure = durableObjectFailure(error);
   if (objectFailure) {
     // An object reset mid-request (a deploy, a crash) or unreachable: retryable, not a bug.
-    logEvent("warn", "object_unavailable", {
+    // A deploy resets every object at once: one line a kind per window, with the count left out.
+    logEventSampled("warn", "object_unavailable", objectFailure, {
       path: c.req.path,
       kind: objectFailure,
       failure: describeFailure(error),

@@ -101,7 +101,9 @@ async function startTestStack(
       notrigger: as("lessor_notrigger"),
       reduced: { url: as("lessor_notrigger"), containment: "reduced" },
       neonlike: { url: as("lessor_admin_neon"), kind: "neon" },
-      logged: as("lessor_admin_logged"),
+      logged: { url: as("lessor_admin_logged"), locationHint: "weur" },
+      // The mass restart's fleet (mass-restart.test.ts).
+      mass: admin,
     }),
   );
   project.provide("wsProxy", stack.wsProxy);

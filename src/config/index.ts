@@ -73,6 +73,8 @@ export interface LessorConfig {
   auditRetentionDays: number;
   /** Credentials the cron trigger reseals per tick at most while the seal key ring holds old keys; 0: off. */
   resealBatch: number;
+  /** Where the control plane's shards should be created (near its database), or null. */
+  controlPlaneLocationHint: LocationHint | null;
 }
 
 /** Maintenance connections a host keeps back when its budget names no reserve. */
@@ -156,6 +158,14 @@ function hostEntry(name: string, entry: unknown): HostEntry {
     ...(containment === undefined ? {} : { containment: containment as ContainmentLevel }),
     ...(locationHint === undefined ? {} : { locationHint: locationHint as LocationHint }),
   };
+}
+
+function locationHint(setting: string, raw: string | undefined): LocationHint | null {
+  if (raw === undefined || raw === "") return null;
+  if (!(locationHints as readonly string[]).includes(raw)) {
+    fail(setting, `must be one of ${locationHints.join(", ")}`);
+  }
+  return raw as LocationHint;
 }
 
 /** Whether a `host:port` (or a URL) names this machine's loopback. */
@@ -291,6 +301,10 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_RESEAL_BATCH === "0"
         ? 0
         : positiveInt("LESSOR_RESEAL_BATCH", vars.LESSOR_RESEAL_BATCH, 100),
+    controlPlaneLocationHint: locationHint(
+      "LESSOR_CONTROL_PLANE_LOCATION_HINT",
+      vars.LESSOR_CONTROL_PLANE_LOCATION_HINT,
+    ),
   };
   cache.set(env, config);
   return config;

@@ -15,6 +15,7 @@ import {
   type TenantJwt,
 } from "../core/jwt-config.ts";
 import { LessorError } from "../errors/index.ts";
+import { controlPlaneShard } from "../placement/index.ts";
 import type { Queryable } from "../postgres/queryable.ts";
 import type { TenantKeyRecord, TenantRecord } from "../rpc/tenant.ts";
 import { answerError, RemoteClient } from "./remote-client.ts";
@@ -58,7 +59,7 @@ export async function withControlPlane<T>(
       retryAfterSeconds: 1,
     });
   }
-  const shard = env.CONTROL_PLANE.getByName(`shard-${Math.floor(Math.random() * config.controlPlaneShards)}`);
+  const shard = controlPlaneShard(env, `shard-${Math.floor(Math.random() * config.controlPlaneShards)}`);
   let opened: Awaited<ReturnType<typeof shard.open>>;
   try {
     opened = await shard.open(applicationName);

@@ -15,6 +15,7 @@ import { describeFailure } from "../errors/index.ts";
 import { foldOptionsFromVars } from "../folds/options.ts";
 import { type MaintenanceStatus, readMaintenanceStatus } from "../folds/status.ts";
 import { logEvent } from "../log/index.ts";
+import { budgetObject } from "../placement/index.ts";
 import type { CapacityStatus } from "../rpc/budget.ts";
 import { type FleetUsage, readFleetUsage } from "../usage/readers.ts";
 import {
@@ -40,7 +41,7 @@ export async function readHosts(
   return Promise.all(
     [...config.hosts.keys()].map(async (host): Promise<HostReading> => {
       try {
-        return { host, ok: true, status: await env.BUDGETS.getByName(host).status(host, candidateLimit) };
+        return { host, ok: true, status: await budgetObject(env, host).status(host, candidateLimit) };
       } catch (error) {
         logEvent("warn", "budget_status_failed", { host, failure: describeFailure(error) });
         return { host, ok: false };

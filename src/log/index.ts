@@ -49,3 +49,34 @@ export function redact(text: string): string {
 export function logEvent(level: LogLevel, event: string, fields: Record<string, unknown>): void {
   sink(level, redact(JSON.stringify({ level, event, ...fields })));
 }
+
+/** How long a sampled event stays quiet after a line, per key (a tenant, say). */
+export const sampleWindowMs = 10_000;
+const sampled = new Map<string, { quietUntil: number; suppressed: number }>();
+/** Keys remembered at most: past it the memory starts over (a line more, never a line lost for good). */
+const maxSampledKeys = 1_000;
+
+/**
+ * A log line for an event a caller can cause on every request (an oversized answer, a statement
+ * that timed out, a refused checkout): the first of `event` for `key` is written at once, then at
+ * most one a window, carrying how many were left out since (`suppressed`). A flood of one tenant's
+ * bad requests costs a few lines, and nothing goes unseen.
+ */
+export function logEventSampled(
+  level: LogLevel,
+  event: string,
+  key: string,
+  fields: Record<string, unknown>,
+  now: number = Date.now(),
+): void {
+  const id = `${event}\u0000${key}`;
+  const seen = sampled.get(id);
+  if (seen && now < seen.quietUntil) {
+    seen.suppressed++;
+    return;
+  }
+  if (!seen && sampled.size >= maxSampledKeys) sampled.clear();
+  const suppressed = seen?.suppressed ?? 0;
+  sampled.set(id, { quietUntil: now + sampleWindowMs, suppressed: 0 });
+  logEvent(level, event, suppressed > 0 ? { ...fields, suppressed } : fields);
+}

@@ -21,6 +21,7 @@ import { mintTenantKey } from "../crypto/tenant-keys.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import { tenantObjectNear } from "../placement/index.ts";
 import { underDeadline, withTenantConnection } from "../postgres/index.ts";
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
 import {
@@ -128,7 +129,7 @@ export async function provisionTenant(
   // If this fails, the object loads the record from the catalog on its first request instead.
   const record = tenantRecordFromRow(provisioned.row, provisioned.keys, config);
   if (record)
-    await env.TENANTS.getByName(input.id)
+    await tenantObjectNear(env, input.id, provisioned.row.host)
       .configure(record)
       .catch(() => undefined);
   return provisioned;

@@ -1,6 +1,7 @@
 /** `GET /v1/capacity` (admin): per host, the budget and what holds it. Never lists every tenant. */
 import { Hono } from "hono";
 import { loadConfig } from "../config/index.ts";
+import { budgetObject } from "../placement/index.ts";
 import { requireAdmin } from "./auth.ts";
 import type { AppEnv } from "./context.ts";
 
@@ -9,7 +10,7 @@ export const capacityRoutes = new Hono<AppEnv>();
 capacityRoutes.get("/v1/capacity", requireAdmin, async (c) => {
   const config = loadConfig(c.env);
   const hosts = await Promise.all(
-    [...config.hosts.keys()].map((host) => c.env.BUDGETS.getByName(host).status(host, 5)),
+    [...config.hosts.keys()].map((host) => budgetObject(c.env, host).status(host, 5)),
   );
   return c.json({ hosts });
 });

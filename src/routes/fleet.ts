@@ -23,6 +23,7 @@ import {
   readRecentEvents,
   searchTenants,
 } from "../fleet/readers.ts";
+import { budgetObject } from "../placement/index.ts";
 import { requireAdmin } from "./auth.ts";
 import type { AppEnv } from "./context.ts";
 import { badCursor, pageLimit, query } from "./validation.ts";
@@ -123,7 +124,7 @@ fleetRoutes.get("/v1/capacity/evictions", requireAdmin, query(evictionsQuery), a
   if (tierSize === undefined) throw new LessorError("unknown_tier");
   const names = host === undefined ? [...config.hosts.keys()] : [host];
   const hosts = await Promise.all(
-    names.map((name) => c.env.BUDGETS.getByName(name).evictionReport(name, size ?? tierSize)),
+    names.map((name) => budgetObject(c.env, name).evictionReport(name, size ?? tierSize)),
   );
   return c.json({ tier: size === undefined ? (tier ?? config.defaultTier) : null, hosts });
 });

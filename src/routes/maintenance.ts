@@ -12,6 +12,7 @@ import { withControlPlane } from "../control-plane/index.ts";
 import { rotationProgress } from "../cron/jobs/credential-rotation.ts";
 import { foldOptionsFromVars } from "../folds/options.ts";
 import { readMaintenanceStatus } from "../folds/status.ts";
+import { budgetObject } from "../placement/index.ts";
 import { requireAdmin } from "./auth.ts";
 import type { AppEnv } from "./context.ts";
 import { badCursor, pageLimit, query } from "./validation.ts";
@@ -39,7 +40,7 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), a
   // reserve in use right now.
   const hosts = await Promise.all(
     [...config.hosts.keys()].map(async (host) => {
-      const budget = await c.env.BUDGETS.getByName(host).status(host, 0);
+      const budget = await budgetObject(c.env, host).status(host, 0);
       const kind = config.hosts.get(host)?.kind ?? "postgres";
       return {
         host,

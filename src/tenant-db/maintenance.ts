@@ -15,6 +15,7 @@ import { describeMissing, evaluateHost, type HostReport, reportIsFresh } from ".
 import { hostApplicationName } from "../core/names.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { budgetObject } from "../placement/index.ts";
 import { adminUrlFor, withPrivilegedConnection } from "../postgres/index.ts";
 import { probeHostFacts } from "./capabilities.ts";
 
@@ -48,7 +49,7 @@ export async function withMaintenanceSlot<T>(
   slot: MaintenanceSlot,
   work: (hostReport: HostReport | null) => Promise<T>,
 ): Promise<T> {
-  const budget = env.BUDGETS.getByName(host);
+  const budget = budgetObject(env, host);
   const grant = await budget.acquireMaintenance(host, {
     purpose: slot.purpose,
     tenantId: slot.tenantId,
@@ -100,7 +101,7 @@ export async function currentHostReport(
     facts,
     verdict: evaluateHost(host.kind, facts, host.containment),
   };
-  await env.BUDGETS.getByName(host.name)
+  await budgetObject(env, host.name)
     .recordHostReport(host.name, report)
     .catch((error: unknown) => {
       logEvent("warn", "host_report_not_recorded", { host: host.name, failure: describeFailure(error) });

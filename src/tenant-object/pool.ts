@@ -29,8 +29,9 @@ import {
   stopped,
 } from "../core/lifecycle.ts";
 import { poolApplicationName } from "../core/names.ts";
+import { restartJitterMs } from "../core/placement.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
-import { logEvent } from "../log/index.ts";
+import { logEvent, logEventSampled } from "../log/index.ts";
 import { type ConnectionTarget, openPool, terminateAndWait } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
@@ -328,7 +329,7 @@ export class TenantPool {
     } catch (error) {
       const code = (error as { code?: unknown }).code;
       const change = this.hooks.credentialChange();
-      logEvent("warn", "pool_checkout_failed", {
+      logEventSampled("warn", "pool_checkout_failed", this.rt.tenantId, {
         tenant: this.rt.tenantId,
         current: pool === this.pool,
         rotating: change !== null,
@@ -474,6 +475,9 @@ export class TenantPool {
     }
     const generation = rt.lifecycle.generation;
     const budget = rt.budget(record.host);
+    // After a restart (a deploy restarts every object), pools come back spread over a moment
+    // rather than all in the same one (src/core/placement.ts).
+    if (rt.fencePending) await sleep(restartJitterMs(Math.random(), rt.config.admissionWaitMs));
     let admitted: AdmitResult;
     try {
       admitted = await budget.admit(record.host, record.tenantId, generation, record.poolSize);

@@ -6,6 +6,7 @@
  */
 import { type LessorConfig, loadConfig } from "../config/index.ts";
 import { initialLifecycle, type Lifecycle } from "../core/lifecycle.ts";
+import { budgetObject } from "../placement/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
 import { TenantStorage } from "./storage.ts";
@@ -173,7 +174,7 @@ export class TenantRuntime {
 
   /** The BudgetObject of a database host. */
   budget(host: string) {
-    return this.env.BUDGETS.getByName(host);
+    return budgetObject(this.env, host);
   }
 
   /** Arms the alarm for `at` unless it is already armed earlier. */

@@ -13,7 +13,7 @@
  */
 import type { PoolClient } from "@neondatabase/serverless";
 import { describeFailure, LessorError } from "../errors/index.ts";
-import { logEvent } from "../log/index.ts";
+import { logEvent, logEventSampled } from "../log/index.ts";
 import { backendPid, type ConnectionTarget, cutConnection, sendCancel } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { markEndedOnPurpose } from "./connection-state.ts";
@@ -41,7 +41,7 @@ export class StatementWatchdog {
   /** What the statement runner calls when an answer overruns its budget. */
   readonly onOverrun = (why: Overrun): void => {
     if (why === "too_large") {
-      logEvent("warn", "response_too_large", {
+      logEventSampled("warn", "response_too_large", this.record.tenantId, {
         tenant: this.record.tenantId,
         limitBytes: this.rt.config.maxResponseBytes,
       });
@@ -59,7 +59,7 @@ export class StatementWatchdog {
     if (this.suspect) return;
     this.timedOut = true;
     this.suspect = true;
-    logEvent("warn", "statement_timeout", {
+    logEventSampled("warn", "statement_timeout", this.record.tenantId, {
       tenant: this.record.tenantId,
       limitMs: this.rt.config.statementTimeoutMs,
     });

@@ -1,6 +1,6 @@
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { describeFailure, errorCatalog, errorHeaders, LessorError } from "../../src/errors/index.ts";
-import { logEvent, redact } from "../../src/log/index.ts";
+import { logEvent, logEventSampled, redact, sampleWindowMs, setLogSink } from "../../src/log/index.ts";
 
 const tenantKey = "lsk_Zm9vYmFyYmF6cXV4cXV1eDEyMzQ1Njc4OTBhYmNkZWY";
 const password = "c2VjcmV0LXBhc3N3b3JkLXRoYXQtaXMtbG9uZy1lbm91Z2g";
@@ -122,6 +122,26 @@ describe("LessorError", () => {
       expect(code).toMatch(/^[a-z]+(_[a-z]+)*$/);
       expect(spec.status).toBeGreaterThanOrEqual(400);
       expect(spec.status).toBeLessThan(600);
+    }
+  });
+});
+
+describe("logEventSampled", () => {
+  it("writes the first line of an event per key at once, then one a window, counting the rest", () => {
+    const lines: string[] = [];
+    const restore = setLogSink((_level, line) => lines.push(line));
+    try {
+      const t0 = 5_000_000;
+      for (let i = 0; i < 50; i++) logEventSampled("warn", "flood_test", "tenant-a", { n: i }, t0 + i);
+      logEventSampled("warn", "flood_test", "tenant-b", { n: 0 }, t0 + 10);
+      logEventSampled("warn", "flood_test", "tenant-a", { n: 99 }, t0 + sampleWindowMs + 1);
+      expect(lines.map((line) => JSON.parse(line))).toEqual([
+        { level: "warn", event: "flood_test", n: 0 },
+        { level: "warn", event: "flood_test", n: 0 },
+        { level: "warn", event: "flood_test", n: 99, suppressed: 49 },
+      ]);
+    } finally {
+      restore();
     }
   });
 });

@@ -7,6 +7,7 @@
 import { loadConfig } from "../../config/index.ts";
 import { describeFailure } from "../../errors/index.ts";
 import { logEvent } from "../../log/index.ts";
+import { budgetObject } from "../../placement/index.ts";
 import { reapOrphanBackends } from "../../tenant-db/orphans.ts";
 import type { CronJob } from "../fan-out.ts";
 
@@ -18,7 +19,7 @@ export const budgetReconcileJob: CronJob = {
     const hosts = [...config.hosts.values()];
     const results = await Promise.all(
       hosts.map(async (host) => {
-        const budget = env.BUDGETS.getByName(host.name);
+        const budget = budgetObject(env, host.name);
         const ledger = await budget.reconcile(host.name);
         const orphans = await reapOrphanBackends(env, config, host).catch((error: unknown) => {
           // A host that cannot be reached now is looked at next time.

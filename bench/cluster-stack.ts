@@ -20,8 +20,7 @@
  */
 import { type ChildProcess, fork } from "node:child_process";
 import { resolve } from "node:path";
-import pg from "pg";
-import { controlPlaneDatabase, migrateControlPlane } from "../local/stack.ts";
+import { controlPlaneDatabase, hostAdminUrl, migrateControlPlane, prepareHost } from "../local/stack.ts";
 import { startWsProxy, type WsProxyStats } from "../local/wsproxy.ts";
 import { type Cluster, startCluster } from "./clusters.ts";
 import { within } from "./processes.ts";
@@ -43,8 +42,10 @@ export interface StackSpec {
 export interface StackHost {
   name: string;
   port: number;
-  /** Superuser URL of the host's `postgres` database (Lessor's LESSOR_HOSTS admin URL). */
+  /** The host admin's URL (`lessor_admin`, never a superuser: Lessor's LESSOR_HOSTS value). */
   adminUrl: string;
+  /** The superuser's URL of the host's `postgres` database: the bench's own inspection only. */
+  superuserUrl: string;
   postmasterPid: number | null;
   dataDir: string;
 }
@@ -74,16 +75,6 @@ type Message =
  */
 const benchProxyLimits = { maxTunnels: 8_000, maxHandshakes: 2_048 };
 
-async function ensureDatabase(adminUrl: string, name: string): Promise<void> {
-  const client = new pg.Client(adminUrl);
-  await client.connect();
-  try {
-    const exists = await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [name]);
-    if (!exists.rowCount) await client.query(`CREATE DATABASE "${name}"`);
-  } finally {
-    await client.end();
-  }
-}
 
 async function serve(spec: StackSpec, send: (message: unknown) => void): Promise<void> {
   const recent: string[] = [];
@@ -123,8 +114,10 @@ async function serve(spec: StackSpec, send: (message: unknown) => void): Promise
     );
   }
   const [control, ...hosts] = clusters as [Cluster, ...Cluster[]];
-  await ensureDatabase(control.url(), controlPlaneDatabase);
-  await migrateControlPlane(control.url(controlPlaneDatabase));
+  // Each cluster gives Lessor what a managed provider gives (local/host-setup.ts), never a superuser.
+  await prepareHost(control, spec.password, { controlPlane: true });
+  for (const host of hosts) await prepareHost(host, spec.password, { controlPlane: false });
+  await migrateControlPlane(hostAdminUrl(control, spec.password, controlPlaneDatabase));
   const proxy = await startWsProxy({
     allowed: clusters.map((c) => `${c.host}:${c.port}`),
     limits: benchProxyLimits,
@@ -174,12 +167,13 @@ async function serve(spec: StackSpec, send: (message: unknown) => void): Promise
   process.on("SIGINT", () => void stop());
   const ready: StackReady = {
     type: "ready",
-    controlPlaneUrl: control.url(controlPlaneDatabase),
+    controlPlaneUrl: hostAdminUrl(control, spec.password, controlPlaneDatabase),
     controlPlanePid: control.postmasterPid(),
     hosts: hosts.map((h) => ({
       name: h.name,
       port: h.port,
-      adminUrl: h.url("postgres"),
+      adminUrl: hostAdminUrl(h, spec.password),
+      superuserUrl: h.url("postgres"),
       postmasterPid: h.postmasterPid(),
       dataDir: h.dataDir,
     })),

@@ -647,7 +647,7 @@ async function main(): Promise<number> {
     const autovacuum = (on: boolean) =>
       Promise.all(
         [...hosts.values()].map((host) =>
-          asSuperuser(host.adminUrl, async (client) => {
+          asSuperuser(host.superuserUrl, async (client) => {
             await client.query(on ? "ALTER SYSTEM RESET autovacuum" : "ALTER SYSTEM SET autovacuum = off");
             await client.query("SELECT pg_reload_conf()");
           }),
@@ -700,7 +700,7 @@ async function main(): Promise<number> {
     for (const name of hostNames) {
       const host = hosts.get(name);
       if (!host) continue;
-      const backends = await asSuperuser(host.adminUrl, async (client) => {
+      const backends = await asSuperuser(host.superuserUrl, async (client) => {
         const { rows } = await client.query<{ lessor: number; all: number }>(
           `SELECT count(*) FILTER (WHERE application_name LIKE 'lessor:%')::int AS lessor, count(*)::int AS all
              FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`,
@@ -920,7 +920,7 @@ function duMiB(path: string): number {
 async function diskFigures(stack: RunningClusterStack, catalogTenants: number) {
   const perHost = [];
   for (const host of stack.info.hosts) {
-    const sizes = await asSuperuser(host.adminUrl, async (client) => {
+    const sizes = await asSuperuser(host.superuserUrl, async (client) => {
       const { rows } = await client.query<{ n: number; avg: string; total: string; template: string }>(
         `SELECT count(*)::int AS n, avg(pg_database_size(datname))::bigint AS avg,
                 sum(pg_database_size(datname))::bigint AS total, pg_database_size('template1') AS template
@@ -928,14 +928,14 @@ async function diskFigures(stack: RunningClusterStack, catalogTenants: number) {
       );
       return rows[0];
     });
-    const sample = await asSuperuser(host.adminUrl, async (client) => {
+    const sample = await asSuperuser(host.superuserUrl, async (client) => {
       const { rows } = await client.query<{ datname: string }>(
         "SELECT datname FROM pg_database WHERE datname ~ '^t_[0-9a-f]{16}$' ORDER BY datname LIMIT 1",
       );
       return rows[0]?.datname ?? null;
     });
     const ownTables = sample
-      ? await asSuperuser(databaseUrl(host.adminUrl, sample), async (client) => {
+      ? await asSuperuser(databaseUrl(host.superuserUrl, sample), async (client) => {
           const { rows } = await client.query<{ own: string; catalog: string }>(
             `SELECT coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')), 0)::bigint AS own,
                     coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE n.nspname IN ('pg_catalog', 'information_schema')), 0)::bigint AS catalog
@@ -996,7 +996,7 @@ async function diskFigures(stack: RunningClusterStack, catalogTenants: number) {
 /** CREATE DATABASE alone (the template copy), five times on one host, to compare with a whole create. */
 async function createDatabaseProbe(host: StackHost | null) {
   if (!host) return null;
-  return asSuperuser(host.adminUrl, async (client) => {
+  return asSuperuser(host.superuserUrl, async (client) => {
     const ms: number[] = [];
     for (let i = 0; i < 5; i++) {
       const name = `bench_probe_${i}`;
@@ -1065,7 +1065,7 @@ async function campaignPhase(
     await inParallel(all, 8, async (tenant) => {
       const host = hosts.get(hostOfId(tenant));
       if (!host) throw new Error(`no host for ${tenant}`);
-      await asSuperuser(databaseUrl(host.adminUrl, databaseOf(names, tenant)), async (client) => {
+      await asSuperuser(databaseUrl(host.superuserUrl, databaseOf(names, tenant)), async (client) => {
         await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
         await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
         await client.query("DELETE FROM lessor.schema_migrations WHERE version > 1");
@@ -1148,7 +1148,7 @@ async function campaignPhase(
     async (tenant) => {
       const host = hosts.get(hostOfId(tenant));
       if (!host) return;
-      const row = await asSuperuser(databaseUrl(host.adminUrl, databaseOf(names, tenant)), async (client) => {
+      const row = await asSuperuser(databaseUrl(host.superuserUrl, databaseOf(names, tenant)), async (client) => {
         const { rows } = await client.query<{ n: number; d: number; v: number }>(
           "SELECT count(*)::int AS n, count(DISTINCT version)::int AS d, max(version) AS v FROM lessor.schema_migrations",
         );

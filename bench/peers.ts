@@ -1056,7 +1056,7 @@ async function main(): Promise<number> {
   running.stack = stack;
   const host = stack.info.hosts[0];
   if (!host) throw new Error("the stack has no host");
-  const superuserUrl = host.adminUrl;
+  const superuserUrl = host.superuserUrl;
   const postgresPids = () => {
     const pid = host.postmasterPid;
     return pid === null ? [] : [pid];
@@ -1080,7 +1080,7 @@ async function main(): Promise<number> {
     LESSOR_SEAL_KEY: sealKey,
     LESSOR_KEY_MAC_KEYS: keyMacKey,
     LESSOR_CONTROL_PLANE_URL: stack.info.controlPlaneUrl,
-    LESSOR_HOSTS: JSON.stringify({ [hostName]: superuserUrl }),
+    LESSOR_HOSTS: JSON.stringify({ [hostName]: host.adminUrl }),
     LESSOR_BUDGETS: JSON.stringify({ [hostName]: budget }),
     LESSOR_IDLE_TIMEOUT_MS: String(lessorIdleTimeoutMs),
     LESSOR_WS_PROXY: stack.info.wsProxy,

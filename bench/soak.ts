@@ -881,12 +881,13 @@ type FaultKind =
   | "proxy-stall"
   | "cron-killed";
 
-let hostAdminUrl = "";
+/** The host superuser's URL: the soak's own inspection and faults (Lessor gets the host admin's). */
+let hostSuperuserUrl = "";
 let controlPlaneUrl = "";
 let buildNumber = 0;
 
 function hostClient(database = "postgres"): pg.Client {
-  const url = new URL(hostAdminUrl);
+  const url = new URL(hostSuperuserUrl);
   url.pathname = `/${database}`;
   const client = new pg.Client({
     connectionString: url.toString(),
@@ -1584,7 +1585,7 @@ async function main(): Promise<boolean> {
   running.stack = stack;
   const host = stack.info.hosts[0];
   if (!host) throw new Error("the stack has no host");
-  hostAdminUrl = host.adminUrl;
+  hostSuperuserUrl = host.superuserUrl;
   controlPlaneUrl = stack.info.controlPlaneUrl;
 
   adminKey = `lak_soak_${randomBytes(24).toString("base64url")}`;

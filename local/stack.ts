@@ -56,8 +56,7 @@ export async function startLocalStack(options: {
   });
   try {
     // The host admin is the local password's role, not the superuser (local/host-setup.ts).
-    const adminUrl = (database = "postgres") =>
-      `postgres://${localAdminRole}:${encodeURIComponent(options.pgPassword)}@${pgServer.host}:${pgServer.port}/${database}`;
+    const adminUrl = (database = "postgres") => hostAdminUrl(pgServer, options.pgPassword, database);
     await prepareHost(pgServer, options.pgPassword);
     await migrateControlPlane(adminUrl(controlPlaneDatabase));
     const proxy = await startWsProxy({
@@ -99,8 +98,21 @@ export async function startLocalStack(options: {
   }
 }
 
+/** The host admin's connection string (`lessor_admin`, whose password is the stack's) for `database`. */
+export function hostAdminUrl(
+  server: { host: string; port: number },
+  password: string,
+  database = "postgres",
+): string {
+  return `postgres://${localAdminRole}:${encodeURIComponent(password)}@${server.host}:${server.port}/${database}`;
+}
+
 /** Runs `statements` as the superuser in `database`. */
-async function asSuperuser(pgServer: LocalPostgres, database: string, statements: string[]): Promise<void> {
+async function asSuperuser(
+  pgServer: Pick<LocalPostgres, "url">,
+  database: string,
+  statements: string[],
+): Promise<void> {
   const client = new pg.Client(pgServer.url(database));
   await client.connect();
   try {
@@ -116,7 +128,11 @@ async function asSuperuser(pgServer: LocalPostgres, database: string, statements
  * without a superuser has its control plane and tenants owned by the superuser: it is refused with
  * the way out, rather than half converted.
  */
-async function prepareHost(pgServer: LocalPostgres, adminPassword: string): Promise<void> {
+export async function prepareHost(
+  pgServer: Pick<LocalPostgres, "url">,
+  adminPassword: string,
+  options: { controlPlane: boolean } = { controlPlane: true },
+): Promise<void> {
   const client = new pg.Client(pgServer.url());
   await client.connect();
   try {
@@ -131,10 +147,12 @@ async function prepareHost(pgServer: LocalPostgres, adminPassword: string): Prom
       );
     }
     for (const statement of clusterSetupStatements(adminPassword)) await client.query(statement);
-    if (owner === undefined) {
-      await client.query(`CREATE DATABASE "${controlPlaneDatabase}" OWNER ${localAdminRole}`);
+    if (options.controlPlane) {
+      if (owner === undefined) {
+        await client.query(`CREATE DATABASE "${controlPlaneDatabase}" OWNER ${localAdminRole}`);
+      }
+      await client.query(`REVOKE CONNECT, TEMPORARY ON DATABASE "${controlPlaneDatabase}" FROM PUBLIC`);
     }
-    await client.query(`REVOKE CONNECT, TEMPORARY ON DATABASE "${controlPlaneDatabase}" FROM PUBLIC`);
   } finally {
     await client.end();
   }

@@ -75,7 +75,6 @@ type Message =
  */
 const benchProxyLimits = { maxTunnels: 8_000, maxHandshakes: 2_048 };
 
-
 async function serve(spec: StackSpec, send: (message: unknown) => void): Promise<void> {
   const recent: string[] = [];
   /** FATAL lines of the clusters, by message: refused connections show up here and nowhere else. */

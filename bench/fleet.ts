@@ -1148,12 +1148,15 @@ async function campaignPhase(
     async (tenant) => {
       const host = hosts.get(hostOfId(tenant));
       if (!host) return;
-      const row = await asSuperuser(databaseUrl(host.superuserUrl, databaseOf(names, tenant)), async (client) => {
-        const { rows } = await client.query<{ n: number; d: number; v: number }>(
-          "SELECT count(*)::int AS n, count(DISTINCT version)::int AS d, max(version) AS v FROM lessor.schema_migrations",
-        );
-        return rows[0];
-      });
+      const row = await asSuperuser(
+        databaseUrl(host.superuserUrl, databaseOf(names, tenant)),
+        async (client) => {
+          const { rows } = await client.query<{ n: number; d: number; v: number }>(
+            "SELECT count(*)::int AS n, count(DISTINCT version)::int AS d, max(version) AS v FROM lessor.schema_migrations",
+          );
+          return rows[0];
+        },
+      );
       if (!succeededIds.has(tenant)) {
         const at = `version ${row?.v ?? "?"}`;
         notMigratedAt[at] = (notMigratedAt[at] ?? 0) + 1;

@@ -62,6 +62,7 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
             TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
+            TEST_PG_SERVER_LOG: inject("pgServerLog"),
           },
         },
       })),

@@ -47,6 +47,8 @@ export async function startLocalPostgres(options: {
   password: string;
   persistent: boolean;
   log?: (line: string) => void;
+  /** More `postgres` flags, after the defaults (`-c name=value` pairs; the tests' connection log). */
+  extraFlags?: readonly string[];
 }): Promise<LocalPostgres> {
   const dataDir = resolve(options.dataDir);
   if (!options.persistent) await rm(dataDir, { recursive: true, force: true });
@@ -84,6 +86,7 @@ export async function startLocalPostgres(options: {
       "max_prepared_transactions=10",
       "-c",
       "track_activities=on",
+      ...(options.extraFlags ?? []),
     ],
     onLog: (message) => log(String(message).trimEnd()),
     onError: (message) => log(String(message instanceof Error ? message.message : message).trimEnd()),

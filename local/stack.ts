@@ -38,6 +38,8 @@ export async function startLocalStack(options: {
   /** Overrides of the proxy's bounds (see defaultWsProxyLimits). */
   proxyLimits?: Partial<WsProxyLimits>;
   log?: (line: string) => void;
+  /** More Postgres flags (see startLocalPostgres `extraFlags`). */
+  pgFlags?: readonly string[];
 }): Promise<LocalStack> {
   const pgServer = await startLocalPostgres({
     dataDir: options.dataDir,
@@ -45,6 +47,7 @@ export async function startLocalStack(options: {
     password: options.pgPassword,
     persistent: options.persistent,
     ...(options.log ? { log: options.log } : {}),
+    ...(options.pgFlags ? { extraFlags: options.pgFlags } : {}),
   });
   try {
     await ensureDatabase(pgServer.url(), controlPlaneDatabase);

@@ -6,6 +6,7 @@
 import type { TestProject } from "vitest/node";
 import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
+import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -15,6 +16,7 @@ declare module "vitest" {
     pgSuperuserUrl: string;
     proxyControlUrl: string;
     jwksServerUrl: string;
+    pgServerLog: string;
   }
 }
 
@@ -43,13 +45,24 @@ async function startTestStack(
   name: string,
   controlPlaneAddress?: string,
 ): Promise<LocalStack> {
+  const dataDir = `.lessor/test-${name}-pg-${process.pid}`;
+  // The server's own connection log, for tests that count backends exactly (test/server-log.ts).
+  const serverLog = serverLogFile(dataDir);
   const stack = await startLocalStack({
-    dataDir: `.lessor/test-${name}-pg-${process.pid}`,
+    dataDir,
     pgPort: await freePort(),
     pgPassword: "lessor-test-superuser",
     persistent: false,
     proxyControl: true,
+    pgFlags: serverLogFlags,
+    log: serverLog.append,
   });
+  project.provide("pgServerLog", serverLog.path);
+  const stop = stack.stop;
+  stack.stop = async () => {
+    await stop();
+    serverLog.remove();
+  };
   // A control plane under an address of its own can be cut off alone (the outage project).
   project.provide(
     "controlPlaneUrl",

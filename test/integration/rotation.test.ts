@@ -4,10 +4,10 @@
  * rotation with no room in the rotation reserve, a stopped tenant's rotation, and an object killed
  * in the middle of one. Budget and `pg_stat_activity` are sampled throughout.
  */
-import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { credentialRotationJob } from "../../src/cron/jobs/credential-rotation.ts";
+import { type RotationStep, tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
   asSuperuser,
@@ -291,41 +291,67 @@ describe("credential rotation through overlapping generations", () => {
     const events = await eventsOf(tenant.id);
     expect(events.map((e) => e.reason)).not.toContain("credential_repaired");
   });
+});
 
-  it("an object killed mid-rotation leaves no live generation behind and the tenant serves again", async () => {
-    const tenant = await createTenant(uniqueTenantId("rotkill"), { host: "local", tier: "free" });
-    await sqlRows(tenant, "SELECT 1");
-    const from = (await runtimeOf(tenant.id)).generation;
-    const pending = rotate(tenant.id).then((r) => r.status);
-    // Kill the object as soon as the new generation has a backend (its pool is being proved or has switched).
-    await pollUntil(
-      () => tenantBackends(tenant),
-      (apps) => apps.some((app) => app.endsWith(`:${from + 1}`)),
-      { attempts: 200, intervalMs: 10 },
-    );
-    await runInDurableObject(env.TENANTS.getByName(tenant.id), (_instance, state) => {
-      state.abort("test: killed mid-rotation");
-    }).catch(() => undefined);
-    await pending.catch(() => 0);
+describe("an object killed mid-rotation", () => {
+  const steps: readonly RotationStep[] = ["admitted", "password_changed", "resealed", "prepared", "switched"];
 
-    const restarted = await runtimeOf(tenant.id);
-    expect(restarted.state).toBe("stopped");
-    expect((restarted as unknown as { retiring: unknown; rotatingTo: unknown }).retiring).toBeNull();
-    expect((restarted as unknown as { rotatingTo: unknown }).rotatingTo).toBeNull();
-    // The next request starts one generation (fencing whatever the dead ones left) and serves.
-    const app = (await sqlRows(tenant, "SELECT current_setting('application_name')"))[0]?.[0];
-    const serving = (await runtimeOf(tenant.id)).generation;
-    expect(serving).toBeGreaterThan(from + 1);
-    expect(app).toBe(`lessor:${tenant.role}:${serving}`);
-    const backends = await pollUntil(
-      () => tenantBackends(tenant),
-      (apps) => apps.every((a) => a.endsWith(`:${serving}`)),
-    );
-    expect(backends.every((a) => a.endsWith(`:${serving}`))).toBe(true);
-    // The ledger holds only the serving generation for this tenant.
-    const ledger = await env.BUDGETS.getByName("local").evictionReport("local", 1);
-    expect(ledger.pools.filter((p) => p.tenantId === tenant.id).map((p) => p.generation)).toEqual([serving]);
+  afterEach(() => {
+    tenantHooksForTests.onRotationStep = undefined;
   });
+
+  for (const at of steps) {
+    it(`killed right after "${at}": the caller is told, no live generation is left behind, and the tenant serves again`, async () => {
+      const tenant = await createTenant(uniqueTenantId("rotkill"), { host: "local", tier: "free" });
+      await sqlRows(tenant, "SELECT 1");
+      const from = (await runtimeOf(tenant.id)).generation;
+      const seen: RotationStep[] = [];
+      tenantHooksForTests.onRotationStep = (event) => {
+        if (event.tenantId !== tenant.id) return;
+        seen.push(event.step);
+        if (event.step !== at) return;
+        event.abortObject(`test: killed mid-rotation after ${at}`);
+        // Nothing of the dead instance runs past this step, as after a real crash.
+        return new Promise<void>(() => undefined);
+      };
+      const answer = await rotate(tenant.id);
+      tenantHooksForTests.onRotationStep = undefined;
+      // It died exactly there, after every step before it, and its caller got a retryable answer.
+      expect(seen).toEqual(steps.slice(0, steps.indexOf(at) + 1));
+      expect(answer.status).toBe(503);
+      expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+      expect(await answer.json()).toMatchObject({ code: "object_unavailable" });
+
+      const restarted = await runtimeOf(tenant.id);
+      expect(restarted.state).toBe("stopped");
+      expect((restarted as unknown as { retiring: unknown }).retiring).toBeNull();
+      expect((restarted as unknown as { rotatingTo: unknown }).rotatingTo).toBeNull();
+      // The next request starts one generation (fencing whatever the dead ones left) and serves.
+      const app = (await sqlRows(tenant, "SELECT current_setting('application_name')"))[0]?.[0];
+      const serving = (await runtimeOf(tenant.id)).generation;
+      expect(serving).toBeGreaterThan(from);
+      expect(app).toBe(`lessor:${tenant.role}:${serving}`);
+      const backends = await pollUntil(
+        () => tenantBackends(tenant),
+        (apps) => apps.every((a) => a.endsWith(`:${serving}`)),
+      );
+      expect(backends.every((a) => a.endsWith(`:${serving}`))).toBe(true);
+      // The ledger holds only the serving generation for this tenant.
+      const ledger = await env.BUDGETS.getByName("local").evictionReport("local", 1);
+      expect(ledger.pools.filter((p) => p.tenantId === tenant.id).map((p) => p.generation)).toEqual([
+        serving,
+      ]);
+      // Where it died decides how the start logged in: killed between the password change and
+      // the reseal, the role had a password the control plane never held, and the start set it back.
+      const reasons = (
+        await pollUntil(
+          () => eventsOf(tenant.id),
+          (list) => list.some((e) => e.generation === serving && e.to === "ready"),
+        )
+      ).map((e) => e.reason);
+      expect(reasons.includes("credential_repaired")).toBe(at === "password_changed");
+    });
+  }
 });
 
 describe("scheduled rotation", () => {

@@ -17,12 +17,14 @@ import { loadConfig } from "../../src/config/index.ts";
 import { unseal } from "../../src/crypto/seal.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import { tenantCredential } from "../../src/tenant-db/connect.ts";
+import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
   asSuperuser,
   type CreatedTenant,
   createTenant,
   eventsOf,
+  type LifecycleEvent,
   lessor,
   pollUntil,
   runtimeOf,
@@ -67,6 +69,18 @@ function notesCount(tenant: CreatedTenant, body: string): Promise<number> {
 }
 
 const generation = (tenant: CreatedTenant, n: number) => `lessor:${tenant.role}:${n}`;
+
+/** The tenant's usage as the control plane holds it. */
+async function usageOf(tenant: CreatedTenant): Promise<Record<string, number>> {
+  const response = await admin(`/v1/tenants/${tenant.id}/usage`);
+  expect(response.status).toBe(200);
+  return (await response.json<{ usage: Record<string, number> }>()).usage;
+}
+
+/** The tenant's lifecycle events as the control plane holds them, in order. */
+function controlPlaneEvents(tenant: CreatedTenant): Promise<LifecycleEvent[]> {
+  return eventsOf(tenant.id);
+}
 
 /**
  * A backend of the tenant's role opened from this test, not from the object, the way Lessor opens
@@ -234,25 +248,59 @@ describe("the object killed mid-write", () => {
     ]);
   });
 
-  it("an alarm killed half way, or run twice, changes nothing", async () => {
-    const tenant = await createTenant(uniqueTenantId("kill-alarm"), { tier: "free" });
-    const sql = sqlFor(tenant);
-    await sql`INSERT INTO notes (body) VALUES ('kept')`;
-    const stub = env.TENANTS.getByName(tenant.id);
-    // Run the alarm, and kill the object while it may still be running.
-    const alarm = runDurableObjectAlarm(stub).catch(() => false);
-    await killObject(tenant);
-    await alarm;
-    // Twice more, back to back.
-    await runDurableObjectAlarm(stub).catch(() => false);
-    await runDurableObjectAlarm(stub).catch(() => false);
-    const status = await runtimeOf(tenant.id);
-    expect(status.leases).toBe(0);
-    expect(await sql`SELECT body FROM notes ORDER BY id`).toEqual([{ body: "kept" }]);
-    expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
-      { app: generation(tenant, 2) },
-    ]);
-  });
+  for (const at of ["events_appended", "appended"] as const) {
+    it(`an alarm killed mid-flush (after ${at}), then run twice: usage and events land exactly once`, async () => {
+      const tenant = await createTenant(uniqueTenantId("kill-alarm"), { tier: "free" });
+      const sql = sqlFor(tenant);
+      await sql`INSERT INTO notes (body) VALUES ('kept')`;
+      await sql`SELECT g FROM generate_series(1, 3) g`;
+      // A stub breaks with the object it reached: each call takes a new one.
+      const stub = () => env.TENANTS.getByName(tenant.id);
+      // The heartbeat's flush dies after its step: the events are in the control plane (and, after
+      // "appended", the usage too), and the object has forgotten none of them.
+      const reached: string[] = [];
+      tenantHooksForTests.onFlushStep = (event) => {
+        if (event.tenantId !== tenant.id) return;
+        reached.push(event.step);
+        if (event.step !== at) return;
+        event.abortObject(`test: alarm killed mid-flush after ${at}`);
+        return new Promise<void>(() => undefined);
+      };
+      let killed: string;
+      try {
+        killed = await runDurableObjectAlarm(stub()).then(
+          (ran) => `returned ${ran}`,
+          (error: unknown) => String(error),
+        );
+      } finally {
+        tenantHooksForTests.onFlushStep = undefined;
+      }
+      expect(killed).toMatch(`killed mid-flush after ${at}`);
+      expect(reached).toEqual(at === "appended" ? ["events_appended", "appended"] : ["events_appended"]);
+
+      // The restarted object armed its alarm for what it still holds; that run flushes it, and two
+      // more add nothing.
+      expect(await runDurableObjectAlarm(stub())).toBe(true);
+      const landed = { usage: await usageOf(tenant), events: await controlPlaneEvents(tenant) };
+      expect(landed.usage).toMatchObject({ queries: 2, rowsReturned: 3, poolStarts: 1, errors: 0 });
+      const key = (e: LifecycleEvent) => `${e.generation} ${e.from}→${e.to} ${e.reason}`;
+      // Each once: the start the dead instance had already handed over, the ready it was flushing,
+      // and its death, which the next instance recorded.
+      expect(landed.events.map(key)).toEqual([
+        "1 stopped→starting demand",
+        "1 starting→ready pool_ready",
+        "1 ready→stopped object_restarted",
+      ]);
+      for (let run = 0; run < 2; run++) expect(typeof (await runDurableObjectAlarm(stub()))).toBe("boolean");
+      expect({ usage: await usageOf(tenant), events: await controlPlaneEvents(tenant) }).toEqual(landed);
+
+      expect((await runtimeOf(tenant.id)).leases).toBe(0);
+      expect(await sql`SELECT body FROM notes ORDER BY id`).toEqual([{ body: "kept" }]);
+      expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
+        { app: generation(tenant, 2) },
+      ]);
+    });
+  }
 
   it("usage the object counted before it was killed is not lost (found by the chaos soak)", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-usage"), { tier: "free" });

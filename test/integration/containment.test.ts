@@ -236,7 +236,24 @@ describe("no session state passes from one request to the next", () => {
         )
       ).status,
     ).toBe(200);
+    expect((await run(tenant, "CREATE SEQUENCE leak_seq START 7000")).status).toBe(200);
     const baseline = await state(tenant);
+    // Sequence state is per session: `lastval()` answers 55000 (not yet defined in this session)
+    // on a connection that has not called nextval, and the value on one that has, within a request.
+    const lastval = async () => {
+      const answer = await run(tenant, "SELECT lastval()::text");
+      return answer.status === 200 ? (answer.body.rows?.[0]?.[0] ?? null) : (answer.body.code ?? null);
+    };
+    expect(await lastval()).toBe("55000");
+    const within = await sqlRequest(tenant.connectionString, {
+      queries: [
+        { query: "SELECT nextval('leak_seq')", params: [] },
+        { query: "SELECT lastval()", params: [] },
+      ],
+    });
+    expect(((await within.json()) as { results: { rows: string[][] }[] }).results[1]?.rows).toEqual([
+      ["7000"],
+    ]);
     const corpus: (string | { queries: string[] })[] = [
       "SET search_path TO evil, public",
       "/**/SET search_path TO evil, public",
@@ -259,6 +276,8 @@ describe("no session state passes from one request to the next", () => {
       "BEGIN",
       { queries: ["SET app.user_id = '45'", "SELECT set_config('search_path', 'evil', false)"] },
       "SELECT 1; SET search_path TO evil",
+      "SELECT nextval('leak_seq')",
+      { queries: ["SELECT nextval('leak_seq')", "SELECT currval('leak_seq')"] },
     ];
     for (const attack of corpus) {
       const response =
@@ -274,6 +293,7 @@ describe("no session state passes from one request to the next", () => {
         // It really is the same backend the attack ran on (nothing was dodged by a reconnect).
         expect(after.pid).toBe(baseline.pid);
       }
+      expect({ attack, lastval: await lastval() }).toEqual({ attack, lastval: "55000" });
     }
   });
 

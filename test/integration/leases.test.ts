@@ -198,6 +198,14 @@ describe("session leases", () => {
     ].join(" ");
     const fresh = await lease(tenant);
     const baseline = await leaseRows(fresh, tenant.key, probe);
+    await leaseRows(fresh, tenant.key, "CREATE SEQUENCE leak_seq START 7000");
+    // Sequence state is per session: lastval() answers 55000 until this session calls nextval.
+    const lastval = async (token: string) => {
+      const response = await leaseSql(token, tenant.key, "SELECT lastval()::text");
+      const body = await response.json<{ rows?: string[][]; code?: string }>();
+      return response.status === 200 ? (body.rows?.[0]?.[0] ?? null) : (body.code ?? null);
+    };
+    expect(await lastval(fresh)).toBe("55000");
     await release(fresh, tenant.key);
 
     const dirty = await lease(tenant);
@@ -209,6 +217,7 @@ describe("session leases", () => {
       "CREATE TEMP TABLE leaked_temp (x int)",
       "SELECT pg_advisory_lock(42)",
       "LISTEN leaked_channel",
+      "SELECT nextval('public.leak_seq')",
       "BEGIN",
       "SET work_mem = '7MB'",
       "ROLLBACK",
@@ -218,6 +227,7 @@ describe("session leases", () => {
     }
     const dirtyView = await leaseRows(dirty, tenant.key, probe);
     expect(dirtyView[0]).not.toEqual(baseline[0]);
+    expect(await lastval(dirty)).toBe("7000");
     await release(dirty, tenant.key);
 
     const next = await lease(tenant);
@@ -225,6 +235,7 @@ describe("session leases", () => {
     // Same backend (so the test means something), and exactly what a fresh connection sees.
     expect(after[0]?.at(-1)).toBe(baseline[0]?.at(-1));
     expect(after).toEqual(baseline);
+    expect(await lastval(next)).toBe("55000");
     await release(next, tenant.key);
   });
 

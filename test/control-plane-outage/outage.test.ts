@@ -6,7 +6,7 @@
  * control plane comes back the outboxes flush exactly once. And the control plane is reached
  * through a pool: warm traffic and flushes open no connection per call.
  */
-import { createScheduledController, env, runDurableObjectAlarm } from "cloudflare:test";
+import { createScheduledController, env, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { afterAll, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config/index.ts";
 import worker from "../../src/index.ts";
@@ -139,7 +139,17 @@ describe("the control plane is down", () => {
 
   it("opens no control-plane connection per call: 1,000 warm requests and 10 flushes stay within the pools", async () => {
     const tenant = await createTenant(uniqueTenantId("pooled"));
+    // The positive control: with every shard's pool gone (the shards reset), the tenant's cold
+    // start opens a control-plane connection, and the counter shows it.
+    const config = loadConfig(env);
+    for (let shard = 0; shard < config.controlPlaneShards; shard++) {
+      await runInDurableObject(env.CONTROL_PLANE.getByName(`shard-${shard}`), (_instance, state) => {
+        state.abort("test: control-plane shard reset");
+      }).catch(() => undefined);
+    }
+    const cold = connectionsOpened().control_plane;
     expect(await select(tenant, 1)).toEqual([200]);
+    expect(connectionsOpened().control_plane).toBeGreaterThan(cold);
     const before = connectionsOpened().control_plane;
     const statuses = await mapConcurrent(
       Array.from({ length: 1_000 }, (_, i) => i),
@@ -160,7 +170,6 @@ describe("the control plane is down", () => {
     await status.text();
     const opened = connectionsOpened().control_plane - before;
     // Bounded by the pools (shards × connections each), not by the 1,000 requests and 10 flushes.
-    const config = loadConfig(env);
     expect(opened).toBeLessThanOrEqual(config.controlPlaneShards * config.controlPlanePoolSize);
     // …and far below one per request or flush.
     expect(opened).toBeLessThan(1_000 / 10);

@@ -55,9 +55,13 @@ describe("forged credentials cost nothing", () => {
     for (const { id } of forged) expect(after.has(env.TENANTS.idFromName(id).toString())).toBe(false);
     expect(connectionsOpened()).toEqual(opened);
 
+    // The positive control: the same counter moves when a real tenant's first request starts its
+    // pool (a counter that never moved would have passed the check above).
     const real = await createTenant(uniqueTenantId("after-flood"));
+    const beforeStart = connectionsOpened();
     const answer = await sqlRequest(real.connectionString, { query: "SELECT 1" });
     expect(answer.status).toBe(200);
+    expect(connectionsOpened().tenant).toBeGreaterThan(beforeStart.tenant);
   });
 
   it("counts failed logins per tenant: past the limit 429 with Retry-After, while the right key still works", async () => {

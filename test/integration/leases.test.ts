@@ -3,7 +3,7 @@
  * reclaim, and the differential test that no session state passes from one lease to the next.
  */
 import { env, runDurableObjectAlarm } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import {
   asSuperuser,
   type CreatedTenant,
@@ -171,17 +171,33 @@ describe("session leases", () => {
 
   it("each use extends the TTL", async () => {
     const tenant = await createTenant(uniqueTenantId("lease-ttl"));
-    const token = await lease(tenant, 1_500);
-    const stub = env.TENANTS.getByName(tenant.id);
-    for (let i = 0; i < 3; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 700));
-      await leaseRows(token, tenant.key, "SELECT 1");
+    // The objects' clock (this isolate's Date) moves only when the test moves it.
+    const opened = Date.now();
+    vi.useFakeTimers({ toFake: ["Date"] });
+    try {
+      vi.setSystemTime(opened);
+      const token = await lease(tenant, 1_500);
+      const stub = env.TENANTS.getByName(tenant.id);
+      let at = opened;
+      for (let i = 0; i < 3; i++) {
+        at += 700;
+        vi.setSystemTime(at);
+        await leaseRows(token, tenant.key, "SELECT 1");
+        await runDurableObjectAlarm(stub);
+      }
+      // 2.1 s after opening a 1.5 s lease, it is still alive because each use extended it.
+      expect(await leaseRows(token, tenant.key, "SELECT 1")).toEqual([["1"]]);
+      expect((await stub.status()).reclaimedLeases).toBe(0);
+      // And the TTL is real: 1.5 s after its last use, the alarm reclaims it.
+      vi.setSystemTime(at + 1_500);
       await runDurableObjectAlarm(stub);
+      expect((await stub.status()).reclaimedLeases).toBe(1);
+      const late = await leaseSql(token, tenant.key, "SELECT 1");
+      expect(late.status).toBe(409);
+      expect(((await late.json()) as { code: string }).code).toBe("lease_expired");
+    } finally {
+      vi.useRealTimers();
     }
-    // 2.1 s after opening a 1.5 s lease, it is still alive because each use extended it.
-    expect(await leaseRows(token, tenant.key, "SELECT 1")).toEqual([["1"]]);
-    expect((await stub.status()).reclaimedLeases).toBe(0);
-    await release(token, tenant.key);
   });
 
   it("never passes session state from one lease to the next on the same backend", async () => {

@@ -16,6 +16,7 @@
 import { evictDurableObject, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { budgetHooksForTests } from "../../src/budget-object/test-hooks.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
 import {
@@ -443,12 +444,16 @@ describe("connection budget on a small host", () => {
     const tenants = await Promise.all(["wq-a", "wq-b", "wq-c", "wq-d"].map((tag) => newTenant(tag)));
     const before = await capacity();
     // Four standard pools at once on a host that holds two: two start, two wait. The first two are
-    // idle a few milliseconds after they start, well within the 2 s admission wait.
+    // idle a few milliseconds after they start; the two that wait must get their room then, by
+    // eviction, not by a timeout. Their wait is longer than the test (test-only setting), so a slow
+    // machine cannot turn a start that takes a while into a refusal.
+    budgetHooksForTests.admissionWaitMs = (name) => (name === host ? 50_000 : undefined);
     const sampler = await startSampler();
     let outcomes: Outcome[];
     try {
       outcomes = await Promise.all(tenants.map((tenant) => probe(tenant)));
     } finally {
+      budgetHooksForTests.admissionWaitMs = undefined;
       const samples = await sampler.stop();
       expectWithinBudget(samples);
     }

@@ -93,6 +93,22 @@ export async function markServerLog(): Promise<LogMark> {
   return { name, line: mark.line };
 }
 
+/** The lines the server logged between two marks that contain `text` (a deadlock, say). */
+export async function serverLogLines(from: LogMark, to: LogMark, text: string): Promise<string[]> {
+  const client = superuserClient("lessor-test-log-reader");
+  await client.connect();
+  try {
+    const { rows } = await client.query(
+      `SELECT l FROM regexp_split_to_table(pg_read_file($1), E'\\n') WITH ORDINALITY AS t(l, n)
+        WHERE n > $2 AND n < $3 AND strpos(l, $4) > 0 ORDER BY n`,
+      [env.TEST_PG_SERVER_LOG, from.line, to.line, text],
+    );
+    return rows.map((row: { l: string }) => row.l);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
 /** How a counted backend is classed; null leaves it out. */
 export type BackendClass = "pool" | "maintenance";
 

@@ -436,7 +436,16 @@ describe("scheduled rotation", () => {
     const shown = await (await admin(`/v1/tenants/${old.id}`)).json<{
       tenant: { credentialRotatedAt: string };
     }>();
-    expect(Date.now() - Date.parse(shown.tenant.credentialRotatedAt)).toBeLessThan(3_600_000);
+    // The catalog's new seal time, shown as is (no longer the one from 400 days ago).
+    const sealedAt = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT (extract(epoch FROM sealed_at) * 1000)::float8 AS ms, sealed_at > now() - interval '400 days' AS renewed FROM tenant_credentials WHERE tenant_id = $1",
+        [old.id],
+      );
+      return rows[0] as { ms: number; renewed: boolean };
+    }, "lessor");
+    expect(sealedAt.renewed).toBe(true);
+    expect(Date.parse(shown.tenant.credentialRotatedAt)).toBe(Math.floor(Number(sealedAt.ms)));
     // Nothing else was due: the fresh tenant kept its credential; a second run finds nothing.
     expect(await sealedOf(fresh.id)).toBe(before);
     const again = await credentialRotationJob.run(policyEnv, {

@@ -11,7 +11,7 @@ import { pollUntil } from "./harness.ts";
 /** One connection event, in the log's order (`line` is its line number in the log). */
 export interface ConnectionEvent {
   line: number;
-  kind: "open" | "close" | "mark";
+  kind: "open" | "close";
   pid: string;
   user: string;
   app: string;
@@ -34,7 +34,7 @@ function superuserClient(applicationName: string): Client {
 
 /**
  * The connection events of the backends that `users` logged in as, or whose application name
- * matches one of `appPatterns` (SQL LIKE), and the log's marks. A backend's application name is
+ * matches one of `appPatterns` (SQL LIKE). A backend's application name is
  * read from its `connection authorized` line (the prefix has none yet); its end is the
  * `disconnection` line of the same pid that follows.
  */
@@ -62,8 +62,6 @@ async function connectionEvents(
        SELECT n::int AS line, kind, pid, usr AS "user", app FROM opened
        UNION ALL
        SELECT n::int, kind, pid, usr, app FROM event WHERE kind = 'close' AND pid IN (SELECT pid FROM opened)
-       UNION ALL
-       SELECT n::int, 'mark', pid, usr, app FROM event WHERE kind = 'close' AND app LIKE 'lessor-test-mark:%'
        ORDER BY 1`,
       [env.TEST_PG_SERVER_LOG, users, appPatterns],
     );
@@ -83,14 +81,39 @@ export async function markServerLog(): Promise<LogMark> {
   await client.connect();
   await client.query("SELECT 1");
   await client.end();
-  const events = await pollUntil(
-    () => connectionEvents([], []),
-    (list) => list.some((e) => e.kind === "mark" && e.app === name),
-    { attempts: 100, intervalMs: 100 },
-  );
-  const mark = events.find((e) => e.kind === "mark" && e.app === name);
-  if (!mark) throw new Error(`the server log never showed ${name}`);
-  return { name, line: mark.line };
+  const reader = superuserClient("lessor-test-log-reader");
+  await reader.connect();
+  try {
+    // A cheap look for the mark's disconnection line while waiting, then its line number once.
+    const logged = await pollUntil(
+      async () => {
+        const { rows } = await reader.query("SELECT strpos(pg_read_file($1), '|' || $2 || '|') > 0 AS seen", [
+          env.TEST_PG_SERVER_LOG,
+          name,
+        ]);
+        return rows[0]?.seen === true;
+      },
+      (seen) => seen,
+      { attempts: 100, intervalMs: 50 },
+    );
+    if (!logged) throw new Error(`the server log never showed ${name}`);
+    const line = await pollUntil(
+      async () => {
+        const { rows } = await reader.query(
+          `SELECT n::int AS line FROM regexp_split_to_table(pg_read_file($1), E'\\n') WITH ORDINALITY AS t(l, n)
+            WHERE strpos(l, '|' || $2 || '|') > 0 AND l LIKE '%disconnection:%'`,
+          [env.TEST_PG_SERVER_LOG, name],
+        );
+        return Number(rows[0]?.line ?? Number.NaN);
+      },
+      Number.isInteger,
+      { attempts: 20, intervalMs: 50 },
+    );
+    if (!Number.isInteger(line)) throw new Error(`no disconnection line for ${name}`);
+    return { name, line };
+  } finally {
+    await reader.end().catch(() => undefined);
+  }
 }
 
 /** The lines the server logged between two marks that contain `text` (a deadlock, say). */
@@ -137,27 +160,36 @@ export async function connectionPeaks(
   const open = new Map<string, { app: string; kind: BackendClass }>();
   const count = { pool: 0, maintenance: 0 };
   const peaks: ConnectionPeaks = { pool: 0, maintenance: 0, total: 0, atPeak: [], opened: 0 };
-  for (const event of events) {
-    if (event.line > to.line) break;
-    if (event.kind === "open") {
-      const kind = classify(event);
-      if (kind === null) continue;
-      open.set(event.pid, { app: event.app, kind });
-      count[kind]++;
-      if (event.line > from.line) peaks.opened++;
-    } else if (event.kind === "close") {
-      const backend = open.get(event.pid);
-      if (!backend) continue;
-      open.delete(event.pid);
-      count[backend.kind]--;
-    }
-    if (event.line < from.line) continue;
+  const record = () => {
     peaks.pool = Math.max(peaks.pool, count.pool);
     peaks.maintenance = Math.max(peaks.maintenance, count.maintenance);
     if (count.pool + count.maintenance > peaks.total) {
       peaks.total = count.pool + count.maintenance;
       peaks.atPeak = [...open.values()].map((b) => b.app).sort();
     }
+  };
+  let inWindow = false;
+  for (const event of events) {
+    if (event.line > to.line) break;
+    if (!inWindow && event.line > from.line) {
+      // What was open when the window began counts from its first moment.
+      inWindow = true;
+      record();
+    }
+    if (event.kind === "open") {
+      const kind = classify(event);
+      if (kind === null) continue;
+      open.set(event.pid, { app: event.app, kind });
+      count[kind]++;
+      if (inWindow) peaks.opened++;
+    } else {
+      const backend = open.get(event.pid);
+      if (!backend) continue;
+      open.delete(event.pid);
+      count[backend.kind]--;
+    }
+    if (inWindow) record();
   }
+  record();
   return peaks;
 }

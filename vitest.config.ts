@@ -5,7 +5,6 @@ import { defineConfig } from "vitest/config";
 const testSealKey = "dGVzdC1zZWFsLWtleS0zMi1ieXRlcy1sb25nLi4uLi4="; // 32 bytes
 const testKeyMacKey = "dGVzdC1rZXktbWFjLWtleS0zMi1ieXRlcy1sb25nLi4="; // 32 bytes
 
-/** A project whose tests run inside workerd against the real Postgres its global setup starts. */
 /** The integration files of the second half (the longest files alternate between the halves). */
 const secondHalf = [
   "campaign-fleet",
@@ -30,6 +29,7 @@ const secondHalf = [
   "mass-restart",
 ].map((file) => `test/integration/${file}.test.ts`);
 
+/** A project whose tests run inside workerd against the real Postgres its global setup starts. */
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {
   return {
     plugins: [
@@ -67,11 +67,24 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
             TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
+            TEST_PG_SERVER_LOG: inject("pgServerLog"),
           },
         },
       })),
     ],
-    test: { name, include, exclude, globalSetup: [globalSetup], testTimeout: 60_000, hookTimeout: 60_000 },
+    test: {
+      name,
+      include,
+      exclude,
+      globalSetup: [globalSetup],
+      testTimeout: 60_000,
+      hookTimeout: 60_000,
+      // The files of a project share its Postgres and assume its hosts, budgets and cron are theirs
+      // alone: one file at a time, whatever the machine (the default worker count is cores − 1,
+      // which is 1 only on a 2-core machine).
+      fileParallelism: false,
+      maxWorkers: 1,
+    },
   };
 }
 

@@ -49,6 +49,8 @@ export async function startLocalPostgres(options: {
   /** 0 refuses `PREPARE TRANSACTION` outright (what Lessor asks of the hosts it provisions). */
   maxPreparedTransactions?: number;
   log?: (line: string) => void;
+  /** More `postgres` flags, after the defaults (`-c name=value` pairs; the tests' connection log). */
+  extraFlags?: readonly string[];
 }): Promise<LocalPostgres> {
   const dataDir = resolve(options.dataDir);
   if (!options.persistent) await rm(dataDir, { recursive: true, force: true });
@@ -86,6 +88,7 @@ export async function startLocalPostgres(options: {
       `max_prepared_transactions=${options.maxPreparedTransactions ?? 0}`,
       "-c",
       "track_activities=on",
+      ...(options.extraFlags ?? []),
     ],
     onLog: (message) => log(String(message).trimEnd()),
     onError: (message) => log(String(message instanceof Error ? message.message : message).trimEnd()),

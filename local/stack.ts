@@ -38,13 +38,13 @@ export async function startLocalStack(options: {
   proxyPort?: number;
   /** Test-only fault injection on the proxy (see startWsProxy). */
   proxyControl?: boolean;
-  /** Test-only: more actions on the proxy's control endpoint (`/__control/hook/<name>`). */
-  proxyHooks?: Record<string, (url: URL) => Promise<unknown>>;
   /** Overrides of the proxy's bounds (see defaultWsProxyLimits). */
   proxyLimits?: Partial<WsProxyLimits>;
   /** `max_prepared_transactions` of the cluster (0, the default, refuses PREPARE TRANSACTION). */
   maxPreparedTransactions?: number;
   log?: (line: string) => void;
+  /** More Postgres flags (see startLocalPostgres `extraFlags`). */
+  pgFlags?: readonly string[];
 }): Promise<LocalStack> {
   const pgServer = await startLocalPostgres({
     dataDir: options.dataDir,
@@ -53,6 +53,7 @@ export async function startLocalStack(options: {
     persistent: options.persistent,
     maxPreparedTransactions: options.maxPreparedTransactions ?? 0,
     ...(options.log ? { log: options.log } : {}),
+    ...(options.pgFlags ? { extraFlags: options.pgFlags } : {}),
   });
   try {
     // The host admin is the local password's role, not the superuser (local/host-setup.ts).
@@ -70,14 +71,7 @@ export async function startLocalStack(options: {
       ...(options.proxyPort === undefined ? {} : { port: options.proxyPort }),
       ...(options.proxyLimits ? { limits: options.proxyLimits } : {}),
       ...(options.proxyControl
-        ? {
-            control: true,
-            hooks: {
-              "pg-stop": () => pgServer.halt(),
-              "pg-start": () => pgServer.restart(),
-              ...options.proxyHooks,
-            },
-          }
+        ? { control: true, hooks: { "pg-stop": () => pgServer.halt(), "pg-start": () => pgServer.restart() } }
         : {}),
     });
     return {

@@ -117,11 +117,8 @@ export async function startWsProxy(options: {
    * proxy's port. Off unless asked for; `npm start` never enables it.
    */
   control?: boolean;
-  /**
-   * Test-only actions served at `/__control/hook/<name>` when `control` is on (e.g. restart Postgres);
-   * what one resolves to is answered as JSON.
-   */
-  hooks?: Record<string, (url: URL) => Promise<unknown>>;
+  /** Test-only actions served at `/__control/hook/<name>` when `control` is on (e.g. restart Postgres). */
+  hooks?: Record<string, () => Promise<void>>;
   /**
    * How a tunnel opens its TCP connection (default `net.connect`). Tests pass a socket that never
    * connects, to reach the pre-connect bound without depending on a slow network.
@@ -211,9 +208,8 @@ export async function startWsProxy(options: {
       ? options.hooks?.[url.pathname.replace(/^\/__control\/hook\//, "")]
       : undefined;
     if (hook && url.pathname.startsWith("/__control/hook/")) {
-      hook(url).then(
-        (result) =>
-          res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify(result ?? {})),
+      hook().then(
+        () => res.writeHead(200, { "content-type": "application/json" }).end("{}"),
         (error: unknown) => res.writeHead(500).end(String(error)),
       );
       return;

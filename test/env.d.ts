@@ -6,6 +6,8 @@ interface LessorTestBindings {
   TEST_PROXY_CONTROL_URL: string;
   /** Loopback JWKS host (test/jwks-server.ts): PUT/GET /jwks/<name>, GET /hits/<name>. */
   TEST_JWKS_SERVER_URL: string;
+  /** The test cluster's log file on the host (test/server-log.ts), read through `pg_read_file`. */
+  TEST_PG_SERVER_LOG: string;
 }
 interface Env extends LessorTestBindings {}
 declare namespace Cloudflare {

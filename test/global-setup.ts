@@ -9,6 +9,7 @@ import type { TestProject } from "vitest/node";
 import { localAdminRole, providerGroup } from "../local/host-setup.ts";
 import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
+import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
 declare module "vitest" {
   export interface ProvidedContext {
@@ -18,6 +19,7 @@ declare module "vitest" {
     pgSuperuserUrl: string;
     proxyControlUrl: string;
     jwksServerUrl: string;
+    pgServerLog: string;
   }
 }
 
@@ -41,35 +43,32 @@ export function localStackSetup(name: string, options: { controlPlaneAddress?: s
   };
 }
 
-/** The server's own log lines a test may read (`/__control/hook/pg-log`), newest last, bounded. */
-const pgLogLimit = 20_000;
-
 async function startTestStack(
   project: TestProject,
   name: string,
   controlPlaneAddress?: string,
 ): Promise<LocalStack> {
-  const pgLog: string[] = [];
+  const dataDir = `.lessor/test-${name}-pg-${process.pid}`;
+  // The server's own log (connections, and what tests make it log), read back by the tests
+  // (test/server-log.ts, test/integration/server-log.ts).
+  const serverLog = serverLogFile(dataDir);
   const stack = await startLocalStack({
-    dataDir: `.lessor/test-${name}-pg-${process.pid}`,
+    dataDir,
     pgPort: await freePort(),
     pgPassword: "lessor-test-password",
     persistent: false,
     proxyControl: true,
     // Hosts that cannot set it to 0 (Lessor's advice) need the clean-up path tested.
     maxPreparedTransactions: 10,
-    log: (line) => {
-      pgLog.push(line);
-      if (pgLog.length > pgLogLimit) pgLog.splice(0, pgLog.length - pgLogLimit);
-    },
-    // `?grep=<text>`: the lines that contain it (e.g. the trap test's `lessor_trap`).
-    proxyHooks: {
-      "pg-log": async (url) => {
-        const grep = url.searchParams.get("grep") ?? "";
-        return { lines: pgLog.filter((line) => line.includes(grep)) };
-      },
-    },
+    pgFlags: serverLogFlags,
+    log: serverLog.append,
   });
+  project.provide("pgServerLog", serverLog.path);
+  const stop = stack.stop;
+  stack.stop = async () => {
+    await stop();
+    serverLog.remove();
+  };
   // A control plane under an address of its own can be cut off alone (the outage project).
   project.provide(
     "controlPlaneUrl",

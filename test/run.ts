@@ -2,8 +2,9 @@
  * `npm test`'s runner: the suite in two vitest processes side by side, each with Postgres stacks of
  * its own (vitest.config.ts splits the integration files into `workers` and `workers-2`), so the
  * waits of one half (admission timeouts, polling, backoffs) overlap the work of the other. One
- * vitest process runs one file at a time here (two cores), and files of one process share a
- * Postgres whose hosts, budgets and cron they assume are theirs alone; two processes never share one.
+ * vitest process runs one integration file at a time (vitest.config.ts pins it), and files of one
+ * process share a Postgres whose hosts, budgets and cron they assume are theirs alone; two
+ * processes never share one.
  *
  * Each line is prefixed with its half. Exits non-zero if either half fails; both always run to the
  * end, so every failure is reported. With arguments (`npm test -- <file or filter>`), it runs one

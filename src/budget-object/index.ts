@@ -36,6 +36,7 @@ import type {
 } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
 import { MaintenanceSlots } from "./maintenance.ts";
+import { budgetHooksForTests } from "./test-hooks.ts";
 import { WaitQueue } from "./wait-queue.ts";
 
 interface Waiter {
@@ -104,7 +105,7 @@ export class BudgetObject extends DurableObject<Env> {
     }
     const result = this.waiters.wait(
       { tenantId, generation, size },
-      loadConfig(this.env).admissionWaitMs,
+      budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
       () => {
         this.ledger.bump("saturations");
         return { granted: false, retryAfterMs: 1_000, waited: true };

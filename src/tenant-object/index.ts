@@ -18,6 +18,7 @@
  *     outbox.ts     lifecycle events and usage to the control plane
  *     erase.ts      the tenant erase: the gate and the stages
  *     heartbeat.ts  the alarm
+ *     test-hooks.ts test-only step hooks and per-tenant settings (inert in production)
  */
 import { DurableObject } from "cloudflare:workers";
 import { recoverAfterRestart } from "../core/lifecycle.ts";

@@ -7,6 +7,7 @@ import { appendLifecycleEvents, recordKeyUses, withControlPlane } from "../contr
 import { appendUsageDeltas, isZeroUsage } from "../usage/index.ts";
 import { pendingCatalogVersionKey, writeCatalogSchemaVersion } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
+import { type FlushStep, tenantHooksForTests } from "./test-hooks.ts";
 
 /** Appends both outboxes to the control plane in one connection, then forgets what was appended. */
 export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
@@ -26,10 +27,12 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
     // From here on the rows may reach the control plane even if the flush fails before forgetting them.
     rt.storage.markAttempted(events.at(-1)?.seq ?? null, usage.at(-1)?.seq ?? null);
     await appendLifecycleEvents(db, record.tenantId, events);
+    await flushStep(rt, record.tenantId, "events_appended");
     await appendUsageDeltas(db, record.tenantId, usage);
     await recordKeyUses(db, record.tenantId, keyUses);
     if (catalogVersion !== null) await writeCatalogSchemaVersion(db, record.tenantId, catalogVersion);
   });
+  await flushStep(rt, record.tenantId, "appended");
   if (catalogVersion !== null && rt.storage.read<number>(pendingCatalogVersionKey) === catalogVersion) {
     rt.storage.forget(pendingCatalogVersionKey);
   }
@@ -39,6 +42,12 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
   if (lastEvent) rt.storage.forgetEvents(lastEvent.seq);
   const lastUsage = usage.at(-1);
   if (lastUsage) rt.storage.forgetUsage(lastUsage.seq);
+}
+
+/** A test's hook at a named step of the flush (test-hooks.ts); nothing in production. */
+async function flushStep(rt: TenantRuntime, tenantId: string, step: FlushStep): Promise<void> {
+  const hook = tenantHooksForTests.onFlushStep;
+  if (hook) await hook({ tenantId, step, abortObject: (why) => rt.ctx.abort(why) });
 }
 
 /** Whether anything waits to be flushed (staged rows, or counters not yet staged). */

@@ -33,6 +33,7 @@ import type { TenantAuth } from "./auth.ts";
 import { flushOutboxes } from "./outbox.ts";
 import type { TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
+import { type RotationStep, tenantHooksForTests } from "./test-hooks.ts";
 
 export class CredentialRotation {
   /** The rotation in progress: one at a time per tenant. */
@@ -120,20 +121,24 @@ export class CredentialRotation {
     }
     let prepared: Awaited<ReturnType<TenantPool["prepare"]>> | null = null;
     try {
+      await this.step(record, "admitted");
       const keyId = await this.pool.credentials.changePassword(
         record,
         password,
         "rotate",
         2 * record.poolSize + 1,
       );
+      await this.step(record, "password_changed");
       await withControlPlane(rt.config, rt.env, async (db) => {
         if (!(await appendGeneration(db, record.tenantId, to, record.poolSize))) {
           throw new LessorError("internal", { internal: "rotation generation already taken" });
         }
         await resealCredential(db, record.tenantId, sealed);
       });
+      await this.step(record, "resealed");
       const credential = await this.pool.credentials.credentialFor(record, password);
       prepared = await this.pool.prepare(record, to, credential);
+      await this.step(record, "prepared");
       const next = rotationSwitched(rt.lifecycle, from);
       if (!next) {
         // The pool stopped meanwhile (drained, evicted): the new credential stands, the next start uses it.
@@ -151,6 +156,7 @@ export class CredentialRotation {
       logEvent("info", "credential_rotated", { tenant: record.tenantId, from, to, overlapped: true });
       await budget.confirm(record.host, record.tenantId, to, this.pool.report()).catch(() => undefined);
       if (this.pool.holds(from)) await budget.draining(record.tenantId, from).catch(() => undefined);
+      await this.step(record, "switched");
       void flushOutboxes(rt).catch(() => undefined);
       return { ok: true, generation: to, overlapped: true };
     } catch (error) {
@@ -165,6 +171,12 @@ export class CredentialRotation {
       });
       throw error;
     }
+  }
+
+  /** A test's hook at a named step (test-hooks.ts); nothing in production. */
+  private async step(record: TenantRecord, step: RotationStep): Promise<void> {
+    const hook = tenantHooksForTests.onRotationStep;
+    if (hook) await hook({ tenantId: record.tenantId, step, abortObject: (why) => this.rt.ctx.abort(why) });
   }
 
   /** The old generation stopped: remove every guard key but the one of the credential in force. */

@@ -10,6 +10,7 @@ import { budgetObject } from "../placement/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
 import { TenantStorage } from "./storage.ts";
+import { tenantHooksForTests } from "./test-hooks.ts";
 
 /**
  * The erase gate, once an erase of this tenant has started (src/tenant-object/erase.ts): while
@@ -34,7 +35,7 @@ export const heartbeatMs = 30_000;
 const unstagedUsageKey = "usage";
 
 export class TenantRuntime {
-  readonly config: LessorConfig;
+  private readonly loadedConfig: LessorConfig;
   readonly storage: TenantStorage;
   lifecycle: Lifecycle = initialLifecycle;
   record: TenantRecord | null = null;
@@ -73,8 +74,14 @@ export class TenantRuntime {
     readonly ctx: DurableObjectState,
     readonly env: Env,
   ) {
-    this.config = loadConfig(env);
+    this.loadedConfig = loadConfig(env);
     this.storage = new TenantStorage(ctx.storage);
+  }
+
+  /** The deployment's configuration (with a test's settings for this tenant: test-hooks.ts). */
+  get config(): LessorConfig {
+    const overrides = tenantHooksForTests.config?.(this.tenantId);
+    return overrides ? { ...this.loadedConfig, ...overrides } : this.loadedConfig;
   }
 
   /** The tenant id, for logs: empty while the object does not know its tenant. */

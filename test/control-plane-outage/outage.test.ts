@@ -6,9 +6,10 @@
  * control plane comes back the outboxes flush exactly once. And the control plane is reached
  * through a pool: warm traffic and flushes open no connection per call.
  */
-import { createScheduledController, env, runDurableObjectAlarm } from "cloudflare:test";
-import { afterAll, describe, expect, it } from "vitest";
+import { createScheduledController, env, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
+import { afterAll, describe, expect, it, vi } from "vitest";
 import { loadConfig } from "../../src/config/index.ts";
+import type { JobReport } from "../../src/cron/index.ts";
 import worker from "../../src/index.ts";
 import { connectionsOpened } from "../../src/postgres/index.ts";
 import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
@@ -88,6 +89,54 @@ function controlPlaneQueries(tenant: CreatedTenant): Promise<number> {
   }, "lessor");
 }
 
+/**
+ * What a cron run could change, read behind Lessor: every control-plane table's row count (read
+ * as 127.0.0.1, which the outage does not cut), the budgets' ledgers, and the warm tenants' objects
+ * and backends on the host.
+ */
+async function everythingCronMayChange(warm: readonly CreatedTenant[]) {
+  const tables = await asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT table_name AS name FROM information_schema.tables WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
+    );
+    const counts: Record<string, number> = {};
+    for (const { name } of rows as { name: string }[]) {
+      const counted = await client.query(`SELECT count(*)::int AS n FROM "${name}"`);
+      counts[name] = Number(counted.rows[0]?.n ?? 0);
+    }
+    return counts;
+  }, "lessor");
+  const config = loadConfig(env);
+  const ledgers = await Promise.all(
+    [...config.hosts.keys()].map(async (host) => {
+      const status = await env.BUDGETS.getByName(host).status(host, 0);
+      return {
+        host,
+        allocated: status.allocated,
+        reserved: status.reserved,
+        draining: status.draining,
+        evictions: status.evictions,
+        reconciled: status.reconciled,
+        maintenance: status.maintenance.inUse,
+      };
+    }),
+  );
+  const objects = await Promise.all(
+    warm.map(async (tenant) => {
+      const status = await env.TENANTS.getByName(tenant.id).status();
+      return { state: status.state, generation: status.generation };
+    }),
+  );
+  const backends = await asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT pid, application_name AS app FROM pg_stat_activity WHERE usename = ANY($1::text[]) ORDER BY pid",
+      [warm.map((t) => t.role)],
+    );
+    return rows as { pid: number; app: string }[];
+  });
+  return { tables, ledgers, objects, backends };
+}
+
 describe("the control plane is down", () => {
   it("warm tenants serve with zero errors, cold ones get 503 control_plane_unavailable, and the outboxes flush once after", async () => {
     const warm = await mapConcurrent([0, 1, 2], 3, () => createTenant(uniqueTenantId("warm")));
@@ -115,10 +164,42 @@ describe("the control plane is down", () => {
       expect(Number(refused.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
       expect(await refused.json()).toMatchObject({ code: "control_plane_unavailable" });
 
-      // The cron runs, says the control plane is down, and changes nothing.
-      const controller = createScheduledController({ cron: "* * * * *", scheduledTime: Date.now() });
-      const ctx = { waitUntil: () => undefined, passThroughOnException: () => undefined, props: {} };
-      await worker.scheduled?.(controller, env, ctx as unknown as ExecutionContext);
+      // The cron runs, says the control plane is down, and changes nothing. Its jobs run under
+      // waitUntil: the test waits for each of them and reads what it reported.
+      const unchanged = () => everythingCronMayChange(warm);
+      const beforeCron = await unchanged();
+      const runs: Promise<unknown>[] = [];
+      const ctx = {
+        waitUntil: (promise: Promise<unknown>) => {
+          runs.push(promise);
+        },
+        passThroughOnException: () => undefined,
+        props: {},
+      };
+      // A minute later by the clock the objects read, so the reconcile looks at the warm pools'
+      // allocations (it leaves those younger than 30 s alone) and must find each one confirmed.
+      vi.useFakeTimers({ toFake: ["Date"] });
+      let reports: JobReport[];
+      try {
+        vi.setSystemTime(Date.now() + 60_000);
+        const controller = createScheduledController({ cron: "* * * * *", scheduledTime: Date.now() });
+        await worker.scheduled?.(controller, env, ctx as unknown as ExecutionContext);
+        reports = (await Promise.all(runs)) as JobReport[];
+      } finally {
+        vi.useRealTimers();
+      }
+      const unreachable =
+        "failed: LessorError control_plane_unavailable: Lessor's control plane is not reachable right now.";
+      expect(Object.fromEntries(reports.map((r) => [r.job, `${r.status}: ${r.summary}`]))).toEqual({
+        "audit-retention": unreachable,
+        "budget-reconcile": `ok: checked ${warm.length} allocations on ${loadConfig(env).hosts.size} hosts, released 0; freed 0 expired maintenance slots; terminated 0 orphaned backends`,
+        "credential-rotation": "ok: no rotation policy (LESSOR_CREDENTIAL_ROTATION_DAYS unset)",
+        "erase-resume": unreachable,
+        "migration-campaigns": unreachable,
+        reseal: "ok: LESSOR_SEAL_KEY holds one key (k0); nothing to reseal",
+        "usage-fold": unreachable,
+      });
+      expect(await unchanged()).toEqual(beforeCron);
       for (const tenant of warm) expect(await select(tenant, 1)).toEqual([200]);
     } finally {
       await proxy("unblock");
@@ -139,7 +220,17 @@ describe("the control plane is down", () => {
 
   it("opens no control-plane connection per call: 1,000 warm requests and 10 flushes stay within the pools", async () => {
     const tenant = await createTenant(uniqueTenantId("pooled"));
+    // The positive control: with every shard's pool gone (the shards reset), the tenant's cold
+    // start opens a control-plane connection, and the counter shows it.
+    const config = loadConfig(env);
+    for (let shard = 0; shard < config.controlPlaneShards; shard++) {
+      await runInDurableObject(env.CONTROL_PLANE.getByName(`shard-${shard}`), (_instance, state) => {
+        state.abort("test: control-plane shard reset");
+      }).catch(() => undefined);
+    }
+    const cold = connectionsOpened().control_plane;
     expect(await select(tenant, 1)).toEqual([200]);
+    expect(connectionsOpened().control_plane).toBeGreaterThan(cold);
     const before = connectionsOpened().control_plane;
     const statuses = await mapConcurrent(
       Array.from({ length: 1_000 }, (_, i) => i),
@@ -160,7 +251,6 @@ describe("the control plane is down", () => {
     await status.text();
     const opened = connectionsOpened().control_plane - before;
     // Bounded by the pools (shards × connections each), not by the 1,000 requests and 10 flushes.
-    const config = loadConfig(env);
     expect(opened).toBeLessThanOrEqual(config.controlPlaneShards * config.controlPlanePoolSize);
     // …and far below one per request or flush.
     expect(opened).toBeLessThan(1_000 / 10);

@@ -9,6 +9,7 @@ import { eq } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/neon-http";
 import { describe, expect, it } from "vitest";
 import { createClient, type LessorClientOptions, LessorResponseError } from "../../src/client/index.ts";
+import { systemClock } from "../../src/client/retry.ts";
 import { notes } from "../../src/tenant-db/schema.ts";
 import {
   admin,
@@ -79,18 +80,27 @@ describe("lessor/client on the stack", () => {
 
     // The first refusal releases the lease; the drain then ends, and the retry starts a new pool.
     let refusals = 0;
+    // Real time, with each wait the client asks for recorded.
+    const waits: number[] = [];
     const patient = clientFor(tenant, {
       fetch: async (url, init) => {
         const response = await lessorFetch(url, init);
         if (response.status === 503 && refusals++ === 0) await lease.release();
         return response;
       },
+      clock: {
+        now: systemClock.now,
+        sleep: (ms, signal) => {
+          waits.push(ms);
+          return systemClock.sleep(ms, signal);
+        },
+      },
     });
-    const started = Date.now();
     expect(await patient.sql`SELECT 2 AS n`).toEqual([{ n: 2 }]);
     expect(refusals).toBe(1);
     // It honoured Retry-After (at least 1 s) before sending again.
-    expect(Date.now() - started).toBeGreaterThanOrEqual(1000);
+    expect(waits).toHaveLength(1);
+    expect(waits[0]).toBeGreaterThanOrEqual(1000);
     expect((await runtimeOf(tenant.id)).generation).toBe(2);
   });
 

@@ -236,7 +236,24 @@ describe("no session state passes from one request to the next", () => {
         )
       ).status,
     ).toBe(200);
+    expect((await run(tenant, "CREATE SEQUENCE leak_seq START 7000")).status).toBe(200);
     const baseline = await state(tenant);
+    // Sequence state is per session: `lastval()` answers 55000 (not yet defined in this session)
+    // on a connection that has not called nextval, and the value on one that has, within a request.
+    const lastval = async () => {
+      const answer = await run(tenant, "SELECT lastval()::text");
+      return answer.status === 200 ? (answer.body.rows?.[0]?.[0] ?? null) : (answer.body.code ?? null);
+    };
+    expect(await lastval()).toBe("55000");
+    const within = await sqlRequest(tenant.connectionString, {
+      queries: [
+        { query: "SELECT nextval('leak_seq')", params: [] },
+        { query: "SELECT lastval()", params: [] },
+      ],
+    });
+    expect(((await within.json()) as { results: { rows: string[][] }[] }).results[1]?.rows).toEqual([
+      ["7000"],
+    ]);
     const corpus: (string | { queries: string[] })[] = [
       "SET search_path TO evil, public",
       "/**/SET search_path TO evil, public",
@@ -259,6 +276,8 @@ describe("no session state passes from one request to the next", () => {
       "BEGIN",
       { queries: ["SET app.user_id = '45'", "SELECT set_config('search_path', 'evil', false)"] },
       "SELECT 1; SET search_path TO evil",
+      "SELECT nextval('leak_seq')",
+      { queries: ["SELECT nextval('leak_seq')", "SELECT currval('leak_seq')"] },
     ];
     for (const attack of corpus) {
       const response =
@@ -274,6 +293,7 @@ describe("no session state passes from one request to the next", () => {
         // It really is the same backend the attack ran on (nothing was dodged by a reconnect).
         expect(after.pid).toBe(baseline.pid);
       }
+      expect({ attack, lastval: await lastval() }).toEqual({ attack, lastval: "55000" });
     }
   });
 
@@ -385,46 +405,67 @@ describe("a tenant's work is bounded in time", () => {
 });
 
 describe("no prepared transaction is left behind", () => {
+  /** The prepared transactions Postgres holds in the tenant's own database. */
+  function preparedIn(tenant: CreatedTenant): Promise<string[]> {
+    return asSuperuser(async (client) => {
+      const { rows: list } = await client.query(
+        "SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE database = current_database() ORDER BY gid",
+      );
+      return list.map((row: { gid: string }) => row.gid);
+    }, tenant.database);
+  }
+
+  /** Rolls back whatever a failed run left prepared: it would pin the host's horizon for every other test. */
+  async function rollBackLeftovers(tenant: CreatedTenant): Promise<void> {
+    await asSuperuser(async (client) => {
+      for (const gid of await preparedIn(tenant)) {
+        await client.query(`ROLLBACK PREPARED '${gid.replaceAll("'", "''")}'`);
+      }
+    }, tenant.database);
+  }
+
   it("a PREPARE TRANSACTION on a lease is refused and rolled back; nothing pins the horizon", async () => {
     const tenant = await createTenant(uniqueTenantId("prepared"));
-    const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {
-      method: "POST",
-      headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
-      body: JSON.stringify({ ttlMs: 30_000 }),
-    });
-    const { lease } = await opened.json<{ lease: string }>();
-    const on = (query: string) =>
-      lessor(`/v1/leases/${lease}/sql`, {
+    try {
+      const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {
         method: "POST",
         headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
-        body: JSON.stringify({ query, params: [] }),
+        body: JSON.stringify({ ttlMs: 30_000 }),
       });
-    expect((await on("BEGIN")).status).toBe(200);
-    expect((await on("INSERT INTO notes (body) VALUES ('prepared')")).status).toBe(200);
-    const prepared = await on("PREPARE TRANSACTION 'tenant-held'");
-    expect(prepared.status).toBe(400);
-    expect(((await prepared.json()) as { code: string }).code).toBe("prepared_transaction_refused");
-    const left = await asSuperuser(async (client) => {
-      const { rows: list } = await client.query(
-        "SELECT count(*)::int AS n FROM pg_prepared_xacts WHERE gid = $1",
-        ["tenant-held"],
-      );
-      return Number(list[0]?.n);
-    });
-    expect(left).toBe(0);
-    expect(await rows(tenant, "SELECT count(*) FROM notes WHERE body = 'prepared'")).toEqual([["0"]]);
+      const { lease } = await opened.json<{ lease: string }>();
+      const on = (query: string) =>
+        lessor(`/v1/leases/${lease}/sql`, {
+          method: "POST",
+          headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
+          body: JSON.stringify({ query, params: [] }),
+        });
+      expect((await on("BEGIN")).status).toBe(200);
+      expect((await on("INSERT INTO notes (body) VALUES ('prepared')")).status).toBe(200);
+      const prepared = await on("PREPARE TRANSACTION 'tenant-held'");
+      expect(prepared.status).toBe(400);
+      expect(((await prepared.json()) as { code: string }).code).toBe("prepared_transaction_refused");
+      expect(await preparedIn(tenant)).toEqual([]);
+      expect(await rows(tenant, "SELECT count(*) FROM notes WHERE body = 'prepared'")).toEqual([["0"]]);
+    } finally {
+      await rollBackLeftovers(tenant);
+    }
+  });
 
-    // The same through a /sql transaction.
-    const batch = await sqlRequest(tenant.connectionString, {
-      queries: [
-        { query: "INSERT INTO notes (body) VALUES ('prepared')", params: [] },
-        { query: "PREPARE TRANSACTION 'tenant-held-2'", params: [] },
-      ],
-    });
-    expect(batch.status).toBe(400);
-    const fold = await admin("/v1/maintenance?limit=1");
-    const horizon = (await fold.json<{ horizon: { pinned: boolean; gid?: string } }>()).horizon;
-    expect(horizon.gid === "tenant-held" || horizon.gid === "tenant-held-2").toBe(false);
-    expect(await rows(tenant, "SELECT count(*) FROM notes WHERE body = 'prepared'")).toEqual([["0"]]);
+  it("a PREPARE TRANSACTION in a /sql transaction is refused and rolled back; nothing pins the horizon", async () => {
+    const tenant = await createTenant(uniqueTenantId("prepared-sql"));
+    try {
+      const batch = await sqlRequest(tenant.connectionString, {
+        queries: [
+          { query: "INSERT INTO notes (body) VALUES ('prepared')", params: [] },
+          { query: "PREPARE TRANSACTION 'tenant-held-2'", params: [] },
+        ],
+      });
+      expect(batch.status).toBe(400);
+      expect(((await batch.json()) as { code: string }).code).toBe("prepared_transaction_refused");
+      expect(await preparedIn(tenant)).toEqual([]);
+      expect(await rows(tenant, "SELECT count(*) FROM notes WHERE body = 'prepared'")).toEqual([["0"]]);
+    } finally {
+      await rollBackLeftovers(tenant);
+    }
   });
 });

@@ -8,9 +8,11 @@ import { describe, expect, it } from "vitest";
 import { appSchemaVersionReported } from "../../src/campaigns/schema-version.ts";
 import { mintTenantKey } from "../../src/crypto/tenant-keys.ts";
 import { connectionsOpened } from "../../src/postgres/index.ts";
+import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
   asSuperuser,
+  type CreatedTenant,
   createTenant,
   lessor,
   mapConcurrent,
@@ -55,9 +57,13 @@ describe("forged credentials cost nothing", () => {
     for (const { id } of forged) expect(after.has(env.TENANTS.idFromName(id).toString())).toBe(false);
     expect(connectionsOpened()).toEqual(opened);
 
+    // The positive control: the same counter moves when a real tenant's first request starts its
+    // pool (a counter that never moved would have passed the check above).
     const real = await createTenant(uniqueTenantId("after-flood"));
+    const beforeStart = connectionsOpened();
     const answer = await sqlRequest(real.connectionString, { query: "SELECT 1" });
     expect(answer.status).toBe(200);
+    expect(connectionsOpened().tenant).toBeGreaterThan(beforeStart.tenant);
   });
 
   it("counts failed logins per tenant: past the limit 429 with Retry-After, while the right key still works", async () => {
@@ -124,6 +130,17 @@ describe("nothing is recorded before authentication", () => {
 describe("every answer is bounded", () => {
   it("a result over LESSOR_MAX_RESPONSE_BYTES is 507, and the connection serves the next request", async () => {
     const tenant = await createTenant(uniqueTenantId("big"), { tier: "solo" });
+    // Reading 12 MB is about bytes, not time: this tenant's statements get 10 minutes (test-only
+    // setting, test-hooks.ts) so a loaded machine cannot turn the 507 into a statement timeout.
+    tenantHooksForTests.config = (id) => (id === tenant.id ? { statementTimeoutMs: 600_000 } : undefined);
+    try {
+      await answersTooLarge(tenant);
+    } finally {
+      tenantHooksForTests.config = undefined;
+    }
+  });
+
+  async function answersTooLarge(tenant: CreatedTenant): Promise<void> {
     // 12 MB in many rows, past the 10 MB limit: read and dropped, so the connection is drained
     // and stays (the same backend serves the next request).
     const [[pidBefore]] = (
@@ -153,7 +170,7 @@ describe("every answer is bounded", () => {
     expect(await huge.json()).toMatchObject({ code: "response_too_large" });
     const next = await sqlRequest(tenant.connectionString, { query: "SELECT 'fine'" });
     expect(next.status).toBe(200);
-  });
+  }
 
   it("the same limit applies on a session lease", async () => {
     const tenant = await createTenant(uniqueTenantId("biglease"));

@@ -5,7 +5,7 @@
  * of stages; concurrent requests; leases and statements that outlast the wait; a campaign; a
  * control plane that goes away; rows written during the erase that the commit's re-check catches.
  */
-import { env, runInDurableObject } from "cloudflare:test";
+import { env, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { Client } from "@neondatabase/serverless";
 import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { afterEach, describe, expect, it } from "vitest";
@@ -18,6 +18,7 @@ import { auditRetentionJob } from "../../src/cron/jobs/audit-retention.ts";
 import { eraseResumeJob } from "../../src/cron/jobs/erase-resume.ts";
 import { type EraseStepEvent, eraseHooksForTests, InterruptedForTests } from "../../src/erase/test-hooks.ts";
 import { adminUrlFor } from "../../src/postgres/index.ts";
+import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
   asSuperuser,
@@ -196,6 +197,7 @@ async function auditRows(id: string, action: string) {
 
 afterEach(() => {
   eraseHooksForTests.onStep = undefined;
+  tenantHooksForTests.config = undefined;
   controlPlaneOutageForTests.active = false;
 });
 
@@ -221,6 +223,16 @@ describe("erase: the request", () => {
 
   it("erases everything, leaves a tombstone and one audit row; the old key gets 410, a forged one 401", async () => {
     const tenant = await busyTenant("erase-all");
+    // The usage counted so far goes to the control plane now: the erase has deltas to delete.
+    expect(await runDurableObjectAlarm(env.TENANTS.getByName(tenant.id))).toBe(true);
+    const deltas = await controlPlane(async (client) => {
+      const { rows } = await client.query(
+        "SELECT count(*)::int AS n FROM usage_deltas WHERE tenant_id = $1",
+        [tenant.id],
+      );
+      return Number(rows[0]?.n ?? 0);
+    });
+    expect(deltas).toBeGreaterThan(0);
     const [{ ordinal }] = (await controlPlane(
       async (client) =>
         (
@@ -268,7 +280,7 @@ describe("erase: the request", () => {
     expect(Object.keys(stages).sort()).toEqual(eraseStages.filter((s) => s !== "commit").sort());
     expect(stages.keys).toEqual({ keys: 2, jwtConfigs: 0 });
     expect(stages.database).toEqual({ databases: 1, roles: 1 });
-    expect(stages.usage?.usageDeltas ?? 0).toBeGreaterThanOrEqual(0);
+    expect(stages.usage?.usageDeltas).toBe(deltas);
     expect(JSON.stringify(erase)).not.toMatch(/lsk_|password|postgres:\/\//);
     expect(JSON.stringify(erase)).not.toContain(env.LESSOR_ADMIN_KEY);
   });
@@ -284,13 +296,23 @@ function hostAdminUrl(database: string): string {
   return adminUrlFor(host.adminUrl, database);
 }
 
-/** Whether the tenant's erase has started `stage` (watched through the test hook). */
-function waitForStage(tenantId: string, stage: EraseStage): () => boolean {
+/**
+ * Whether the tenant's erase has started `stage` (watched through the test hook). With `hold`, the
+ * stage does not go on past its start until `hold` resolves.
+ */
+function waitForStage(tenantId: string, stage: EraseStage, hold?: Promise<void>): () => boolean {
   let started = false;
-  eraseHooksForTests.onStep = ({ tenantId: id, step }) => {
-    if (id === tenantId && step.point === "started" && step.stage === stage) started = true;
+  eraseHooksForTests.onStep = async ({ tenantId: id, step }) => {
+    if (id !== tenantId || step.point !== "started" || step.stage !== stage) return;
+    started = true;
+    await hold;
   };
   return () => started;
+}
+
+/** Test-only settings: these tenants' erases wait `ms` for their leases (test-hooks.ts). */
+function eraseLeaseWait(tenantIds: string[], ms: number): void {
+  tenantHooksForTests.config = (id) => (tenantIds.includes(id) ? { eraseLeaseWaitMs: ms } : undefined);
 }
 
 /** Waits (bounded) until `done()` holds; the caller asserts afterwards. */
@@ -543,7 +565,16 @@ describe("erase: leases and statements", () => {
     expect(
       (await leaseSql(lease, tenant.key, "INSERT INTO notes (body) VALUES ('never committed')")).status,
     ).toBe(200);
+    // The erase is held (test hook) as its lease stage starts, until the lease has run a statement:
+    // the gate is closed, the wait not yet begun, whatever the machine's speed.
+    let letGo: () => void = () => undefined;
+    const held = new Promise<void>((resolve) => {
+      letGo = resolve;
+    });
+    const atLeases = waitForStage(tenant.id, "leases", held);
     expect((await requestErase(tenant.id)).status).toBe(202);
+    await until(atLeases);
+    expect(atLeases()).toBe(true);
     // New work is refused; the open lease still runs statements while the erase waits for it.
     await expectRefused(
       await sqlRequest(tenant.connectionString, { query: "SELECT 1", params: [] }),
@@ -551,6 +582,8 @@ describe("erase: leases and statements", () => {
       "tenant_erasing",
     );
     expect((await leaseSql(lease, tenant.key, "SELECT count(*) FROM notes")).status).toBe(200);
+    // Then the wait runs out with the lease still open.
+    letGo();
     expect((await untilErased(tenant.id)).state).toBe("erased");
     expect((await stageCounts(tenant.id)).leases).toMatchObject({
       leasesHeld: 1,
@@ -565,6 +598,9 @@ describe("erase: leases and statements", () => {
     const tenant = await busyTenant("erase-lease-ok");
     const { lease } = await (await openLease(tenant)).json<{ lease: string }>();
     expect((await leaseSql(lease, tenant.key, "BEGIN")).status).toBe(200);
+    // A wait longer than the test (test-only setting): it ends because the lease lets go, never
+    // because a loaded machine took its time.
+    eraseLeaseWait([tenant.id], 600_000);
     const waiting = waitForStage(tenant.id, "leases");
     expect((await requestErase(tenant.id)).status).toBe(202);
     await until(waiting);
@@ -617,6 +653,10 @@ describe("erase: leases and statements", () => {
     };
     const quickRun = await blocked(quick);
     const slowRun = await blocked(slow);
+    // The quick one's erase waits longer than the test (test-only setting): its statement ends
+    // within the wait because the test lets it, not because the machine was fast. The slow one's
+    // waits the configured 2 s and then ends it.
+    eraseLeaseWait([quick.id], 600_000);
     const quickWaiting = waitForStage(quick.id, "leases");
     expect((await requestErase(quick.id)).status).toBe(202);
     expect((await requestErase(slow.id)).status).toBe(202);

@@ -3,7 +3,7 @@
  * mid-query, a database that cannot be reached or refuses us, a stale generation, a disabled tenant.
  */
 import { env, runInDurableObject } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import {
   admin,
   asSuperuser,
@@ -44,6 +44,14 @@ async function proxy(action: "stats" | "block" | "unblock", address = faultyAddr
 
 async function tunnelsToFaulty(): Promise<number> {
   return (await proxy("stats")).tunnels[faultyAddress()] ?? 0;
+}
+
+/** Stops the clock the objects read (this isolate's Date) at now, and answers it. */
+function frozenClock(): number {
+  const now = Date.now();
+  vi.useFakeTimers({ toFake: ["Date"] });
+  vi.setSystemTime(now);
+  return now;
 }
 
 async function expectStartRefused(response: Response) {
@@ -121,44 +129,56 @@ describe("faults", () => {
 
   it("an unreachable database: failed with a reason, backoff with Retry-After, zero attempts while backing off", async () => {
     const tenant = await createTenant(uniqueTenantId("unreach"), { host: "faulty" });
+    // The objects' clock stands still unless the test moves it: the backoff ends when the test
+    // says, not when a loaded machine gets round to the next request.
+    const now = frozenClock();
     await proxy("block");
     try {
       await expectStartRefused(await sqlRequest(tenant, "SELECT 1"));
       const status = await env.TENANTS.getByName(tenant.id).status();
       expect(status.state).toBe("failed");
       expect(status.failureReason).toBe("unreachable");
-      expect(Date.parse(status.retryAt ?? "")).toBeGreaterThan(Date.now());
+      const retryAt = Date.parse(status.retryAt ?? "");
+      expect(retryAt).toBeGreaterThan(now);
       // During the backoff: N requests make 0 connection attempts.
       await proxy("unblock");
       const before = await tunnelsToFaulty();
       const during = await Promise.all(Array.from({ length: 20 }, () => sqlRequest(tenant, "SELECT 1")));
       for (const response of during) await expectStartRefused(response);
       expect(await tunnelsToFaulty()).toBe(before);
-      // After the backoff, the next request starts a generation and works.
-      const wait = Date.parse((await env.TENANTS.getByName(tenant.id).status()).retryAt ?? "") - Date.now();
-      await new Promise((resolve) => setTimeout(resolve, Math.max(0, wait) + 50));
+      // At the end of the backoff, the next request starts a generation and works.
+      vi.setSystemTime(retryAt);
       expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
       expect((await env.TENANTS.getByName(tenant.id).status()).state).toBe("ready");
     } finally {
+      vi.useRealTimers();
       await proxy("unblock");
     }
   });
 
   it("consecutive failures back off exponentially", async () => {
     const tenant = await createTenant(uniqueTenantId("backoff"), { host: "faulty" });
+    let now = frozenClock();
     await proxy("block");
     try {
       const delays: number[] = [];
       for (let i = 0; i < 3; i++) {
         await expectStartRefused(await sqlRequest(tenant, "SELECT 1"));
-        const status = await env.TENANTS.getByName(tenant.id).status();
-        const delay = Date.parse(status.retryAt ?? "") - Date.now();
-        delays.push(delay);
-        await new Promise((resolve) => setTimeout(resolve, Math.max(0, delay) + 20));
+        const retryAt = Date.parse((await env.TENANTS.getByName(tenant.id).status()).retryAt ?? "");
+        delays.push(retryAt - now);
+        // The next attempt comes exactly when the backoff ends.
+        now = retryAt;
+        vi.setSystemTime(now);
       }
-      // Jitter keeps each delay in [½, 1] of its ceiling (500 ms, 1 s, 2 s): the third is longer than the first.
-      expect(delays[2]).toBeGreaterThan(delays[0] ?? Number.POSITIVE_INFINITY);
+      // Jitter keeps each delay in [½, 1] of its ceiling: 500 ms, 1 s, 2 s.
+      const ceilings = [500, 1_000, 2_000];
+      delays.forEach((delay, i) => {
+        const ceiling = ceilings[i] ?? 0;
+        expect(delay, `delay ${i + 1}`).toBeGreaterThanOrEqual(ceiling / 2);
+        expect(delay, `delay ${i + 1}`).toBeLessThanOrEqual(ceiling);
+      });
     } finally {
+      vi.useRealTimers();
       await proxy("unblock");
     }
   });

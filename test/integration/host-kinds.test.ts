@@ -15,6 +15,7 @@ import { unseal } from "../../src/crypto/seal.ts";
 import { setLogSink } from "../../src/log/index.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import { admin, asSuperuser, createTenant, sqlRequest, uniqueTenantId } from "./harness.ts";
+import { serverLogLinesSoFar } from "./server-log.ts";
 
 async function capacityOf(host: string): Promise<CapacityStatus> {
   const response = await admin("/v1/capacity");
@@ -28,10 +29,7 @@ async function provisionOn(host: string, id = uniqueTenantId(`hk-${host}`)): Pro
   return admin("/v1/tenants", { method: "POST", json: { id, host } });
 }
 
-async function serverLog(grep: string): Promise<string[]> {
-  const response = await fetch(`${env.TEST_PROXY_CONTROL_URL}/hook/pg-log?grep=${encodeURIComponent(grep)}`);
-  return (await response.json<{ lines: string[] }>()).lines;
-}
+const serverLog = serverLogLinesSoFar;
 
 async function passwordOf(id: string): Promise<string> {
   const sealed = await asSuperuser(async (client) => {

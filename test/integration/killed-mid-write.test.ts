@@ -4,15 +4,27 @@
  * `/sql`. Afterwards the row is gone, no backend of the dead generation is left idle in a
  * transaction, no write of the dead generation commits after the new one has started, and the next
  * request works on a new generation. An alarm killed half way, or run twice, changes nothing.
+ *
+ * workerd tears a killed object's sockets down, and Postgres ends a backend whose client went away
+ * within a second (`client_connection_check_interval`), so a write on the object's own connection
+ * dies whether or not Lessor fences. The fence is for a backend that outlives its object (a host
+ * that never saw the socket close): the fencing test opens one from outside the object.
  */
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config/index.ts";
+import { unseal } from "../../src/crypto/seal.ts";
+import { withTenantConnection } from "../../src/postgres/index.ts";
+import { tenantCredential } from "../../src/tenant-db/connect.ts";
+import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
   asSuperuser,
   type CreatedTenant,
   createTenant,
+  eventsOf,
+  type LifecycleEvent,
   lessor,
   pollUntil,
   runtimeOf,
@@ -57,6 +69,62 @@ function notesCount(tenant: CreatedTenant, body: string): Promise<number> {
 }
 
 const generation = (tenant: CreatedTenant, n: number) => `lessor:${tenant.role}:${n}`;
+
+/** The tenant's usage as the control plane holds it. */
+async function usageOf(tenant: CreatedTenant): Promise<Record<string, number>> {
+  const response = await admin(`/v1/tenants/${tenant.id}/usage`);
+  expect(response.status).toBe(200);
+  return (await response.json<{ usage: Record<string, number> }>()).usage;
+}
+
+/** The tenant's lifecycle events as the control plane holds them, in order. */
+function controlPlaneEvents(tenant: CreatedTenant): Promise<LifecycleEvent[]> {
+  return eventsOf(tenant.id);
+}
+
+/**
+ * A backend of the tenant's role opened from this test, not from the object, the way Lessor opens
+ * its pooled connections (sealed password, login token), under `applicationName`, with no
+ * statement timeout. `outcome` is "committed", or the error that ended the statement.
+ */
+async function orphanBackend(
+  tenant: CreatedTenant,
+  applicationName: string,
+  query: string,
+): Promise<{ outcome: Promise<"committed" | { code: unknown; message: string }> }> {
+  const config = loadConfig(env);
+  const sealed = await asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT sealed_password FROM tenant_credentials WHERE tenant_id = $1",
+      [tenant.id],
+    );
+    return String(rows[0]?.sealed_password);
+  }, "lessor");
+  const host = (await (await admin(`/v1/tenants/${tenant.id}`)).json<{ tenant: { host: string } }>()).tenant
+    .host;
+  const credential = await tenantCredential(
+    config,
+    { host, roleName: tenant.role, databaseName: tenant.database },
+    await unseal(env.LESSOR_SEAL_KEY, tenant.id, sealed),
+  );
+  const outcome = withTenantConnection(
+    config,
+    credential.target,
+    {
+      applicationName,
+      limits: { statementTimeoutMs: 0, lockTimeoutMs: 0, idleInTransactionMs: 0 },
+      loginToken: credential.loginToken,
+    },
+    (client) => client.query(query),
+  ).then(
+    () => "committed" as const,
+    (error: unknown) => ({
+      code: (error as { code?: unknown }).code,
+      message: error instanceof Error ? error.message : String(error),
+    }),
+  );
+  return { outcome };
+}
 
 describe("the object killed mid-write", () => {
   it("a session lease's open transaction with an insert: the row is gone, nothing is left idle in transaction", async () => {
@@ -106,7 +174,7 @@ describe("the object killed mid-write", () => {
     expect(left).toEqual([]);
   });
 
-  it("a long write on /sql: it never commits once the new generation has started", async () => {
+  it("a long write on /sql: the killed request fails and its write never commits", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-write"), { tier: "free" });
     await sqlFor(tenant)`SELECT 1`;
     // One statement that inserts, then works for 3 s before it can commit.
@@ -127,41 +195,112 @@ describe("the object killed mid-write", () => {
     expect(running).toBe(true);
 
     await killObject(tenant);
-    // The new generation serves at once (its start must not let the old write commit later).
     expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
       { app: generation(tenant, 2) },
     ]);
-    // The killed request ends (whatever it answers, it is not a success), and by the time the dead
-    // write would have finished, it has not committed.
+    // The killed request ends (whatever it answers, it is not a success), and the dead
+    // generation's backends go: the write died with them.
     expect(await write).not.toBe(200);
-    await new Promise((resolve) => setTimeout(resolve, 3_500));
-    expect(await notesCount(tenant, "long-write")).toBe(0);
     const old = await pollUntil(
       async () => (await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1)),
       (backends) => backends.length === 0,
     );
     expect(old).toEqual([]);
+    expect(await notesCount(tenant, "long-write")).toBe(0);
   });
 
-  it("an alarm killed half way, or run twice, changes nothing", async () => {
-    const tenant = await createTenant(uniqueTenantId("kill-alarm"), { tier: "free" });
-    const sql = sqlFor(tenant);
-    await sql`INSERT INTO notes (body) VALUES ('kept')`;
-    const stub = env.TENANTS.getByName(tenant.id);
-    // Run the alarm, and kill the object while it may still be running.
-    const alarm = runDurableObjectAlarm(stub).catch(() => false);
+  it("a dead generation's backend that outlives its object is fenced by the next start: it ends, its insert never commits, the fence is recorded", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-fence"), { tier: "free" });
+    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
+      { app: generation(tenant, 1) },
+    ]);
+    // Generation 1's backend that workerd cannot end with the object: opened from outside it (this
+    // test's own connection, under generation 1's name and the tenant's role), with no statement
+    // timeout, running an insert that commits only after 20 s. Its client never goes away, so
+    // nothing but a fence ends it.
+    const orphan = await orphanBackend(
+      tenant,
+      generation(tenant, 1),
+      "WITH ins AS (INSERT INTO notes (body) VALUES ('orphan-write') RETURNING 1) SELECT pg_sleep(20) FROM ins",
+    );
+    const running = await pollUntil(
+      async () =>
+        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("orphan-write")),
+      (found) => found,
+      { attempts: 100, intervalMs: 50 },
+    );
+    expect(running).toBe(true);
+
     await killObject(tenant);
-    await alarm;
-    // Twice more, back to back.
-    await runDurableObjectAlarm(stub).catch(() => false);
-    await runDurableObjectAlarm(stub).catch(() => false);
-    const status = await runtimeOf(tenant.id);
-    expect(status.leases).toBe(0);
-    expect(await sql`SELECT body FROM notes ORDER BY id`).toEqual([{ body: "kept" }]);
-    expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
+    // The next start fences before it serves: by the time generation 2 answers, the orphan is gone.
+    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
       { app: generation(tenant, 2) },
     ]);
+    expect(await orphan.outcome).toMatchObject({ code: "57P01" });
+    expect((await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1))).toEqual([]);
+    expect(await notesCount(tenant, "orphan-write")).toBe(0);
+    const events = await pollUntil(
+      () => eventsOf(tenant.id),
+      (list) => list.some((e) => e.reason.startsWith("fenced:")),
+    );
+    expect(events.filter((e) => e.reason.startsWith("fenced:"))).toEqual([
+      expect.objectContaining({ generation: 2, reason: "fenced: 1 backend(s) of the dead generation ended" }),
+    ]);
   });
+
+  for (const at of ["events_appended", "appended"] as const) {
+    it(`an alarm killed mid-flush (after ${at}), then run twice: usage and events land exactly once`, async () => {
+      const tenant = await createTenant(uniqueTenantId("kill-alarm"), { tier: "free" });
+      const sql = sqlFor(tenant);
+      await sql`INSERT INTO notes (body) VALUES ('kept')`;
+      await sql`SELECT g FROM generate_series(1, 3) g`;
+      // A stub breaks with the object it reached: each call takes a new one.
+      const stub = () => env.TENANTS.getByName(tenant.id);
+      // The heartbeat's flush dies after its step: the events are in the control plane (and, after
+      // "appended", the usage too), and the object has forgotten none of them.
+      const reached: string[] = [];
+      tenantHooksForTests.onFlushStep = (event) => {
+        if (event.tenantId !== tenant.id) return;
+        reached.push(event.step);
+        if (event.step !== at) return;
+        event.abortObject(`test: alarm killed mid-flush after ${at}`);
+        return new Promise<void>(() => undefined);
+      };
+      let killed: string;
+      try {
+        killed = await runDurableObjectAlarm(stub()).then(
+          (ran) => `returned ${ran}`,
+          (error: unknown) => String(error),
+        );
+      } finally {
+        tenantHooksForTests.onFlushStep = undefined;
+      }
+      expect(killed).toMatch(`killed mid-flush after ${at}`);
+      expect(reached).toEqual(at === "appended" ? ["events_appended", "appended"] : ["events_appended"]);
+
+      // The restarted object armed its alarm for what it still holds; that run flushes it, and two
+      // more add nothing.
+      expect(await runDurableObjectAlarm(stub())).toBe(true);
+      const landed = { usage: await usageOf(tenant), events: await controlPlaneEvents(tenant) };
+      expect(landed.usage).toMatchObject({ queries: 2, rowsReturned: 3, poolStarts: 1, errors: 0 });
+      const key = (e: LifecycleEvent) => `${e.generation} ${e.from}→${e.to} ${e.reason}`;
+      // Each once: the start the dead instance had already handed over, the ready it was flushing,
+      // and its death, which the next instance recorded.
+      expect(landed.events.map(key)).toEqual([
+        "1 stopped→starting demand",
+        "1 starting→ready pool_ready",
+        "1 ready→stopped object_restarted",
+      ]);
+      for (let run = 0; run < 2; run++) expect(typeof (await runDurableObjectAlarm(stub()))).toBe("boolean");
+      expect({ usage: await usageOf(tenant), events: await controlPlaneEvents(tenant) }).toEqual(landed);
+
+      expect((await runtimeOf(tenant.id)).leases).toBe(0);
+      expect(await sql`SELECT body FROM notes ORDER BY id`).toEqual([{ body: "kept" }]);
+      expect(await sql`SELECT current_setting('application_name') AS app`).toEqual([
+        { app: generation(tenant, 2) },
+      ]);
+    });
+  }
 
   it("usage the object counted before it was killed is not lost (found by the chaos soak)", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-usage"), { tier: "free" });

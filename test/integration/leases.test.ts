@@ -3,7 +3,7 @@
  * reclaim, and the differential test that no session state passes from one lease to the next.
  */
 import { env, runDurableObjectAlarm } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import {
   asSuperuser,
   type CreatedTenant,
@@ -171,17 +171,33 @@ describe("session leases", () => {
 
   it("each use extends the TTL", async () => {
     const tenant = await createTenant(uniqueTenantId("lease-ttl"));
-    const token = await lease(tenant, 1_500);
-    const stub = env.TENANTS.getByName(tenant.id);
-    for (let i = 0; i < 3; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 700));
-      await leaseRows(token, tenant.key, "SELECT 1");
+    // The objects' clock (this isolate's Date) moves only when the test moves it.
+    const opened = Date.now();
+    vi.useFakeTimers({ toFake: ["Date"] });
+    try {
+      vi.setSystemTime(opened);
+      const token = await lease(tenant, 1_500);
+      const stub = env.TENANTS.getByName(tenant.id);
+      let at = opened;
+      for (let i = 0; i < 3; i++) {
+        at += 700;
+        vi.setSystemTime(at);
+        await leaseRows(token, tenant.key, "SELECT 1");
+        await runDurableObjectAlarm(stub);
+      }
+      // 2.1 s after opening a 1.5 s lease, it is still alive because each use extended it.
+      expect(await leaseRows(token, tenant.key, "SELECT 1")).toEqual([["1"]]);
+      expect((await stub.status()).reclaimedLeases).toBe(0);
+      // And the TTL is real: 1.5 s after its last use, the alarm reclaims it.
+      vi.setSystemTime(at + 1_500);
       await runDurableObjectAlarm(stub);
+      expect((await stub.status()).reclaimedLeases).toBe(1);
+      const late = await leaseSql(token, tenant.key, "SELECT 1");
+      expect(late.status).toBe(409);
+      expect(((await late.json()) as { code: string }).code).toBe("lease_expired");
+    } finally {
+      vi.useRealTimers();
     }
-    // 2.1 s after opening a 1.5 s lease, it is still alive because each use extended it.
-    expect(await leaseRows(token, tenant.key, "SELECT 1")).toEqual([["1"]]);
-    expect((await stub.status()).reclaimedLeases).toBe(0);
-    await release(token, tenant.key);
   });
 
   it("never passes session state from one lease to the next on the same backend", async () => {
@@ -198,6 +214,14 @@ describe("session leases", () => {
     ].join(" ");
     const fresh = await lease(tenant);
     const baseline = await leaseRows(fresh, tenant.key, probe);
+    await leaseRows(fresh, tenant.key, "CREATE SEQUENCE leak_seq START 7000");
+    // Sequence state is per session: lastval() answers 55000 until this session calls nextval.
+    const lastval = async (token: string) => {
+      const response = await leaseSql(token, tenant.key, "SELECT lastval()::text");
+      const body = await response.json<{ rows?: string[][]; code?: string }>();
+      return response.status === 200 ? (body.rows?.[0]?.[0] ?? null) : (body.code ?? null);
+    };
+    expect(await lastval(fresh)).toBe("55000");
     await release(fresh, tenant.key);
 
     const dirty = await lease(tenant);
@@ -209,6 +233,7 @@ describe("session leases", () => {
       "CREATE TEMP TABLE leaked_temp (x int)",
       "SELECT pg_advisory_lock(42)",
       "LISTEN leaked_channel",
+      "SELECT nextval('public.leak_seq')",
       "BEGIN",
       "SET work_mem = '7MB'",
       "ROLLBACK",
@@ -218,6 +243,7 @@ describe("session leases", () => {
     }
     const dirtyView = await leaseRows(dirty, tenant.key, probe);
     expect(dirtyView[0]).not.toEqual(baseline[0]);
+    expect(await lastval(dirty)).toBe("7000");
     await release(dirty, tenant.key);
 
     const next = await lease(tenant);
@@ -225,6 +251,7 @@ describe("session leases", () => {
     // Same backend (so the test means something), and exactly what a fresh connection sees.
     expect(after[0]?.at(-1)).toBe(baseline[0]?.at(-1));
     expect(after).toEqual(baseline);
+    expect(await lastval(next)).toBe("55000");
     await release(next, tenant.key);
   });
 

@@ -36,6 +36,7 @@ import {
   uniqueTenantId,
 } from "./harness.ts";
 import { lessorSqlNames } from "./lessor-sql-names.ts";
+import { serverLogLinesSoFar } from "./server-log.ts";
 
 /** This run's mark in every trap's log line, so other files' lines never mix in. */
 const run = crypto.randomUUID().slice(0, 8);
@@ -199,10 +200,7 @@ interface TrapFiring {
 
 /** Every trap of this run that fired, from the server's own log. */
 async function trapFirings(): Promise<TrapFiring[]> {
-  const response = await fetch(
-    `${env.TEST_PROXY_CONTROL_URL}/hook/pg-log?grep=${encodeURIComponent(`lessor_trap run=${run}`)}`,
-  );
-  const { lines } = await response.json<{ lines: string[] }>();
+  const lines = await serverLogLinesSoFar(`lessor_trap run=${run}`);
   return lines.flatMap((line) => {
     const match = /fired=\[(.*?)\] current_user=(\S+) session_user=(\S+)/.exec(line);
     return match ? [{ label: match[1] ?? "", currentUser: match[2] ?? "", sessionUser: match[3] ?? "" }] : [];

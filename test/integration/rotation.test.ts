@@ -1,13 +1,14 @@
 /**
  * Credential rotation through overlapping generations (issue 14, docs/adr/013): the seed's trace
- * (two session leases hold open transactions while a load generator keeps sending `/sql`), a
- * rotation with no room in the rotation reserve, a stopped tenant's rotation, and an object killed
- * in the middle of one. Budget and `pg_stat_activity` are sampled throughout.
+ * (two session leases hold open transactions while 16 clients keep sending slow `/sql`, and the
+ * switch waits until some of it is in flight), a rotation with no room in the rotation reserve, a
+ * stopped tenant's rotation, and an object killed at each step of one (test hooks). The ledger is
+ * sampled throughout; Postgres is counted exactly, from its own connection log.
  */
-import { runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { credentialRotationJob } from "../../src/cron/jobs/credential-rotation.ts";
+import { type RotationStep, tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
   asSuperuser,
@@ -21,6 +22,7 @@ import {
   tenantBackends,
   uniqueTenantId,
 } from "./harness.ts";
+import { connectionPeaks, markServerLog } from "./server-log.ts";
 
 interface QueryResult {
   rows: (string | null)[][];
@@ -67,13 +69,12 @@ async function ledgerTotal(host: string): Promise<number> {
   return status.allocated + status.reserved + status.draining + status.maintenance.inUse;
 }
 
-/** Backends on the cluster that belong to `host`: its tenants' pools and its admin connections. */
-async function hostBackends(host: string, tenants: CreatedTenant[]): Promise<number> {
+/** The statements running right now on the tenant's backends named `app`. */
+async function runningStatements(tenant: CreatedTenant, app: string): Promise<number> {
   return asSuperuser(async (client) => {
     const { rows } = await client.query(
-      `SELECT count(*)::int AS n FROM pg_stat_activity
-        WHERE starts_with(application_name, $1) OR split_part(application_name, ':', 2) = ANY($2)`,
-      [`lessor:host:${host}:`, tenants.map((t) => t.role)],
+      "SELECT count(*)::int AS n FROM pg_stat_activity WHERE usename = $1 AND application_name = $2 AND state = 'active'",
+      [tenant.role, app],
     );
     return Number(rows[0]?.n ?? 0);
   });
@@ -111,37 +112,72 @@ describe("credential rotation through overlapping generations", () => {
 
     const status = await env.BUDGETS.getByName(host).status(host, 0);
     const ceiling = status.budget + status.rotationReserve;
+    const from = await markServerLog();
+    // The load: 16 clients at once, each statement holding its connection for 200 ms, so the
+    // pool (5) always has statements running and requests waiting when the switch comes. Each
+    // request notes the logical time it was sent and answered (one counter for the whole test).
+    let clock = 0;
+    let switchedAt: number | null = null;
     let stop = false;
-    const statuses: number[] = [];
-    const failures: string[] = [];
+    const answers: {
+      sent: number;
+      answered: number;
+      status: number;
+      app: string | null;
+      failure: string | null;
+    }[] = [];
     const served = new Set<string>();
-    const load = (async () => {
-      for (let i = 0; i < 2_000 && !stop; i++) {
+    const client = async () => {
+      for (let i = 0; i < 500 && !stop; i++) {
+        const sent = clock++;
         const response = await sqlRequest(tenant.connectionString, {
-          query: "SELECT current_setting('application_name')",
+          query: "SELECT current_setting('application_name'), pg_sleep(0.2)",
           params: [],
         });
-        statuses.push(response.status);
-        if (response.status === 200) served.add(String((await response.json<QueryResult>()).rows[0]?.[0]));
-        else failures.push(await response.text());
+        const answered = clock++;
+        const ok = response.status === 200;
+        const app = ok ? String((await response.json<QueryResult>()).rows[0]?.[0]) : null;
+        if (app) served.add(app);
+        answers.push({
+          sent,
+          answered,
+          status: response.status,
+          app,
+          failure: ok ? null : await response.text(),
+        });
       }
-    })();
-    const samples: { ledger: number; backends: number }[] = [];
+    };
+    const load = Promise.all(Array.from({ length: 16 }, client));
+    const samples: number[] = [];
     const sampler = (async () => {
       for (let i = 0; i < 2_000 && !stop; i++) {
-        samples.push({
-          ledger: await ledgerTotal(host),
-          backends: await hostBackends(host, [tenant, filler]),
-        });
+        samples.push(await ledgerTotal(host));
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
     })();
+    // The switch waits (test hook) until the old generation has statements running: some
+    // requests are then in flight across it, answered by the old generation after the new one
+    // took over.
+    tenantHooksForTests.onRotationStep = async ({ tenantId, step }) => {
+      if (tenantId !== tenant.id || step !== "prepared") return;
+      await pollUntil(
+        () => runningStatements(tenant, `lessor:${tenant.role}:${oldGeneration}`),
+        (n) => n > 0,
+        { attempts: 100, intervalMs: 20 },
+      );
+      switchedAt = clock++;
+    };
 
     await pollUntil(
-      async () => statuses.length,
-      (n) => n >= 5,
+      async () => answers.length,
+      (n) => n >= 16,
     );
-    const response = await rotate(tenant.id);
+    let response: Response;
+    try {
+      response = await rotate(tenant.id);
+    } finally {
+      tenantHooksForTests.onRotationStep = undefined;
+    }
     expect(response.status).toBe(202);
     const { generation } = await response.json<{ generation: number }>();
     expect(generation).toBeGreaterThan(oldGeneration);
@@ -200,9 +236,16 @@ describe("credential rotation through overlapping generations", () => {
 
     stop = true;
     await Promise.all([load, sampler]);
-    expect(statuses.length).toBeGreaterThan(10);
-    expect(failures).toEqual([]);
-    expect(statuses.filter((s) => s !== 200)).toEqual([]);
+    expect(answers.filter((a) => a.status !== 200)).toEqual([]);
+    // The switch came while the load ran, and requests spanned it: sent before, answered after,
+    // by the old generation.
+    if (switchedAt === null) throw new Error("the rotation never reached its switch");
+    const at = switchedAt;
+    const spanned = answers.filter(
+      (a) => a.sent < at && a.answered > at && a.app === `lessor:${tenant.role}:${oldGeneration}`,
+    );
+    expect(spanned.length).toBeGreaterThan(0);
+    expect(answers.some((a) => a.sent > at && a.app === `lessor:${tenant.role}:${generation}`)).toBe(true);
     expect((await sqlRows(tenant, "SELECT who FROM trace ORDER BY who")).map((r) => r[0])).toEqual([
       "first",
       "first-2",
@@ -210,12 +253,23 @@ describe("credential rotation through overlapping generations", () => {
       "second-2",
     ]);
 
-    // Sampled throughout: within budget + rotation reserve, in the ledger and in Postgres.
+    // Within budget + rotation reserve: the ledger, sampled throughout, and Postgres at every
+    // moment (its own connection log): both tenants' backends and the host's admin connections.
+    const to = await markServerLog();
+    const peaks = await connectionPeaks(
+      from,
+      to,
+      { users: [tenant.role, filler.role], appPatterns: [`lessor:host:${host}:%`] },
+      ({ app }) =>
+        app.startsWith(`lessor:host:${host}:`) || app.endsWith(":migrate") ? "maintenance" : "pool",
+    );
     expect(samples.length).toBeGreaterThan(3);
-    expect(Math.max(...samples.map((s) => s.ledger))).toBeLessThanOrEqual(ceiling);
-    expect(Math.max(...samples.map((s) => s.backends))).toBeLessThanOrEqual(ceiling);
-    // The overlap really used the reserve: the ledger went past the pools' share at some point.
-    expect(Math.max(...samples.map((s) => s.ledger))).toBeGreaterThan(status.poolCapacity);
+    expect(Math.max(...samples)).toBeLessThanOrEqual(ceiling);
+    expect(peaks.total, JSON.stringify(peaks)).toBeLessThanOrEqual(ceiling);
+    // The overlap really used the reserve: the ledger went past the pools' share at some point,
+    // and both generations had backends at once (the old one's 5 and the filler's 1 are only 6).
+    expect(Math.max(...samples)).toBeGreaterThan(status.poolCapacity);
+    expect(peaks.pool).toBeGreaterThan(6);
     const after = await env.BUDGETS.getByName(host).status(host, 0);
     expect(after.allocated + after.reserved + after.draining).toBeLessThanOrEqual(status.poolCapacity);
 
@@ -291,41 +345,67 @@ describe("credential rotation through overlapping generations", () => {
     const events = await eventsOf(tenant.id);
     expect(events.map((e) => e.reason)).not.toContain("credential_repaired");
   });
+});
 
-  it("an object killed mid-rotation leaves no live generation behind and the tenant serves again", async () => {
-    const tenant = await createTenant(uniqueTenantId("rotkill"), { host: "local", tier: "free" });
-    await sqlRows(tenant, "SELECT 1");
-    const from = (await runtimeOf(tenant.id)).generation;
-    const pending = rotate(tenant.id).then((r) => r.status);
-    // Kill the object as soon as the new generation has a backend (its pool is being proved or has switched).
-    await pollUntil(
-      () => tenantBackends(tenant),
-      (apps) => apps.some((app) => app.endsWith(`:${from + 1}`)),
-      { attempts: 200, intervalMs: 10 },
-    );
-    await runInDurableObject(env.TENANTS.getByName(tenant.id), (_instance, state) => {
-      state.abort("test: killed mid-rotation");
-    }).catch(() => undefined);
-    await pending.catch(() => 0);
+describe("an object killed mid-rotation", () => {
+  const steps: readonly RotationStep[] = ["admitted", "password_changed", "resealed", "prepared", "switched"];
 
-    const restarted = await runtimeOf(tenant.id);
-    expect(restarted.state).toBe("stopped");
-    expect((restarted as unknown as { retiring: unknown; rotatingTo: unknown }).retiring).toBeNull();
-    expect((restarted as unknown as { rotatingTo: unknown }).rotatingTo).toBeNull();
-    // The next request starts one generation (fencing whatever the dead ones left) and serves.
-    const app = (await sqlRows(tenant, "SELECT current_setting('application_name')"))[0]?.[0];
-    const serving = (await runtimeOf(tenant.id)).generation;
-    expect(serving).toBeGreaterThan(from + 1);
-    expect(app).toBe(`lessor:${tenant.role}:${serving}`);
-    const backends = await pollUntil(
-      () => tenantBackends(tenant),
-      (apps) => apps.every((a) => a.endsWith(`:${serving}`)),
-    );
-    expect(backends.every((a) => a.endsWith(`:${serving}`))).toBe(true);
-    // The ledger holds only the serving generation for this tenant.
-    const ledger = await env.BUDGETS.getByName("local").evictionReport("local", 1);
-    expect(ledger.pools.filter((p) => p.tenantId === tenant.id).map((p) => p.generation)).toEqual([serving]);
+  afterEach(() => {
+    tenantHooksForTests.onRotationStep = undefined;
   });
+
+  for (const at of steps) {
+    it(`killed right after "${at}": the caller is told, no live generation is left behind, and the tenant serves again`, async () => {
+      const tenant = await createTenant(uniqueTenantId("rotkill"), { host: "local", tier: "free" });
+      await sqlRows(tenant, "SELECT 1");
+      const from = (await runtimeOf(tenant.id)).generation;
+      const seen: RotationStep[] = [];
+      tenantHooksForTests.onRotationStep = (event) => {
+        if (event.tenantId !== tenant.id) return;
+        seen.push(event.step);
+        if (event.step !== at) return;
+        event.abortObject(`test: killed mid-rotation after ${at}`);
+        // Nothing of the dead instance runs past this step, as after a real crash.
+        return new Promise<void>(() => undefined);
+      };
+      const answer = await rotate(tenant.id);
+      tenantHooksForTests.onRotationStep = undefined;
+      // It died exactly there, after every step before it, and its caller got a retryable answer.
+      expect(seen).toEqual(steps.slice(0, steps.indexOf(at) + 1));
+      expect(answer.status).toBe(503);
+      expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+      expect(await answer.json()).toMatchObject({ code: "object_unavailable" });
+
+      const restarted = await runtimeOf(tenant.id);
+      expect(restarted.state).toBe("stopped");
+      expect((restarted as unknown as { retiring: unknown }).retiring).toBeNull();
+      expect((restarted as unknown as { rotatingTo: unknown }).rotatingTo).toBeNull();
+      // The next request starts one generation (fencing whatever the dead ones left) and serves.
+      const app = (await sqlRows(tenant, "SELECT current_setting('application_name')"))[0]?.[0];
+      const serving = (await runtimeOf(tenant.id)).generation;
+      expect(serving).toBeGreaterThan(from);
+      expect(app).toBe(`lessor:${tenant.role}:${serving}`);
+      const backends = await pollUntil(
+        () => tenantBackends(tenant),
+        (apps) => apps.every((a) => a.endsWith(`:${serving}`)),
+      );
+      expect(backends.every((a) => a.endsWith(`:${serving}`))).toBe(true);
+      // The ledger holds only the serving generation for this tenant.
+      const ledger = await env.BUDGETS.getByName("local").evictionReport("local", 1);
+      expect(ledger.pools.filter((p) => p.tenantId === tenant.id).map((p) => p.generation)).toEqual([
+        serving,
+      ]);
+      // Where it died decides how the start logged in: killed between the password change and
+      // the reseal, the role had a password the control plane never held, and the start set it back.
+      const reasons = (
+        await pollUntil(
+          () => eventsOf(tenant.id),
+          (list) => list.some((e) => e.generation === serving && e.to === "ready"),
+        )
+      ).map((e) => e.reason);
+      expect(reasons.includes("credential_repaired")).toBe(at === "password_changed");
+    });
+  }
 });
 
 describe("scheduled rotation", () => {
@@ -356,7 +436,16 @@ describe("scheduled rotation", () => {
     const shown = await (await admin(`/v1/tenants/${old.id}`)).json<{
       tenant: { credentialRotatedAt: string };
     }>();
-    expect(Date.now() - Date.parse(shown.tenant.credentialRotatedAt)).toBeLessThan(3_600_000);
+    // The catalog's new seal time, shown as is (no longer the one from 400 days ago).
+    const sealedAt = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT (extract(epoch FROM sealed_at) * 1000)::float8 AS ms, sealed_at > now() - interval '400 days' AS renewed FROM tenant_credentials WHERE tenant_id = $1",
+        [old.id],
+      );
+      return rows[0] as { ms: number; renewed: boolean };
+    }, "lessor");
+    expect(sealedAt.renewed).toBe(true);
+    expect(Date.parse(shown.tenant.credentialRotatedAt)).toBe(Math.floor(Number(sealedAt.ms)));
     // Nothing else was due: the fresh tenant kept its credential; a second run finds nothing.
     expect(await sealedOf(fresh.id)).toBe(before);
     const again = await credentialRotationJob.run(policyEnv, {

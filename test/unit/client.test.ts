@@ -4,7 +4,7 @@
  * slept). The stack tests (test/integration/client.test.ts) run the same client against real Lessor.
  */
 import { NeonDbError, neon, neonConfig } from "@neondatabase/serverless";
-import { afterEach, describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import { createClient } from "../../src/client/client.ts";
 import { LessorResponseError } from "../../src/client/errors.ts";
 import type { Clock } from "../../src/client/retry.ts";
@@ -283,15 +283,24 @@ describe("createClient: sql", () => {
   it("stops waiting when the caller's signal aborts", async () => {
     const lessor = fakeLessor(refusal(503, "tenant_draining", 1));
     const controller = new AbortController();
+    // A clock whose waits end only when the signal aborts: the call can settle only by stopping.
+    const waits: number[] = [];
     const { sql } = createClient(connectionString, {
       fetch: lessor.fetch,
       fetchOptions: { signal: controller.signal },
+      clock: {
+        now: () => 0,
+        sleep: (ms, signal) =>
+          new Promise<void>((_resolve, reject) => {
+            waits.push(ms);
+            signal?.addEventListener("abort", () => reject(signal.reason), { once: true });
+          }),
+      },
     });
     const pending = sql`SELECT 1`.catch((caught: unknown) => caught);
-    setTimeout(() => controller.abort(new Error("gave up")), 20);
-    const started = Date.now();
+    await vi.waitFor(() => expect(waits).toHaveLength(1));
+    controller.abort(new Error("gave up"));
     const error = await pending;
-    expect(Date.now() - started).toBeLessThan(900);
     expect(String(error)).toContain("gave up");
   });
 });

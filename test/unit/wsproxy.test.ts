@@ -4,7 +4,7 @@
  */
 import { createRequire } from "node:module";
 import { connect, createServer, type Server, Socket } from "node:net";
-import { afterEach, describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it, vi } from "vitest";
 import type { WebSocket as WsClient } from "ws";
 import { startWsProxy, type WsProxy, type WsProxyLimits, type WsProxyStats } from "../../local/wsproxy.ts";
 
@@ -13,7 +13,9 @@ const require = createRequire(import.meta.url);
 const { WebSocket } = require("ws") as typeof import("ws");
 
 const MiB = 1024 * 1024;
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+// Real time, whatever clock a test fakes for the proxy.
+const realSetTimeout = globalThis.setTimeout;
+const sleep = (ms: number) => new Promise<void>((resolve) => realSetTimeout(resolve, ms));
 
 /** A TCP target that records what reaches it; `echo` sends every byte back. */
 interface Target {
@@ -95,15 +97,21 @@ function closed(ws: WsClient): Promise<number> {
   return new Promise((resolve) => ws.once("close", (code: number) => resolve(code)));
 }
 
-/** Resolves with how long a raw socket stayed open (it must be closed by the other side). */
-function rawSocketLifetime(port: number, send?: string): Promise<number> {
-  const started = Date.now();
+/** A raw socket to the proxy; `closed` is set once the other side closed it. */
+function rawSocket(port: number, send?: string): { closed: () => boolean; close: Promise<void> } {
   const socket = connect({ host: "127.0.0.1", port });
   socket.on("error", () => undefined);
   cleanups.push(() => void socket.destroy());
   if (send !== undefined) socket.write(send);
   socket.resume();
-  return new Promise((resolve) => socket.once("close", () => resolve(Date.now() - started)));
+  let closed = false;
+  const close = new Promise<void>((resolve) =>
+    socket.once("close", () => {
+      closed = true;
+      resolve();
+    }),
+  );
+  return { closed: () => closed, close };
 }
 
 async function control(proxy: WsProxy, path: string): Promise<{ status: number; stats?: WsProxyStats }> {
@@ -127,62 +135,86 @@ describe("wsproxy", () => {
 
   it("closes a socket that sends nothing, half an upgrade, or upgrades and stays silent", async () => {
     const target = await startTarget();
-    const proxy = await startProxy(target, { handshakeTimeoutMs: 200 });
-    const silent = rawSocketLifetime(proxy.port);
-    const halfUpgrade = rawSocketLifetime(
-      proxy.port,
-      `GET /v2?address=${target.address} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n`,
-    );
-    const mute = await openTunnel(proxy, target.address);
-    const talker = await openTunnel(proxy, target.address);
-    talker.send(Buffer.from("hello"));
-    expect(String(await nextMessage(talker))).toBe("hello");
+    // The proxy's timers run on a clock the test moves (sockets stay real).
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+    try {
+      const proxy = await startProxy(target, { handshakeTimeoutMs: 200 });
+      const silent = rawSocket(proxy.port);
+      const halfUpgrade = rawSocket(
+        proxy.port,
+        `GET /v2?address=${target.address} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n`,
+      );
+      const mute = await openTunnel(proxy, target.address);
+      const muteClosed = closed(mute);
+      const talker = await openTunnel(proxy, target.address);
+      talker.send(Buffer.from("hello"));
+      expect(String(await nextMessage(talker))).toBe("hello");
 
-    for (const lifetime of await Promise.all([silent, halfUpgrade])) {
-      expect(lifetime).toBeGreaterThanOrEqual(150);
-      expect(lifetime).toBeLessThan(1500);
+      // Just before the deadline nothing is closed; at it, every socket that has not spoken is.
+      vi.advanceTimersByTime(199);
+      await sleep(50);
+      expect([silent.closed(), halfUpgrade.closed(), mute.readyState]).toEqual([
+        false,
+        false,
+        WebSocket.OPEN,
+      ]);
+      vi.advanceTimersByTime(1);
+      await Promise.all([silent.close, halfUpgrade.close]);
+      expect(await muteClosed).toBe(1006);
+      // The talker finished its handshake by speaking: the deadline no longer applies to it.
+      expect(talker.readyState).toBe(WebSocket.OPEN);
+      talker.send(Buffer.from("still here"));
+      expect(String(await nextMessage(talker))).toBe("still here");
+    } finally {
+      vi.useRealTimers();
     }
-    expect(await closed(mute)).toBe(1006);
-    // The talker finished its handshake by speaking: the deadline no longer applies to it.
-    expect(talker.readyState).toBe(WebSocket.OPEN);
-    talker.send(Buffer.from("still here"));
-    expect(String(await nextMessage(talker))).toBe("still here");
   });
 
   it("drops sockets past the handshake cap on accept", async () => {
     const target = await startTarget();
-    const proxy = await startProxy(target, { handshakeTimeoutMs: 5000, maxHandshakes: 2 });
-    const held = [0, 1].map(() =>
-      connect({ host: "127.0.0.1", port: proxy.port }).on("error", () => undefined),
-    );
-    await sleep(100);
-    // Dropped on accept, long before its own handshake deadline.
-    expect(await rawSocketLifetime(proxy.port)).toBeLessThan(1000);
-    for (const socket of held) socket.destroy();
-    await sleep(50);
-    const ws = await openTunnel(proxy, target.address);
-    ws.send(Buffer.from("ok"));
-    expect(String(await nextMessage(ws))).toBe("ok");
+    // The handshake deadline's clock never moves here: a socket that closes was dropped on accept.
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+    try {
+      const proxy = await startProxy(target, { handshakeTimeoutMs: 5000, maxHandshakes: 2 });
+      const held = [0, 1].map(() =>
+        connect({ host: "127.0.0.1", port: proxy.port }).on("error", () => undefined),
+      );
+      await sleep(100);
+      await rawSocket(proxy.port).close;
+      for (const socket of held) socket.destroy();
+      await sleep(50);
+      const ws = await openTunnel(proxy, target.address);
+      ws.send(Buffer.from("ok"));
+      expect(String(await nextMessage(ws))).toBe("ok");
+    } finally {
+      vi.useRealTimers();
+    }
   });
 
   it("closes a tunnel idle both ways, and keeps one that has traffic", async () => {
     const target = await startTarget();
-    const proxy = await startProxy(target, { idleTimeoutMs: 300 });
-    const idle = await openTunnel(proxy, target.address);
-    idle.send(Buffer.from("x"));
-    await nextMessage(idle);
-    const busy = await openTunnel(proxy, target.address);
-    const started = Date.now();
-    const idleClosed = closed(idle);
-    for (let i = 0; i < 8; i++) {
-      busy.send(Buffer.from(`tick ${i}`));
-      expect(String(await nextMessage(busy))).toBe(`tick ${i}`);
-      await sleep(100);
+    // The proxy's timers run on a clock the test moves (sockets stay real): which tunnel is idle is
+    // decided by the test's steps, not by how busy the machine is.
+    vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout"] });
+    try {
+      const proxy = await startProxy(target, { idleTimeoutMs: 300 });
+      const idle = await openTunnel(proxy, target.address);
+      idle.send(Buffer.from("x"));
+      await nextMessage(idle);
+      const busy = await openTunnel(proxy, target.address);
+      const idleClosed = closed(idle);
+      // 800 ms of the proxy's clock in steps of 100, the busy tunnel answering at every step.
+      for (let i = 0; i < 8; i++) {
+        busy.send(Buffer.from(`tick ${i}`));
+        expect(String(await nextMessage(busy))).toBe(`tick ${i}`);
+        vi.advanceTimersByTime(100);
+      }
+      expect(await idleClosed).toBe(1001);
+      expect(busy.readyState).toBe(WebSocket.OPEN);
+      expect(proxy.stats().open[target.address]).toBe(1);
+    } finally {
+      vi.useRealTimers();
     }
-    expect(await idleClosed).toBe(1001);
-    expect(Date.now() - started).toBeGreaterThan(800);
-    expect(busy.readyState).toBe(WebSocket.OPEN);
-    expect(proxy.stats().open[target.address]).toBe(1);
   });
 
   it("answers 503 past the tunnel cap, and opens again once a tunnel closes", async () => {

@@ -18,6 +18,7 @@ import { localCronEnabled, startLocalCron } from "./cron.ts";
 import { lineSplitter, stackOutputFilter } from "./output-filter.ts";
 import { claimStateDir, describeRunning, portFromEnv, portInUse } from "./preflight.ts";
 import { type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
+import { quietWranglerEnv } from "./wrangler-env.ts";
 
 interface LocalSecrets {
   adminKey: string;
@@ -162,7 +163,7 @@ if (stack && !stopping) {
       testScheduled: true,
       extra: process.argv.slice(2),
     }),
-    { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true },
+    { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true, env: quietWranglerEnv() },
   );
   wrangler = child;
   child.on("exit", (code) => void shutdown(code ?? 0));

@@ -86,7 +86,10 @@ if (extra.length > 0) {
   );
   const seconds = Math.round((Date.now() - started) / 1000);
   const failed = halves.filter((_, i) => codes[i] !== 0).map((half) => half.name);
-  const hidden = abortsHidden > 0 ? ` (${abortsHidden} objects aborted on purpose by tests; workerd's echoes not shown)` : "";
+  const hidden =
+    abortsHidden > 0
+      ? ` (${abortsHidden} objects aborted on purpose by tests; workerd's echoes not shown)`
+      : "";
   process.stdout.write(
     failed.length === 0
       ? `npm test: both halves passed in ${seconds} s${hidden}\n`

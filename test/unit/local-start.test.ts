@@ -19,6 +19,7 @@ import {
 } from "../../local/cron.ts";
 import { lineSplitter, stackOutputFilter } from "../../local/output-filter.ts";
 import { claimStateDir, describeRunning, isRunning, portFromEnv, portInUse } from "../../local/preflight.ts";
+import { quietWranglerEnv } from "../../local/wrangler-env.ts";
 
 const cleanups: (() => void | Promise<void>)[] = [];
 afterEach(async () => {
@@ -237,5 +238,31 @@ describe("npm start: cron self-trigger", () => {
     expect(hits).toBeLessThanOrEqual(hitsAtStop + 1);
     expect(lines.length).toBeGreaterThanOrEqual(1);
     for (const line of lines) expect(line).toBe("[cron] scheduled self-trigger failed: HTTP 503: nope");
+  });
+});
+
+describe("npm start: nothing phones home", () => {
+  it("runs wrangler with the cf fetch, metrics, error reports and update check off", () => {
+    const env = quietWranglerEnv({ PATH: "/bin" });
+    expect(env).toMatchObject({
+      PATH: "/bin",
+      CLOUDFLARE_CF_FETCH_ENABLED: "false",
+      WRANGLER_SEND_METRICS: "false",
+      WRANGLER_SEND_ERROR_REPORTS: "false",
+      WRANGLER_HIDE_BANNER: "true",
+    });
+  });
+
+  it("lets the environment turn any of them back on", () => {
+    expect(quietWranglerEnv({ CLOUDFLARE_CF_FETCH_ENABLED: "true" }).CLOUDFLARE_CF_FETCH_ENABLED).toBe(
+      "true",
+    );
+  });
+
+  it("is what npm start and the demo spawn wrangler with, and wrangler.toml sends no metrics", () => {
+    const read = (file: string) => readFileSync(join(import.meta.dirname, "../..", file), "utf8");
+    expect(read("local/start.ts")).toContain("env: quietWranglerEnv()");
+    expect(read("local/demo.ts")).toContain("env: quietWranglerEnv(");
+    expect(read("wrangler.toml")).toMatch(/^send_metrics = false$/m);
   });
 });

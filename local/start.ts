@@ -69,7 +69,7 @@ try {
 }
 const cronOn = localCronEnabled(process.env.LESSOR_LOCAL_CRON);
 
-const claim = claimStateDir(stateDir);
+const claim = claimStateDir(stateDir, process.pid, `http://127.0.0.1:${port}`);
 if (!claim.ok) fail(describeRunning(claim.running, stateDir));
 process.on("exit", () => claim.release());
 

@@ -73,13 +73,35 @@ describe("npm start: already running", () => {
   it("refuses while the pid file's Lessor runs, with the line npm start prints", async () => {
     const dir = tempStateDir();
     const other = sleeper("local/start.ts");
-    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\n`);
-    const claim = claimStateDir(dir);
-    expect(claim).toEqual({ ok: false, running: { kind: "lessor", pid: other.pid } });
+    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\nhttp://127.0.0.1:8790\n`);
+    const claim = claimStateDir(dir, process.pid, "http://127.0.0.1:8787");
+    expect(claim).toEqual({
+      ok: false,
+      running: { kind: "lessor", pid: other.pid, url: "http://127.0.0.1:8790" },
+    });
+    // Where it runs, and how to stop it.
     if (!claim.ok)
-      expect(describeRunning(claim.running, dir)).toBe(`Lessor is already running (pid ${other.pid})`);
+      expect(describeRunning(claim.running, dir)).toBe(
+        `Lessor is already running at http://127.0.0.1:8790 (pid ${other.pid}, state in ${dir}); ` +
+          `use it, or stop it with Ctrl-C in its terminal or: kill -INT ${other.pid}`,
+      );
     // The refused start leaves the running one's pid file alone.
-    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${other.pid}\n`);
+    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${other.pid}\nhttp://127.0.0.1:8790\n`);
+  });
+
+  it("writes where it serves into its pid file, and a pid file without it still refuses", async () => {
+    const dir = tempStateDir();
+    const claim = claimStateDir(dir, process.pid, "http://127.0.0.1:8787");
+    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${process.pid}\nhttp://127.0.0.1:8787\n`);
+    if (claim.ok) claim.release();
+    const other = sleeper("local/start.ts");
+    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\n`);
+    const refused = claimStateDir(dir);
+    if (!refused.ok)
+      expect(describeRunning(refused.running, dir)).toMatch(
+        /^Lessor is already running \(pid \d+, state in /,
+      );
+    expect(refused.ok).toBe(false);
   });
 
   it.skipIf(!hasProc)("takes a live pid of an unrelated process for a stale one (pid reuse)", () => {

@@ -51,6 +51,9 @@ export interface LiveLease {
 /** Who a connection is logged in as: the tenant role, or the tenant's end-user login role. */
 export type ConnectionKind = "tenant" | "jwt";
 
+/** Where the pool keeps its last use for the next instance of the object (kv). */
+const lastUsedKey = "lastUsed";
+
 /** How long a checkout waits for a connection of the shared capacity (the driver pool's own bound). */
 const checkoutWaitMs = 10_000;
 
@@ -79,6 +82,7 @@ export class TenantPool {
   private leaseCount = 0;
   private idleSince: number | null = null;
   private lastUsed: number | null = null;
+  private lastUsedPersisted: number | null = null;
   private readonly leasesDrained: (() => void)[] = [];
   /** Set when this pool refused an eviction because it was busy; cleared by the next idle report. */
   private budgetWaitsForIdle = false;
@@ -118,6 +122,26 @@ export class TenantPool {
 
   get lastUsedAt(): number | null {
     return this.lastUsed;
+  }
+
+  /**
+   * Keeps the last use in storage when it changed: from the heartbeat (at most one write per beat,
+   * none on the request path) and when the pool stops. Without it, an object evicted after its
+   * pool's idle stop answered `lastUsedAt: null` minutes after the tenant's last request.
+   */
+  persistLastUsed(): void {
+    if (this.lastUsed === null || this.lastUsed === this.lastUsedPersisted || !this.rt.storage.isOpen) return;
+    this.rt.storage.write(lastUsedKey, this.lastUsed);
+    this.lastUsedPersisted = this.lastUsed;
+  }
+
+  /** The last use a previous instance of the object kept (see {@link persistLastUsed}). */
+  restoreLastUsed(): void {
+    const kept = this.rt.storage.read<number>(lastUsedKey);
+    if (kept !== null && (this.lastUsed === null || kept > this.lastUsed)) {
+      this.lastUsed = kept;
+      this.lastUsedPersisted = kept;
+    }
   }
 
   /** A session lease ran a statement: the pool is in use even though no new lease was taken. */
@@ -631,6 +655,7 @@ export class TenantPool {
     this.closing.add(generation);
     rt.apply(beginDrain(rt.lifecycle), reason);
     rt.apply(stopped(rt.lifecycle, generation), "drained");
+    this.persistLastUsed();
     try {
       await Promise.all([pool.end().catch(() => undefined), jwtPool?.end().catch(() => undefined)]);
     } finally {

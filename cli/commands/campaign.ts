@@ -1,4 +1,4 @@
-/** `lessorctl campaign …`: create, watch and steer migration campaigns (README, Migrations). */
+/** `lessorctl campaign …`: create, watch and steer migration campaigns (docs/migrations.md). */
 import type { Command } from "commander";
 import type { CampaignTally, CohortTally } from "../../src/core/campaign.ts";
 import type { CommandContext } from "../context.ts";
@@ -86,7 +86,8 @@ export function campaignLine(answer: CampaignAnswer): string {
     skipped: p.skipped,
     remaining: p.remaining,
     total: p.total,
-    batch: p.batch,
+    // Only a campaign that still runs has a batch: a finished one shows `-`, not 0.
+    batch: finished.has(answer.campaign.state) ? null : p.batch,
     canary: p.canary,
     blocked: answer.campaign.blockedReason,
     reason: answer.campaign.reason,
@@ -106,7 +107,7 @@ const list = (raw: string | undefined) =>
 export function register(program: Command, ctx: CommandContext): void {
   const campaign = program
     .command("campaign")
-    .description("migration campaigns: create, list, status (--watch), pause, resume, abort");
+    .description("migration campaigns: create, list, status (--watch), pause, resume, cancel");
   const path = (id: string) => `/v1/campaigns/${encodeURIComponent(id)}`;
 
   campaign
@@ -269,11 +270,12 @@ Output:
   for (const [action, route, what] of [
     ["pause", "pause", "stop claiming tenants; the ones running finish"],
     ["resume", "resume", "go on from where the campaign was paused"],
-    ["abort", "cancel", "cancel the campaign for good; tenants already migrated stay migrated"],
+    ["cancel", "cancel", "cancel the campaign for good; tenants already migrated stay migrated"],
   ] as const) {
-    campaign
-      .command(action)
-      .description(what)
+    const steer = campaign.command(action).description(what);
+    // `abort` was this command's first name; the API and the docs say cancel.
+    if (action === "cancel") steer.alias("abort");
+    steer
       .argument("<campaign>", "campaign id (cmp_…)")
       .action(async (id: string, _options: unknown, command: Command) => {
         const answer = await ctx

@@ -10,6 +10,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
+import { startBanner } from "../../local/banner.ts";
 import {
   localCronEnabled,
   msUntilNextMinute,
@@ -286,5 +287,34 @@ describe("npm start: nothing phones home", () => {
     expect(read("local/start.ts")).toContain("env: quietWranglerEnv()");
     expect(read("local/demo.ts")).toContain("env: quietWranglerEnv(");
     expect(read("wrangler.toml")).toMatch(/^send_metrics = false$/m);
+  });
+});
+
+describe("npm start: the banner", () => {
+  const facts = {
+    baseUrl: "http://127.0.0.1:8787",
+    pid: 4242,
+    adminKey: "lak_key",
+    pgPort: 54329,
+    cron: { on: true } as const,
+  };
+
+  it("on a first start, gives the quickstart with the variables the docs use", () => {
+    const lines = startBanner({ ...facts, firstStart: true });
+    expect(lines).toContain("Lessor is running at http://127.0.0.1:8787 (pid 4242; Ctrl-C stops it)");
+    expect(lines).toContain("Admin key: lak_key (kept in .lessor/secrets.json)");
+    expect(lines).toContain("  export LESSOR_URL=http://127.0.0.1:8787");
+    expect(lines).toContain(
+      "  export LESSOR_CONNECTION_STRING=$(npx lessorctl tenants create acme --connection-string)",
+    );
+    expect(lines.join("\n")).toContain("to start over: stop Lessor, rm -rf .lessor, npm start");
+  });
+
+  it("after a restart, suggests no tenant that already exists (acme would answer 409)", () => {
+    const lines = startBanner({ ...facts, firstStart: false, cron: { on: false, setting: "off" } });
+    expect(lines.join("\n")).not.toContain("create acme");
+    expect(lines.join("\n")).toContain("npx lessorctl tenants create <new id> --connection-string");
+    expect(lines.join("\n")).toContain("npx lessorctl tenants key <id> --connection-string");
+    expect(lines.join("\n")).toContain("Cron: off (LESSOR_LOCAL_CRON=off)");
   });
 });

@@ -1,7 +1,7 @@
 /**
  * A local identity provider in a few lines, for `lessorctl jwt dev`: an ES256 key pair, the JWT
  * configuration that trusts its public half as a static key set, and tokens for named users. Only
- * jose, no Node or Workers API, so the stack tests mint the README's tokens with the same code
+ * jose, no Node or Workers API, so the stack tests mint docs/rls.md's tokens with the same code
  * (test/integration/examples.test.ts). Never for production: a deployed tenant's tokens come from
  * its identity provider (`PUT /v1/tenants/:id/jwt` with its `jwksUrl`).
  */

@@ -125,6 +125,7 @@ export function register(program: Command, ctx: CommandContext): void {
     .option("--force", "apply contract steps although old app versions were seen recently")
     .option("--drain-timeout-ms <ms>", "how long a tenant's leases may take to drain before it is skipped")
     .option("--stability-window-ms <ms>", "how long the canary must stay healthy before the rollout")
+    .option("--id", "print only the new campaign's id (for $(…))")
     .action(
       async (
         options: {
@@ -137,6 +138,7 @@ export function register(program: Command, ctx: CommandContext): void {
           force?: boolean;
           drainTimeoutMs?: string;
           stabilityWindowMs?: string;
+          id?: boolean;
         },
         command: Command,
       ) => {
@@ -160,6 +162,7 @@ export function register(program: Command, ctx: CommandContext): void {
           canary: string[];
           alreadyCurrent: number;
         }>("POST", "/v1/campaigns", { body });
+        if (options.id === true) return ctx.out.line(answer.campaign.id);
         ctx.print(command, answer, () =>
           ctx.out.line(
             kv("", {

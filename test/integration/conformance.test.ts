@@ -1,7 +1,7 @@
 /**
  * Neon HTTP protocol conformance (issue 20, items 1–5): what the official driver and other HTTP
  * clients see where Lessor once differed from Neon's endpoint. The driver where it can; raw HTTP for
- * the header variants the driver never sends. The README's conformance table points here.
+ * the header variants the driver never sends. docs/neon-conformance.md points here.
  */
 import { neon } from "@neondatabase/serverless";
 import { beforeAll, describe, expect, it } from "vitest";

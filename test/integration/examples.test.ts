@@ -1,6 +1,6 @@
 /**
- * Every file in examples/ runs against the test stack, so the README's quotes of them never rot
- * (test/unit/client-examples.test.ts checks that the README quotes them verbatim and that this file
+ * Every file in examples/ runs against the test stack, so the docs' quotes of them never rot
+ * (test/unit/client-examples.test.ts checks that the README and docs/examples.md quote them verbatim and that this file
  * imports each one). Each example exports `main(options)`; here it gets a fresh tenant's connection
  * string and Lessor's fetch handler, and no LESSOR_URL, so it finds Lessor from the connection
  * string's host and port as it does on a laptop.

@@ -1,7 +1,7 @@
 /**
  * lessorctl driven in-process with a fake `fetch`: the output formats (the seed's capacity lines,
  * status, eviction dry run, campaign progress), `--json`, error codes and exit codes, and help.
- * tests/browser and the README's captured output run it against a real Lessor.
+ * tests/browser and the captured output in docs/operating.md run it against a real Lessor.
  */
 import { mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -353,6 +353,26 @@ describe("lessorctl campaign", () => {
     });
     expect(cancelled.code).toBe(0);
     expect(cancelled.stdout).toEqual(["campaign=cmp_0123456789abcdef state=cancelled to_version=3 reason=-"]);
+  });
+
+  it("create --id prints only the new campaign's id, for $(…)", async () => {
+    const run = await lessorctl(
+      ["campaign", "create", "--to-version", "4", "--canary-percent", "5", "--id"],
+      {
+        "POST /v1/campaigns": () =>
+          Response.json(
+            {
+              campaign: { id: "cmp_0123456789abcdef", state: "pending", toVersion: 4 },
+              enrolled: 3,
+              canary: ["a"],
+              alreadyCurrent: 0,
+            },
+            { status: 201 },
+          ),
+      },
+    );
+    expect(run.stdout).toEqual(["cmp_0123456789abcdef"]);
+    expect(await run.requests[0]?.json()).toEqual({ toVersion: 4, canaryPercent: 5 });
   });
 
   it("create sends only the options given", async () => {

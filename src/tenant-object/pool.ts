@@ -125,9 +125,20 @@ export class TenantPool {
   }
 
   /**
-   * Keeps the last use in storage when it changed: from the heartbeat (at most one write per beat,
-   * none on the request path) and when the pool stops. Without it, an object evicted after its
-   * pool's idle stop answered `lastUsedAt: null` minutes after the tenant's last request.
+   * A request used the pool. The first use an instance of the object sees is kept at once (one
+   * storage write per instance), so a deploy or a reset right after it cannot lose it; later ones
+   * are kept by the heartbeat.
+   */
+  private touch(): void {
+    this.lastUsed = Date.now();
+    if (this.lastUsedPersisted === null) this.persistLastUsed();
+  }
+
+  /**
+   * Keeps the last use in storage when it changed: from the heartbeat (at most one write per beat)
+   * and when the pool stops; on the request path only the first use of an instance (`touch`).
+   * Without it, an object evicted after its pool's idle stop answered `lastUsedAt: null` minutes
+   * after the tenant's last request.
    */
   persistLastUsed(): void {
     if (this.lastUsed === null || this.lastUsed === this.lastUsedPersisted || !this.rt.storage.isOpen) return;
@@ -146,7 +157,7 @@ export class TenantPool {
 
   /** A session lease ran a statement: the pool is in use even though no new lease was taken. */
   markUsed(): void {
-    this.lastUsed = Date.now();
+    this.touch();
   }
 
   /** When the ready pool last became idle (null while leased or not ready). */
@@ -203,7 +214,7 @@ export class TenantPool {
           if (!this.pool || !this.poolTarget || this.poolGeneration !== this.rt.lifecycle.generation) break;
           this.leaseCount++;
           this.idleSince = null;
-          this.lastUsed = Date.now();
+          this.touch();
           return { generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":

@@ -27,6 +27,8 @@ const secondHalf = [
   "bad-input",
   "rotation",
   "jwt",
+  "messages",
+  "prompt-close",
 ].map((file) => `test/integration/${file}.test.ts`);
 
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {

@@ -21,14 +21,14 @@ const secondHalf = [
   "tenants-paging",
   "usage-readers",
   "examples",
+  "messages",
+  "prompt-close",
   "client",
   "drain",
   "smoke",
   "bad-input",
   "rotation",
   "jwt",
-  "messages",
-  "prompt-close",
 ].map((file) => `test/integration/${file}.test.ts`);
 
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {

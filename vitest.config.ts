@@ -20,6 +20,8 @@ const secondHalf = [
   "tenants-paging",
   "usage-readers",
   "examples",
+  "messages",
+  "prompt-close",
   "client",
   "drain",
   "smoke",

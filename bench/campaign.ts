@@ -10,7 +10,7 @@
  *
  * tenants/s = tenants migrated / wall time from the first tick to `done`. Ticks run back to back
  * here; in production the cron fires once a minute, so a campaign moves `concurrency` tenants per
- * minute there (see README, "Migrations").
+ * minute there (see docs/migrations.md).
  *
  *     npm run bench:campaign                       # 100 tenants
  *     TENANTS=200 npm run bench:campaign

@@ -28,6 +28,8 @@ export interface GlobalOptions {
 
 export interface CommandContext {
   out: Output;
+  /** The folder lessorctl runs in (where `npm start` keeps `.lessor/`). */
+  cwd: string;
   /** The process' exit code once the command returns (an error answer sets it too). */
   exit: { code: number };
   sleep: (ms: number) => Promise<void>;
@@ -61,6 +63,7 @@ export function commandContext(environment: CliEnvironment): CommandContext {
   const globals = (command: Command) => command.optsWithGlobals<GlobalOptions>();
   return {
     out: environment.out,
+    cwd: environment.cwd,
     exit: { code: 0 },
     sleep: environment.sleep,
     client(command) {

@@ -7,6 +7,7 @@ import { Command, CommanderError } from "commander";
 import { ApiError } from "./client.ts";
 import * as campaign from "./commands/campaign.ts";
 import * as capacity from "./commands/capacity.ts";
+import * as jwt from "./commands/jwt.ts";
 import * as reseal from "./commands/reseal.ts";
 import * as tenant from "./commands/tenant.ts";
 import * as tenants from "./commands/tenants.ts";
@@ -19,6 +20,7 @@ const commandGroups: readonly { register(program: Command, ctx: CommandContext):
   tenants,
   campaign,
   reseal,
+  jwt,
 ];
 
 /** Builds the program; `--help` output is commander's, from the descriptions below. */
@@ -50,6 +52,7 @@ Errors print the API's code and message on stderr and exit non-zero:
   error code=tenant_not_found status=404 message="No such tenant."
 
 Examples:
+  npx lessorctl tenants create acme --connection-string
   npx lessorctl capacity
   npx lessorctl status acme
   npx lessorctl evict --dry-run --host local

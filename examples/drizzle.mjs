@@ -28,7 +28,8 @@ export async function main({
   lessorUrl = process.env.LESSOR_URL,
   fetchFunction,
 } = {}) {
-  if (!connectionString) throw new Error("Set LESSOR_CONNECTION_STRING (POST /v1/tenants returns it).");
+  if (!connectionString)
+    throw new Error("Set LESSOR_CONNECTION_STRING: `npx lessorctl tenants create <id>` prints it.");
   // The driver sends its queries to Lessor's /sql: at LESSOR_URL if set, else at the host and port
   // the connection string names (Lessor writes its own address there), so no port is written here.
   // Plain http only on this machine; deployed, Lessor is https.

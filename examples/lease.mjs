@@ -2,7 +2,7 @@
 // A session lease with lessor/client: one connection held across requests, for a transaction that
 // reads, decides in code, then writes. Rows come back typed as neon() types them.
 //
-//   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' node examples/lease.mjs
+//   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' npx node examples/lease.mjs
 //
 // lessor/client ships from this repository as TypeScript: run this from the Lessor checkout with
 // Node 22.18 or newer, which runs TypeScript as it is (`npx node examples/lease.mjs` uses the
@@ -21,7 +21,8 @@ export async function main({
   lessorUrl = process.env.LESSOR_URL,
   fetchFunction,
 } = {}) {
-  if (!connectionString) throw new Error("Set LESSOR_CONNECTION_STRING (POST /v1/tenants returns it).");
+  if (!connectionString)
+    throw new Error("Set LESSOR_CONNECTION_STRING: `npx lessorctl tenants create <id>` prints it.");
   // Without a url, the client sends to the host and port the connection string names (Lessor
   // writes its own address there): http on this machine, https anywhere else.
   const client = createClient(connectionString, { url: lessorUrl, fetch: fetchFunction });
@@ -48,7 +49,7 @@ export async function main({
   }
 }
 
-// Runs when executed (`node examples/lease.mjs`), not when imported (the tests call main()).
+// Runs when executed (`npx node examples/lease.mjs`), not when imported (the tests call main()).
 if (import.meta.filename !== undefined && import.meta.filename === process.argv[1]) {
   console.log(await main());
 }

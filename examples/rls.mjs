@@ -1,7 +1,7 @@
 // @ts-check
 // Row-level security with end users' tokens: a policy on `auth.user_id()`, two users, each seeing
-// only their own rows. The tenant must have JWT mode (PUT /v1/tenants/:id/jwt, README "Row-level
-// security with end-user JWTs"); the tokens come from its identity provider.
+// only their own rows. The tenant must have JWT mode and the tokens come from its identity provider;
+// on this machine `npx lessorctl jwt dev <tenant>` is both (docs/rls.md).
 //
 //   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' \
 //   LESSOR_ALICE_TOKEN='eyJ…' LESSOR_BOB_TOKEN='eyJ…' node examples/rls.mjs
@@ -20,9 +20,12 @@ export async function main({
   bobToken = process.env.LESSOR_BOB_TOKEN,
   fetchFunction,
 } = {}) {
-  if (!connectionString) throw new Error("Set LESSOR_CONNECTION_STRING (POST /v1/tenants returns it).");
+  if (!connectionString)
+    throw new Error("Set LESSOR_CONNECTION_STRING: `npx lessorctl tenants create <id>` prints it.");
   if (!aliceToken || !bobToken)
-    throw new Error("Set LESSOR_ALICE_TOKEN and LESSOR_BOB_TOKEN (two users' JWTs).");
+    throw new Error(
+      'Set LESSOR_ALICE_TOKEN and LESSOR_BOB_TOKEN (two users\' JWTs): eval "$(npx lessorctl jwt dev <tenant> --export)"',
+    );
   neonConfig.fetchEndpoint = (host, port) => {
     const local = host === "localhost" || host === "[::1]" || host.startsWith("127.");
     return new URL("/sql", lessorUrl ?? `${local ? "http" : "https"}://${host}:${port}`).href;
@@ -39,7 +42,7 @@ export async function main({
     owner`ALTER TABLE todos ENABLE ROW LEVEL SECURITY`,
     owner`DROP POLICY IF EXISTS own_todos ON todos`,
     owner`CREATE POLICY own_todos ON todos TO authenticated
-      USING (user_id = auth.user_id()) WITH CHECK (user_id = auth.user_id())`,
+      USING (user_id = (SELECT auth.user_id())) WITH CHECK (user_id = (SELECT auth.user_id()))`,
     owner`GRANT SELECT, INSERT, UPDATE, DELETE ON todos TO authenticated`,
     owner`GRANT USAGE ON SEQUENCE todos_id_seq TO authenticated`,
   ]);

@@ -29,6 +29,7 @@ import { parseArgs } from "node:util";
 import { neon, neonConfig } from "@neondatabase/serverless";
 import pg from "pg";
 import { freePort, type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
+import { quietWranglerEnv } from "./wrangler-env.ts";
 
 const poolSize = 5;
 const tier = "standard";
@@ -249,7 +250,7 @@ async function startStack(): Promise<void> {
     {
       cwd: root,
       stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, WRANGLER_SEND_METRICS: "false", CI: "1" },
+      env: quietWranglerEnv({ ...process.env, CI: "1" }),
     },
   );
   wrangler = child;

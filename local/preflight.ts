@@ -44,8 +44,20 @@ export function isRunning(pid: number, command: RegExp): boolean {
   return command.test(cmdline);
 }
 
+/** The URL in the second line of Lessor's pid file (what that start serves on), if there is one. */
+export function readPidFileUrl(path: string): string | undefined {
+  try {
+    const url = readFileSync(path, "utf8").split("\n")[1]?.trim();
+    return url ? url : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 /** What already runs on a state folder. */
-export type RunningInstance = { kind: "lessor"; pid: number } | { kind: "postgres"; pid: number };
+export type RunningInstance =
+  | { kind: "lessor"; pid: number; url?: string }
+  | { kind: "postgres"; pid: number };
 
 /**
  * Claims `<stateDir>/lessor.pid` for this process, atomically (`wx`), so two starts racing each
@@ -58,6 +70,7 @@ export type RunningInstance = { kind: "lessor"; pid: number } | { kind: "postgre
 export function claimStateDir(
   stateDir: string,
   pid = process.pid,
+  url?: string,
 ): { ok: true; release(): void } | { ok: false; running: RunningInstance } {
   const pidFile = resolve(stateDir, "lessor.pid");
   for (let attempt = 0; attempt < 3; attempt++) {
@@ -68,12 +81,14 @@ export function claimStateDir(
       if ((error as NodeJS.ErrnoException).code !== "EEXIST") throw error;
       const other = readPidFile(pidFile);
       if (other !== undefined && other !== pid && isRunning(other, lessorCommand)) {
-        return { ok: false, running: { kind: "lessor", pid: other } };
+        const otherUrl = readPidFileUrl(pidFile);
+        return { ok: false, running: { kind: "lessor", pid: other, ...(otherUrl ? { url: otherUrl } : {}) } };
       }
       unlinkSync(pidFile);
       continue;
     }
-    writeSync(fd, `${pid}\n`);
+    // The second line says where this start serves, for the next start's refusal.
+    writeSync(fd, url ? `${pid}\n${url}\n` : `${pid}\n`);
     closeSync(fd);
     const release = () => {
       if (readPidFile(pidFile) === pid) unlinkSync(pidFile);
@@ -91,7 +106,11 @@ export function claimStateDir(
 
 /** The one line `npm start` prints for what {@link claimStateDir} found. */
 export function describeRunning(running: RunningInstance, stateDir: string): string {
-  if (running.kind === "lessor") return `Lessor is already running (pid ${running.pid})`;
+  if (running.kind === "lessor")
+    return (
+      `Lessor is already running${running.url ? ` at ${running.url}` : ""} (pid ${running.pid}, state in ${stateDir}); ` +
+      `use it, or stop it with Ctrl-C in its terminal or: kill -INT ${running.pid}`
+    );
   return (
     `a Postgres left by an earlier run still runs on ${resolve(stateDir, "pg")} (pid ${running.pid}); ` +
     `stop it with: kill -INT ${running.pid}`

@@ -14,10 +14,12 @@ import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
+import { startBanner } from "./banner.ts";
 import { localCronEnabled, startLocalCron } from "./cron.ts";
 import { lineSplitter, stackOutputFilter } from "./output-filter.ts";
 import { claimStateDir, describeRunning, portFromEnv, portInUse } from "./preflight.ts";
 import { type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
+import { quietWranglerEnv } from "./wrangler-env.ts";
 
 interface LocalSecrets {
   adminKey: string;
@@ -68,7 +70,7 @@ try {
 }
 const cronOn = localCronEnabled(process.env.LESSOR_LOCAL_CRON);
 
-const claim = claimStateDir(stateDir);
+const claim = claimStateDir(stateDir, process.pid, `http://127.0.0.1:${port}`);
 if (!claim.ok) fail(describeRunning(claim.running, stateDir));
 process.on("exit", () => claim.release());
 
@@ -123,6 +125,8 @@ for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) {
   });
 }
 
+// Before anything is created: a first start suggests the quickstart's tenant, a restart does not.
+const firstStart = !existsSync(resolve(stateDir, "pg"));
 try {
   stack = await startLocalStack({
     dataDir: resolve(stateDir, "pg"),
@@ -162,7 +166,7 @@ if (stack && !stopping) {
       testScheduled: true,
       extra: process.argv.slice(2),
     }),
-    { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true },
+    { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true, env: quietWranglerEnv() },
   );
   wrangler = child;
   child.on("exit", (code) => void shutdown(code ?? 0));
@@ -170,19 +174,15 @@ if (stack && !stopping) {
   let announced = false;
   const announce = () => {
     announced = true;
-    const cronUrl = `"${baseUrl}/__scheduled?cron=*+*+*+*+*"`;
     console.log(
-      [
-        "",
-        `Lessor is running at ${baseUrl} (pid ${process.pid}; Ctrl-C stops it)`,
-        `Admin key: ${adminKey}`,
-        `Postgres: 127.0.0.1:${pgPort} (data in .lessor/pg)`,
-        `Try: curl -s -X POST ${baseUrl}/v1/tenants -H "Authorization: Bearer ${adminKey}" -d '{"id":"acme"}'`,
-        cronOn
-          ? `Cron: the scheduled handler runs every minute (LESSOR_LOCAL_CRON=off turns that off); now: curl ${cronUrl}`
-          : `Cron: off (LESSOR_LOCAL_CRON=${process.env.LESSOR_LOCAL_CRON}); run it by hand: curl ${cronUrl}`,
-        "",
-      ].join("\n"),
+      startBanner({
+        baseUrl,
+        pid: process.pid,
+        adminKey,
+        pgPort,
+        firstStart,
+        cron: cronOn ? { on: true } : { on: false, setting: process.env.LESSOR_LOCAL_CRON },
+      }).join("\n"),
     );
     if (cronOn) cron = startLocalCron({ baseUrl, log: (line) => console.error(line) });
   };

@@ -1,4 +1,4 @@
-/** `lessorctl campaign …`: create, watch and steer migration campaigns (README, Migrations). */
+/** `lessorctl campaign …`: create, watch and steer migration campaigns (docs/migrations.md). */
 import type { Command } from "commander";
 import type { CampaignTally, CohortTally } from "../../src/core/campaign.ts";
 import type { CommandContext } from "../context.ts";
@@ -86,7 +86,8 @@ export function campaignLine(answer: CampaignAnswer): string {
     skipped: p.skipped,
     remaining: p.remaining,
     total: p.total,
-    batch: p.batch,
+    // Only a campaign that still runs has a batch: a finished one shows `-`, not 0.
+    batch: finished.has(answer.campaign.state) ? null : p.batch,
     canary: p.canary,
     blocked: answer.campaign.blockedReason,
     reason: answer.campaign.reason,
@@ -106,7 +107,7 @@ const list = (raw: string | undefined) =>
 export function register(program: Command, ctx: CommandContext): void {
   const campaign = program
     .command("campaign")
-    .description("migration campaigns: create, list, status (--watch), pause, resume, abort");
+    .description("migration campaigns: create, list, status (--watch), pause, resume, cancel");
   const path = (id: string) => `/v1/campaigns/${encodeURIComponent(id)}`;
 
   campaign
@@ -124,6 +125,7 @@ export function register(program: Command, ctx: CommandContext): void {
     .option("--force", "apply contract steps although old app versions were seen recently")
     .option("--drain-timeout-ms <ms>", "how long a tenant's leases may take to drain before it is skipped")
     .option("--stability-window-ms <ms>", "how long the canary must stay healthy before the rollout")
+    .option("--id", "print only the new campaign's id (for $(…))")
     .action(
       async (
         options: {
@@ -136,6 +138,7 @@ export function register(program: Command, ctx: CommandContext): void {
           force?: boolean;
           drainTimeoutMs?: string;
           stabilityWindowMs?: string;
+          id?: boolean;
         },
         command: Command,
       ) => {
@@ -159,6 +162,7 @@ export function register(program: Command, ctx: CommandContext): void {
           canary: string[];
           alreadyCurrent: number;
         }>("POST", "/v1/campaigns", { body });
+        if (options.id === true) return ctx.out.line(answer.campaign.id);
         ctx.print(command, answer, () =>
           ctx.out.line(
             kv("", {
@@ -269,11 +273,12 @@ Output:
   for (const [action, route, what] of [
     ["pause", "pause", "stop claiming tenants; the ones running finish"],
     ["resume", "resume", "go on from where the campaign was paused"],
-    ["abort", "cancel", "cancel the campaign for good; tenants already migrated stay migrated"],
+    ["cancel", "cancel", "cancel the campaign for good; tenants already migrated stay migrated"],
   ] as const) {
-    campaign
-      .command(action)
-      .description(what)
+    const steer = campaign.command(action).description(what);
+    // `abort` was this command's first name; the API and the docs say cancel.
+    if (action === "cancel") steer.alias("abort");
+    steer
       .argument("<campaign>", "campaign id (cmp_…)")
       .action(async (id: string, _options: unknown, command: Command) => {
         const answer = await ctx

@@ -1,7 +1,7 @@
 /**
  * `lessorctl reseal` (`npm run reseal`): moves every sealed credential under the current key of
  * `LESSOR_SEAL_KEY`, one bounded batch of `POST /v1/credentials/reseal` after another, until the
- * catalog has been walked to its end (README, Rotating secrets). Killed half way, it is simply run
+ * catalog has been walked to its end (docs/rotation.md). Killed half way, it is simply run
  * again: what is already under the current key is never read again.
  */
 import type { Command } from "commander";

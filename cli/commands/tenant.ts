@@ -50,7 +50,7 @@ Output:
     last_used=2026-11-30T14:02:31.412Z failure=- retry_at=- status=active tier=standard host=local
     pinned=false migrating=false   (one line)
 
-  failure and retry_at are set while the pool is failed (see README, Troubleshooting). With
+  failure and retry_at are set while the pool is failed (see docs/troubleshooting.md). With
   --json, the whole answer of GET /v1/tenants/:id, including drain progress.`,
     )
     .action(async (tenantId: string, _options: unknown, command: Command) => {

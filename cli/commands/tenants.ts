@@ -85,7 +85,9 @@ function pageQuery(options: { limit: string; cursor?: string }): string {
 export function register(program: Command, ctx: CommandContext): void {
   const tenants = program
     .command("tenants")
-    .description("the tenant catalog: list, search, create, disable/enable, drain, pin/unpin, events, usage");
+    .description(
+      "the tenant catalog: list, search, create, key, disable/enable, drain, pin/unpin, events, usage, erase",
+    );
   const id = (tenantId: string) => encodeURIComponent(tenantId);
 
   pageOptions(
@@ -126,18 +128,94 @@ export function register(program: Command, ctx: CommandContext): void {
     .argument("<tenant>", "tenant id: 1-40 lowercase letters, digits, inner hyphens")
     .option("--tier <tier>", "pool size tier (LESSOR_POOL_SIZES; default: standard)")
     .option("--host <host>", "database host (LESSOR_HOSTS; default: the first)")
-    .action(async (tenantId: string, options: { tier?: string; host?: string }, command: Command) => {
-      const answer = await ctx
-        .client(command)
-        .call<{ tenant: PublicTenant; key: string; connectionString: string }>("POST", "/v1/tenants", {
-          body: { id: tenantId, ...options },
+    .option("--connection-string", "print only the connection string (for $(…))")
+    .addHelpText(
+      "after",
+      `
+Output:
+  tenant=acme status=active tier=standard host=local schema_version=3 created_at=…
+    key=lsk_… connection_string=postgres://acme:lsk_…@127.0.0.1:8787/acme   (one line)
+
+  The key is shown this once. For a tenant that exists (409 tenant_exists), mint another key:
+    npx lessorctl tenants key acme --connection-string`,
+    )
+    .action(
+      async (
+        tenantId: string,
+        options: { tier?: string; host?: string; connectionString?: boolean },
+        command: Command,
+      ) => {
+        const { connectionString: only, ...placement } = options;
+        const answer = await ctx
+          .client(command)
+          .call<{ tenant: PublicTenant; key: string; connectionString: string }>("POST", "/v1/tenants", {
+            body: { id: tenantId, ...placement },
+          });
+        if (only === true) return ctx.out.line(answer.connectionString);
+        ctx.print(command, answer, () =>
+          ctx.out.line(
+            `${tenantLine(answer.tenant)} ${kv("", { key: answer.key, connection_string: answer.connectionString })}`,
+          ),
+        );
+      },
+    );
+
+  tenants
+    .command("key")
+    .description(
+      "mint another key for a tenant (shown once), with its connection string; the old keys keep working",
+    )
+    .argument("<tenant>", "tenant id")
+    .option(
+      "--scope <scope>",
+      "full (the tenant role, every route) or jwt (an end-user key: /sql with a token)",
+      "full",
+    )
+    .option("--expires-at <time>", "ISO 8601 time the key stops working (default: never)")
+    .option("--connection-string", "print only the connection string (for $(…))")
+    .addHelpText(
+      "after",
+      `
+Output:
+  tenant=acme key_id=k_0123456789abcdef scope=full expires_at=- key=lsk_…
+    connection_string=postgres://acme:lsk_…@127.0.0.1:8787/acme   (one line)
+
+  At most LESSOR_MAX_KEYS_PER_TENANT usable keys (409 key_limit): revoke one first with
+  DELETE /v1/tenants/<tenant>/keys/<key_id>.`,
+    )
+    .action(
+      async (
+        tenantId: string,
+        options: { scope: string; expiresAt?: string; connectionString?: boolean },
+        command: Command,
+      ) => {
+        const answer = await ctx.client(command).call<{
+          keyId: string;
+          key: string;
+          scope: string;
+          expiresAt: string | null;
+          connectionString: string;
+        }>("POST", `/v1/tenants/${id(tenantId)}/keys`, {
+          body: {
+            scope: options.scope,
+            ...(options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt }),
+          },
         });
-      ctx.print(command, answer, () =>
-        ctx.out.line(
-          `${tenantLine(answer.tenant)} ${kv("", { key: answer.key, connection_string: answer.connectionString })}`,
-        ),
-      );
-    });
+        if (options.connectionString === true) return ctx.out.line(answer.connectionString);
+        ctx.print(command, answer, () =>
+          ctx.out.line(
+            kv("", {
+              tenant: tenantId,
+              key_id: answer.keyId,
+              scope: answer.scope,
+              expires_at: answer.expiresAt,
+              key: answer.key,
+              connection_string: answer.connectionString,
+            }),
+          ),
+        );
+      },
+    );
 
   for (const action of ["disable", "enable"] as const) {
     tenants
@@ -190,7 +268,7 @@ export function register(program: Command, ctx: CommandContext): void {
   tenants
     .command("erase")
     .description(
-      "erase the tenant: everything Lessor and its host hold for it, as a resumable job (README, Erasing a tenant)",
+      "erase the tenant: everything Lessor and its host hold for it, as a resumable job (docs/erase.md)",
     )
     .argument("<tenant>", "tenant id")
     .requiredOption("--confirm <tenant>", "the same tenant id again: an erase cannot be undone")

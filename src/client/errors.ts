@@ -8,17 +8,20 @@
 /** A non-2xx answer from Lessor that is not a Postgres error (those stay the driver's `NeonDbError`). */
 export class LessorResponseError extends Error {
   override readonly name = "LessorResponseError";
-  /** Lessor's stable snake_case code (`tenant_draining`, `statement_timeout`, …), or `unexpected_response`. */
+  /**
+   * Lessor's stable snake_case code (`tenant_draining`, `statement_timeout`, …), `unexpected_response`
+   * for an answer that is not Lessor's, or `unreachable` when no answer came at all.
+   */
   readonly code: string;
-  /** The HTTP status of the last answer. */
+  /** The HTTP status of the last answer; 0 when Lessor could not be reached. */
   readonly status: number;
   /** Seconds the answer asked to wait (`Retry-After`), if it named any. */
   readonly retryAfter: number | undefined;
   /** How many times the request was sent before giving up (1 when it was not retried). */
   readonly attempts: number;
 
-  constructor(answer: ErrorAnswer, attempts = 1) {
-    super(answer.message);
+  constructor(answer: ErrorAnswer, attempts = 1, options?: { cause?: unknown }) {
+    super(answer.message, options);
     this.code = answer.code;
     this.status = answer.status;
     this.retryAfter = answer.retryAfter;

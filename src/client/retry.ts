@@ -2,7 +2,7 @@
  * Which of Lessor's refusals the client sends again, and when. Pure: the decision is a function of
  * the answer, the attempts so far and a random number, so it is tested without waiting.
  *
- * Retried are exactly the refusals README's failure table calls retryable: they mean the statement
+ * Retried are exactly the refusals the failure table (docs/failures.md) calls retryable: they mean the statement
  * did not run, so sending it again cannot apply it twice. `connection_lost` is not among them by
  * default: the statement may have run before the connection died.
  */

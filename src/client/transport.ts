@@ -45,7 +45,7 @@ export async function send(
 ): Promise<Response> {
   let waitedMs = 0;
   for (let attempt = 1; ; attempt++) {
-    const response = await settings.fetch(url, init);
+    const response = await reach(url, init, settings, attempt);
     if (response.ok) return response;
     const answer = await readErrorAnswer(response, settings.clock.now());
     if (isPostgresError(answer)) {
@@ -62,6 +62,39 @@ export async function send(
     if (!decision.retry) throw new LessorResponseError(answer, attempt);
     await settings.clock.sleep(decision.delayMs, init.signal ?? undefined);
     waitedMs += decision.delayMs;
+  }
+}
+
+/** Code of a request that got no answer at all: Lessor down, a wrong URL, a network cut. */
+export const unreachableCode = "unreachable";
+
+/**
+ * `fetch`, with its own failure (a refused connection, an unknown host: the bare `TypeError: fetch
+ * failed`) turned into a `LessorResponseError` that says where the client looked, as lessorctl
+ * does. An abort stays the caller's own error.
+ */
+async function reach(
+  url: string,
+  init: RequestInit,
+  settings: SendSettings,
+  attempt: number,
+): Promise<Response> {
+  try {
+    return await settings.fetch(url, init);
+  } catch (error) {
+    if (init.signal?.aborted) throw error;
+    const cause =
+      error instanceof Error && error.cause instanceof Error ? error.cause.message : String(error);
+    throw new LessorResponseError(
+      {
+        status: 0,
+        code: unreachableCode,
+        message: `Could not reach Lessor at ${new URL(url).origin} (${cause}). Is it running there? Its URL is the client's url option, or the connection string's host and port.`,
+        retryAfter: undefined,
+      },
+      attempt,
+      { cause: error },
+    );
   }
 }
 

@@ -32,7 +32,7 @@ export const tenants = pgTable("tenants", {
   roleName: text("role_name").notNull(),
   /**
    * Hex SHA-256 of the tenant's first-format key. No longer written: keys live in `tenant_keys`
-   * (keys of the first format fail the edge check and must be reissued; README, "Tenant keys").
+   * (keys of the first format fail the edge check and must be reissued; docs/api.md, "Tenant keys").
    */
   keyHash: text("key_hash"),
   /** Schema version recorded when Lessor last applied tenant migrations. The database's own ledger is the truth. */

@@ -5,7 +5,7 @@
  * admin role created the tenant's database and role.
  *
  * Only `localPostgresProvider` is real and tested. No Neon-API provider exists yet: it needs a real
- * Neon account to be called done (README, "Erasing a tenant").
+ * Neon account to be called done (docs/erase.md).
  */
 import type { LessorConfig } from "../config/index.ts";
 import { dropTenantDatabaseAndRole } from "../tenant-db/drop-tenant.ts";

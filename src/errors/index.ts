@@ -84,7 +84,11 @@ export const errorCatalog = {
     message: "Neon-Connection-String must be postgres://<tenant>:<tenant key>@<host>/<tenant>.",
   },
   tenant_not_found: { status: 404, message: "No such tenant." },
-  tenant_exists: { status: 409, message: "A tenant with this id already exists." },
+  tenant_exists: {
+    status: 409,
+    message:
+      "A tenant with this id already exists; its key was shown once, when it was created. Pick another id, or mint a new key for it: POST /v1/tenants/<id>/keys with the admin key (npx lessorctl tenants key <id>).",
+  },
   provisioning_in_progress: {
     status: 409,
     message: "This tenant is being provisioned by another request; retry shortly.",

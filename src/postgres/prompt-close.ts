@@ -6,6 +6,13 @@
  * connect timeout never fires its callback (the driver ends a connection by closing its socket and
  * then waits for `close`). Here `close()` reports `close` itself once `closeGraceMs` has passed
  * without the peer's answer, exactly once either way.
+ *
+ * And a second: a write to a socket that is already closing or closed is dropped instead of thrown.
+ * The driver coalesces its writes and sends them from a timer (`coalesceWrites`); when the peer
+ * closes in between (a proxy whose database refused the connection or restarted sends the close
+ * right after the upgrade), that timer's `send` threw "Can't call WebSocket send() after close()"
+ * as an uncaught exception. The bytes could not be delivered anyway, and the driver learns of the
+ * end from the `close` event, which fails the connect or the query as it should.
  */
 
 /** How long a closing socket waits for the peer's close frame before it reports itself closed. */
@@ -34,6 +41,12 @@ export class PromptCloseWebSocket extends WebSocket {
       return;
     }
     super.addEventListener(type, handler, options);
+  }
+
+  /** As the WHATWG spec has it (and browsers do): data for a closing or closed socket is discarded. */
+  override send(data: (ArrayBuffer | ArrayBufferView) | string): void {
+    if (this.readyState === WebSocket.CLOSING || this.readyState === WebSocket.CLOSED) return;
+    super.send(data);
   }
 
   override close(code?: number, reason?: string): void {

@@ -29,6 +29,20 @@ function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
   return c.env.LESSOR_ADMIN_KEY ? secretMatches(token, c.env.LESSOR_ADMIN_KEY) : false;
 }
 
+/** Where the admin key is: what a refused operator needs to read next. */
+const whereTheAdminKeyIs =
+  "The admin key is the LESSOR_ADMIN_KEY secret; locally, npm start prints it and keeps it in .lessor/secrets.json (adminKey).";
+
+/**
+ * The refusal of a key that is not the admin key: it names a tenant key only when a tenant key
+ * (`lsk_…`) was sent, and says where the admin key is. Nothing in it depends on a secret.
+ */
+export function notTheAdminKey(token: string): string {
+  return token.startsWith("lsk_")
+    ? `This endpoint needs the admin key; a tenant key (lsk_…) does not open it. ${whereTheAdminKeyIs}`
+    : `This endpoint needs the admin key, and the key sent is not it. ${whereTheAdminKeyIs}`;
+}
+
 /**
  * Requires `Authorization: Bearer <LESSOR_ADMIN_KEY>`, compared in constant time, and names the
  * caller for the audit log (`c.var.actor`: a fingerprint of the key, never the key).
@@ -36,9 +50,7 @@ function isAdminKey(c: AppContext, token: string): Promise<boolean> | boolean {
 export const requireAdmin = createMiddleware<AppEnv>(async (c, next) => {
   const token = bearerToken(c);
   if (!(await isAdminKey(c, token))) {
-    throw new LessorError("invalid_credentials", {
-      publicMessage: "This endpoint needs the admin key (LESSOR_ADMIN_KEY); a tenant key does not open it.",
-    });
+    throw new LessorError("invalid_credentials", { publicMessage: notTheAdminKey(token) });
   }
   c.set("actor", await adminActor(token));
   await next();

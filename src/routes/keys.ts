@@ -1,7 +1,7 @@
 /**
  * A tenant's keys (the admin key, or one of the tenant's own keys):
  *
- *     POST   /v1/tenants/:id/keys            {"expiresAt"?, "scope"?}  → 201 {keyId, key, scope, createdAt, expiresAt}
+ *     POST   /v1/tenants/:id/keys            {"expiresAt"?, "scope"?}  → 201 {keyId, key, scope, createdAt, expiresAt, connectionString}
  *     GET    /v1/tenants/:id/keys                            → {keys: [{keyId, scope, createdAt, lastUsedAt, expiresAt}]}
  *     DELETE /v1/tenants/:id/keys/:keyId     [?force=true]   → 204
  *
@@ -86,6 +86,8 @@ keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
       scope: row.scope,
       createdAt: row.createdAt.toISOString(),
       expiresAt: row.expiresAt?.toISOString() ?? null,
+      // As POST /v1/tenants gives it: what an app (or a browser, for an end-user key) connects with.
+      connectionString: `postgres://${tenantId}:${minted.key}@${new URL(c.req.url).host}/${tenantId}`,
     },
     201,
   );

@@ -40,6 +40,7 @@ export async function heartbeat(
   });
   if (decision.kind === "drain" && !rt.lifecycle.migrating) await pool.stop("idle_timeout");
   else await pool.reportToBudget().catch(() => undefined);
+  pool.persistLastUsed();
   await flushOutboxes(rt).catch((error: unknown) =>
     logEvent("warn", "outbox_flush_failed", { tenant: rt.tenantId, failure: describeFailure(error) }),
   );

@@ -92,6 +92,7 @@ export class TenantObject extends DurableObject<Env> {
     rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
     rt.erase = rt.storage.read<EraseGate>("erase");
     rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
+    this.pool.restoreLastUsed();
     const { lifecycle, deadGenerations } = recoverAfterRestart(rt.lifecycle);
     if (deadGenerations.length > 0 || lifecycle.migrating !== rt.lifecycle.migrating) {
       // No pool survives a restart: the persisted generations are dead, whatever they claimed (a

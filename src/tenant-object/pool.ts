@@ -52,6 +52,9 @@ export interface LiveLease {
 /** Who a connection is logged in as: the tenant role, or the tenant's end-user login role. */
 export type ConnectionKind = "tenant" | "jwt";
 
+/** Where the pool keeps its last use for the next instance of the object (kv). */
+const lastUsedKey = "lastUsed";
+
 /** How long a checkout waits for a connection of the shared capacity (the driver pool's own bound). */
 const checkoutWaitMs = 10_000;
 
@@ -80,6 +83,7 @@ export class TenantPool {
   private leaseCount = 0;
   private idleSince: number | null = null;
   private lastUsed: number | null = null;
+  private lastUsedPersisted: number | null = null;
   private readonly leasesDrained: (() => void)[] = [];
   /** Set when this pool refused an eviction because it was busy; cleared by the next idle report. */
   private budgetWaitsForIdle = false;
@@ -121,9 +125,40 @@ export class TenantPool {
     return this.lastUsed;
   }
 
+  /**
+   * A request used the pool. The first use an instance of the object sees is kept at once (one
+   * storage write per instance), so a deploy or a reset right after it cannot lose it; later ones
+   * are kept by the heartbeat.
+   */
+  private touch(): void {
+    this.lastUsed = Date.now();
+    if (this.lastUsedPersisted === null) this.persistLastUsed();
+  }
+
+  /**
+   * Keeps the last use in storage when it changed: from the heartbeat (at most one write per beat)
+   * and when the pool stops; on the request path only the first use of an instance (`touch`).
+   * Without it, an object evicted after its pool's idle stop answered `lastUsedAt: null` minutes
+   * after the tenant's last request.
+   */
+  persistLastUsed(): void {
+    if (this.lastUsed === null || this.lastUsed === this.lastUsedPersisted || !this.rt.storage.isOpen) return;
+    this.rt.storage.write(lastUsedKey, this.lastUsed);
+    this.lastUsedPersisted = this.lastUsed;
+  }
+
+  /** The last use a previous instance of the object kept (see {@link persistLastUsed}). */
+  restoreLastUsed(): void {
+    const kept = this.rt.storage.read<number>(lastUsedKey);
+    if (kept !== null && (this.lastUsed === null || kept > this.lastUsed)) {
+      this.lastUsed = kept;
+      this.lastUsedPersisted = kept;
+    }
+  }
+
   /** A session lease ran a statement: the pool is in use even though no new lease was taken. */
   markUsed(): void {
-    this.lastUsed = Date.now();
+    this.touch();
   }
 
   /** When the ready pool last became idle (null while leased or not ready). */
@@ -180,7 +215,7 @@ export class TenantPool {
           if (!this.pool || !this.poolTarget || this.poolGeneration !== this.rt.lifecycle.generation) break;
           this.leaseCount++;
           this.idleSince = null;
-          this.lastUsed = Date.now();
+          this.touch();
           return { generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":
@@ -660,6 +695,7 @@ export class TenantPool {
     this.closing.add(generation);
     rt.apply(beginDrain(rt.lifecycle), reason);
     rt.apply(stopped(rt.lifecycle, generation), "drained");
+    this.persistLastUsed();
     try {
       await Promise.all([pool.end().catch(() => undefined), jwtPool?.end().catch(() => undefined)]);
     } finally {

@@ -1,13 +1,13 @@
 /**
- * Every file in examples/ runs against the test stack, so the README's quotes of them never rot
- * (test/unit/client-examples.test.ts checks that the README quotes them verbatim and that this file
+ * Every file in examples/ runs against the test stack, so the docs' quotes of them never rot
+ * (test/unit/client-examples.test.ts checks that the README and docs/examples.md quote them verbatim and that this file
  * imports each one). Each example exports `main(options)`; here it gets a fresh tenant's connection
  * string and Lessor's fetch handler, and no LESSOR_URL, so it finds Lessor from the connection
  * string's host and port as it does on a laptop.
  */
 import { exports } from "cloudflare:workers";
-import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { describe, expect, it } from "vitest";
+import { devJwtConfig, mintDevToken, newDevSigningKey } from "../../cli/jwt-dev.ts";
 import { main as drizzleExample } from "../../examples/drizzle.mjs";
 import { main as leaseExample } from "../../examples/lease.mjs";
 import { main as quickstart } from "../../examples/quickstart.mjs";
@@ -70,25 +70,17 @@ describe("examples/", () => {
     expect((await runtimeOf(tenant.id)).leases).toBe(0);
   });
 
-  it("rls.mjs: two end users' tokens, each seeing only their own rows", async () => {
+  it("rls.mjs: two end users' tokens, each seeing only their own rows (tokens as lessorctl jwt dev mints them)", async () => {
     const { tenant, connectionString } = await options("ex-rls");
-    // The tenant's identity provider, as far as Lessor sees it: a key set and signed tokens.
-    const { publicKey, privateKey } = await generateKeyPair("ES256");
-    const jwk = { ...(await exportJWK(publicKey)), kid: "example", alg: "ES256" };
-    const issuer = "https://idp.example.test/";
+    // What `npx lessorctl jwt dev <tenant>` does (docs/rls.md starts from it), with its own code:
+    // a key pair, JWT mode trusting it as a static key set, and a token per user.
+    const key = await newDevSigningKey();
     const configured = await admin(`/v1/tenants/${tenant.id}/jwt`, {
       method: "PUT",
-      json: { issuer, audience: "todo-app", jwks: { keys: [jwk] }, algorithms: ["ES256"] },
+      json: devJwtConfig(key),
     });
     expect(configured.status).toBe(200);
-    const tokenFor = (sub: string) =>
-      new SignJWT({})
-        .setProtectedHeader({ alg: "ES256", kid: "example" })
-        .setSubject(sub)
-        .setIssuer(issuer)
-        .setAudience("todo-app")
-        .setExpirationTime("5m")
-        .sign(privateKey);
+    const tokenFor = async (user: string) => (await mintDevToken(key, user, 300)).token;
     const seen = await rlsExample({
       connectionString,
       aliceToken: await tokenFor("alice"),

@@ -64,6 +64,25 @@ const diedOnRestart = (generation: number) => (event: LifecycleEvent) =>
   event.generation === generation && event.to === "stopped" && event.reason === "object_restarted";
 
 describe("object restart", () => {
+  it("keeps the pool's last use across its idle stop and the object's eviction (lessorctl status's last_used)", async () => {
+    const tenant = await createTenant(uniqueTenantId("lastuse"), { tier: "free" });
+    await servingApplicationNames(tenant);
+    const { lastUsedAt } = await env.TENANTS.getByName(tenant.id).status();
+    expect(lastUsedAt).not.toBeNull();
+    await drainByIdleAlarm(tenant);
+    await evictDurableObject(env.TENANTS.getByName(tenant.id));
+    expect((await env.TENANTS.getByName(tenant.id).status()).lastUsedAt).toBe(lastUsedAt);
+  });
+
+  it("keeps a first use across a reset right after it (a deploy seconds after the first request)", async () => {
+    const tenant = await createTenant(uniqueTenantId("lastuse-reset"), { tier: "free" });
+    await servingApplicationNames(tenant);
+    const { lastUsedAt } = await env.TENANTS.getByName(tenant.id).status();
+    expect(lastUsedAt).not.toBeNull();
+    await resetObject(tenant);
+    expect((await env.TENANTS.getByName(tenant.id).status()).lastUsedAt).toBe(lastUsedAt);
+  });
+
   it("evictDurableObject between requests: the next request starts generation + 1 and works", async () => {
     const tenant = await createTenant(uniqueTenantId("evict"), { tier: "free" });
     expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:1`]));

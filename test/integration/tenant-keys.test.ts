@@ -32,8 +32,16 @@ describe("tenant keys", () => {
     const tenant = await createTenant(uniqueTenantId("rotate"));
     const issued = await issue(tenant, tenant.key);
     expect(issued.status).toBe(201);
-    const second = await issued.json<{ keyId: string; key: string; createdAt: string; expiresAt: null }>();
+    const second = await issued.json<{
+      keyId: string;
+      key: string;
+      createdAt: string;
+      expiresAt: null;
+      connectionString: string;
+    }>();
     expect(second.key).toMatch(/^lsk_/);
+    // The new key's connection string, as the create gave the first one's.
+    expect(second.connectionString).toBe(withKey(tenant, second.key));
 
     // Both work; the list names both and shows neither key nor hash.
     for (const key of [tenant.key, second.key]) {

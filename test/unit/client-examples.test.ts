@@ -1,5 +1,6 @@
 /**
- * The examples as a newcomer meets them: the README quotes each one verbatim, each runs itself when
+ * The examples as a newcomer meets them: the README quotes the quickstart and docs/examples.md the
+ * others, verbatim; each runs itself when
  * executed with `node`, the stack test runs every one, and the drizzle example's `notes` table is
  * the example tenant schema's. (What they do against Lessor: test/integration/examples.test.ts.)
  */
@@ -17,15 +18,25 @@ const examples = readdirSync(resolve(root, "examples"))
   .filter((file) => file.endsWith(".mjs"))
   .sort();
 const readme = readFileSync(resolve(root, "README.md"), "utf8");
+const examplesPage = readFileSync(resolve(root, "docs/examples.md"), "utf8");
 
 describe("examples/", () => {
   it("has the five the README promises", () => {
     expect(examples).toEqual(["drizzle.mjs", "lease.mjs", "quickstart.mjs", "rls.mjs", "transaction.mjs"]);
   });
 
-  it.each(examples)("%s is quoted verbatim in the README", (file) => {
-    const source = readFileSync(resolve(root, "examples", file), "utf8");
-    expect(readme).toContain(`\`\`\`js\n${source}\`\`\``);
+  it.each(examples)(
+    "%s is quoted verbatim: the quickstart in the README, the others in docs/examples.md",
+    (file) => {
+      const source = readFileSync(resolve(root, "examples", file), "utf8");
+      expect(file === "quickstart.mjs" ? readme : examplesPage).toContain(`\`\`\`js\n${source}\`\`\``);
+    },
+  );
+
+  it("lease.mjs says to run it with npx node: plain node 20 cannot import lessor/client's TypeScript", () => {
+    const source = readFileSync(resolve(root, "examples/lease.mjs"), "utf8");
+    expect(source).toContain("node examples/lease.mjs");
+    expect(source.match(/(?<!npx )node examples\/lease\.mjs/g)).toBeNull();
   });
 
   it.each(examples)("%s is run against the stack by test/integration/examples.test.ts", (file) => {
@@ -44,7 +55,9 @@ describe("examples/", () => {
         () => ({ stderr: "" }),
         (error: { stderr: string }) => error,
       );
-      expect(run.stderr).toContain("Set LESSOR_CONNECTION_STRING");
+      expect(run.stderr).toContain(
+        "Set LESSOR_CONNECTION_STRING: `npx lessorctl tenants create <id>` prints it.",
+      );
     },
     30_000,
   ); // a Node start-up, slow on a loaded machine

@@ -3,6 +3,7 @@
  * fetch function answering from a script) and a fake clock (`fakeClock`: waits are recorded, not
  * slept). The stack tests (test/integration/client.test.ts) run the same client against real Lessor.
  */
+import { type AddressInfo, createServer } from "node:net";
 import { NeonDbError, neon, neonConfig } from "@neondatabase/serverless";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { createClient } from "../../src/client/client.ts";
@@ -302,6 +303,32 @@ describe("createClient: sql", () => {
     controller.abort(new Error("gave up"));
     const error = await pending;
     expect(String(error)).toContain("gave up");
+  });
+});
+
+describe("createClient: Lessor not there", () => {
+  it("rejects with code unreachable and where it looked, not a bare TypeError: fetch failed (real fetch)", async () => {
+    // A port nothing listens on: the real fetch fails as it does with Lessor down.
+    const closed = await new Promise<number>((done) => {
+      const server = createServer();
+      server.listen(0, "127.0.0.1", () => {
+        const { port } = server.address() as AddressInfo;
+        server.close(() => done(port));
+      });
+    });
+    const { sql, lease } = createClient(`postgres://acme:lsk_unit-test-key@127.0.0.1:${closed}/acme`, {
+      retry: { maxAttempts: 4 },
+    });
+    for (const attempt of [() => sql`SELECT 1`, () => lease({ ttlMs: 1000 })]) {
+      const error = await Promise.resolve(attempt()).catch((caught: unknown) => caught);
+      expect(error).toBeInstanceOf(LessorResponseError);
+      expect(error).toMatchObject({ code: "unreachable", status: 0, attempts: 1 });
+      expect((error as Error).message).toBe(
+        `Could not reach Lessor at http://127.0.0.1:${closed} (connect ECONNREFUSED 127.0.0.1:${closed}). ` +
+          "Is it running there? Its URL is the client's url option, or the connection string's host and port.",
+      );
+      expect((error as Error).cause).toBeInstanceOf(TypeError);
+    }
   });
 });
 

@@ -1,9 +1,14 @@
 /**
  * lessorctl driven in-process with a fake `fetch`: the output formats (the seed's capacity lines,
  * status, eviction dry run, campaign progress), `--json`, error codes and exit codes, and help.
- * tests/browser and the README's captured output run it against a real Lessor.
+ * tests/browser and the captured output in docs/operating.md run it against a real Lessor.
  */
+import { mkdtempSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createLocalJWKSet, type JSONWebKeySet, jwtVerify } from "jose";
 import { describe, expect, it } from "vitest";
+import { devAudience, devIssuer } from "../../cli/jwt-dev.ts";
 import { formatDuration, formatValue, kv } from "../../cli/output.ts";
 import { runCli } from "../../cli/program.ts";
 import type { CapacityStatus, EvictionReport } from "../../src/rpc/budget.ts";
@@ -21,6 +26,7 @@ async function lessorctl(
   argv: string[],
   routes: Record<string, Route>,
   env: Record<string, string> = {},
+  cwd = "/nonexistent",
 ): Promise<Run> {
   const stdout: string[] = [];
   const stderr: string[] = [];
@@ -43,7 +49,7 @@ async function lessorctl(
     },
     fetch: fakeFetch,
     env: { LESSOR_URL: "http://lessor.test", LESSOR_ADMIN_KEY: "admin", ...env },
-    cwd: "/nonexistent",
+    cwd,
     sleep: async () => undefined,
   });
   return { code, stdout, stderr, requests };
@@ -342,9 +348,11 @@ describe("lessorctl campaign", () => {
     );
     expect(run.stdout[1]).toMatch(/ 20% .*done=2 .*batch=4 canary=passed/);
     expect(run.stdout[2]).toMatch(/^\[█+\] 100% .*state=done .*done=9 failed=0 skipped=1 remaining=0/);
+    // A finished campaign has no batch: `-`, not 0.
+    expect(run.stdout[2]).toContain(" batch=- ");
   });
 
-  it("--watch exits 1 when the campaign fails; abort cancels", async () => {
+  it("--watch exits 1 when the campaign fails; cancel (and its old name abort) cancels", async () => {
     const run = await lessorctl(["campaign", "status", "cmp_0123456789abcdef", "--watch"], {
       "GET /v1/campaigns/cmp_0123456789abcdef": () =>
         answer("failed", cohort({ failed: 1 }), cohort({ pending: 9 })),
@@ -364,6 +372,33 @@ describe("lessorctl campaign", () => {
     expect(aborted.stdout).toEqual([
       'campaign=cmp_0123456789abcdef state=cancelled to_version=3 reason="cancelled by the operator"',
     ]);
+    const cancelled = await lessorctl(["campaign", "cancel", "cmp_0123456789abcdef"], {
+      "POST /v1/campaigns/cmp_0123456789abcdef/cancel": () => ({
+        campaign: { id: "cmp_0123456789abcdef", state: "cancelled", toVersion: 3, reason: null },
+      }),
+    });
+    expect(cancelled.code).toBe(0);
+    expect(cancelled.stdout).toEqual(["campaign=cmp_0123456789abcdef state=cancelled to_version=3 reason=-"]);
+  });
+
+  it("create --id prints only the new campaign's id, for $(…)", async () => {
+    const run = await lessorctl(
+      ["campaign", "create", "--to-version", "4", "--canary-percent", "5", "--id"],
+      {
+        "POST /v1/campaigns": () =>
+          Response.json(
+            {
+              campaign: { id: "cmp_0123456789abcdef", state: "pending", toVersion: 4 },
+              enrolled: 3,
+              canary: ["a"],
+              alreadyCurrent: 0,
+            },
+            { status: 201 },
+          ),
+      },
+    );
+    expect(run.stdout).toEqual(["cmp_0123456789abcdef"]);
+    expect(await run.requests[0]?.json()).toEqual({ toVersion: 4, canaryPercent: 5 });
   });
 
   it("create sends only the options given", async () => {
@@ -384,6 +419,150 @@ describe("lessorctl campaign", () => {
     expect(run.stdout).toEqual([
       "campaign=cmp_0123456789abcdef state=pending to_version=3 enrolled=12 canary=a,b already_current=0",
     ]);
+  });
+});
+
+describe("lessorctl tenants create and key", () => {
+  const created = {
+    tenant: {
+      id: "acme",
+      status: "active",
+      tier: "standard",
+      host: "local",
+      schemaVersion: 3,
+      createdAt: "2026-11-30T14:00:00.000Z",
+    },
+    key: "lsk_new",
+    connectionString: "postgres://acme:lsk_new@127.0.0.1:8787/acme",
+  };
+
+  it("create --connection-string prints only the connection string, for $(…)", async () => {
+    const run = await lessorctl(["tenants", "create", "acme", "--connection-string"], {
+      "POST /v1/tenants": () => Response.json(created, { status: 201 }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual(["postgres://acme:lsk_new@127.0.0.1:8787/acme"]);
+    expect(await run.requests[0]?.json()).toEqual({ id: "acme" });
+  });
+
+  it("create of a tenant that exists prints the API's refusal on stderr, nothing on stdout, exit 1", async () => {
+    const message = "A tenant with this id already exists; pick another id, or mint a new key for it.";
+    const run = await lessorctl(["tenants", "create", "acme", "--connection-string"], {
+      "POST /v1/tenants": () => Response.json({ code: "tenant_exists", message }, { status: 409 }),
+    });
+    expect(run).toMatchObject({ code: 1, stdout: [] });
+    expect(run.stderr).toEqual([`error code=tenant_exists status=409 message=${JSON.stringify(message)}`]);
+  });
+
+  it("key mints another key with the admin key and prints it with its connection string", async () => {
+    const minted = {
+      keyId: "k_0123456789abcdef",
+      key: "lsk_second",
+      scope: "full",
+      createdAt: "2026-11-30T14:00:00.000Z",
+      expiresAt: null,
+      connectionString: "postgres://acme:lsk_second@127.0.0.1:8787/acme",
+    };
+    const run = await lessorctl(["tenants", "key", "acme"], {
+      "POST /v1/tenants/acme/keys": () => Response.json(minted, { status: 201 }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual([
+      "tenant=acme key_id=k_0123456789abcdef scope=full expires_at=- key=lsk_second connection_string=postgres://acme:lsk_second@127.0.0.1:8787/acme",
+    ]);
+    expect(run.requests[0]?.headers.get("Authorization")).toBe("Bearer admin");
+    expect(await run.requests[0]?.json()).toEqual({ scope: "full" });
+    const only = await lessorctl(["tenants", "key", "acme", "--scope", "jwt", "--connection-string"], {
+      "POST /v1/tenants/acme/keys": () => Response.json({ ...minted, scope: "jwt" }, { status: 201 }),
+    });
+    expect(only.stdout).toEqual([minted.connectionString]);
+    expect(await only.requests[0]?.json()).toEqual({ scope: "jwt" });
+  });
+});
+
+describe("lessorctl jwt dev", () => {
+  const stored = (body: { issuer: string; audience: string; algorithms: string[] }) => ({
+    jwt: {
+      issuer: body.issuer,
+      audiences: [body.audience],
+      role: "authenticated",
+      algorithms: body.algorithms,
+      jwks: body,
+      jwksUrl: null,
+      clockSkewSeconds: 30,
+      loginRole: "t_x_jwt",
+    },
+  });
+
+  async function jwtDev(argv: string[], cwd: string, url = "http://127.0.0.1:8787") {
+    const bodies: { issuer: string; audience: string; algorithms: string[]; jwks: JSONWebKeySet }[] = [];
+    const run = await lessorctl(
+      ["jwt", "dev", "acme", ...argv],
+      {
+        "PUT /v1/tenants/acme/jwt": async (request) => {
+          const body = await request.json<(typeof bodies)[number]>();
+          bodies.push(body);
+          return stored(body);
+        },
+      },
+      { LESSOR_URL: url },
+      cwd,
+    );
+    return { run, bodies };
+  }
+
+  it("switches the tenant to JWT mode with a static key set and mints tokens that verify against it", async () => {
+    const cwd = mkdtempSync(join(tmpdir(), "lessorctl-jwt-"));
+    try {
+      const { run, bodies } = await jwtDev([], cwd);
+      expect(run.code).toBe(0);
+      expect(bodies).toHaveLength(1);
+      const body = bodies[0];
+      expect(body).toMatchObject({ issuer: devIssuer, audience: devAudience, algorithms: ["ES256"] });
+      expect(body?.jwks.keys).toHaveLength(1);
+      expect(body?.jwks.keys[0]).not.toHaveProperty("d"); // never the private half
+      expect(run.stdout[0]).toMatch(
+        /^jwt tenant=acme issuer=https:\/\/lessorctl.invalid\/jwt-dev audience=lessor-dev algorithm=ES256 role=authenticated kid=dev-[0-9a-f]{8} key_file=.lessor\/jwt-dev\/acme.json key=new$/,
+      );
+      const keySet = createLocalJWKSet(body?.jwks ?? { keys: [] });
+      for (const [i, user] of ["alice", "bob"].entries()) {
+        const line = run.stdout[i + 1] ?? "";
+        expect(line).toMatch(
+          new RegExp(
+            `^token user=${user} variable=LESSOR_${user.toUpperCase()}_TOKEN expires_at=\\S+ token=\\S+$`,
+          ),
+        );
+        const token = line.split(" token=")[1] ?? "";
+        const { payload } = await jwtVerify(token, keySet, { issuer: devIssuer, audience: devAudience });
+        expect(payload.sub).toBe(user);
+      }
+      // The private key stays on this machine, owner-only.
+      expect(statSync(join(cwd, ".lessor/jwt-dev/acme.json")).mode & 0o777).toBe(0o600);
+
+      // Again: the same key (tokens minted before keep working), the --export form for eval.
+      const again = await jwtDev(["--user", "carol-2", "--export"], cwd);
+      expect(again.bodies[0]?.jwks).toEqual(body?.jwks);
+      expect(again.run.stdout).toEqual([expect.stringMatching(/^export LESSOR_CAROL_2_TOKEN='ey[\w.-]+'$/)]);
+    } finally {
+      rmSync(cwd, { recursive: true, force: true });
+    }
+  });
+
+  it("refuses a Lessor that is not on this machine, and a user a token cannot name", async () => {
+    const cwd = mkdtempSync(join(tmpdir(), "lessorctl-jwt-"));
+    try {
+      const remote = await jwtDev([], cwd, "https://lessor.example.com");
+      expect(remote.run.code).toBe(1);
+      expect(remote.bodies).toEqual([]);
+      expect(remote.run.stderr[0]).toMatch(
+        /^error code=not_local status=0 message="jwt dev only talks to a Lessor on this machine/,
+      );
+      const badUser = await jwtDev(["--user", "rm -rf"], cwd);
+      expect(badUser.run.code).toBe(1);
+      expect(badUser.run.stderr[0]).toContain("code=invalid_option");
+    } finally {
+      rmSync(cwd, { recursive: true, force: true });
+    }
   });
 });
 
@@ -504,13 +683,24 @@ describe("lessorctl help and output", () => {
   it("lists every command, and every command has help", async () => {
     const top = await lessorctl(["--help"], {});
     expect(top.code).toBe(0);
-    for (const name of ["capacity", "evict", "status", "acquire", "release", "tenants", "campaign", "reseal"])
+    for (const name of [
+      "capacity",
+      "evict",
+      "status",
+      "acquire",
+      "release",
+      "tenants",
+      "campaign",
+      "reseal",
+      "jwt",
+    ])
       expect(top.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
     const tenants = await lessorctl(["tenants", "--help"], {});
     for (const name of [
       "list",
       "search",
       "create",
+      "key",
       "disable",
       "enable",
       "drain",
@@ -523,8 +713,10 @@ describe("lessorctl help and output", () => {
     ])
       expect(tenants.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
     const campaign = await lessorctl(["campaign", "--help"], {});
-    for (const name of ["create", "list", "status", "pause", "resume", "abort"])
+    for (const name of ["create", "list", "status", "pause", "resume", "cancel"])
       expect(campaign.stdout.join("\n")).toMatch(new RegExp(`^  ${name}\\b`, "m"));
+    // The API says cancel; the old name still works but is listed only as an alias.
+    expect(campaign.stdout.join("\n")).toMatch(/^ {2}cancel\|abort\b/m);
     const capacityHelp = await lessorctl(["capacity", "--help"], {});
     expect(capacityHelp.stdout.join("\n")).toContain("failed is not in the ledger");
   });

@@ -10,6 +10,7 @@ import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
+import { startBanner } from "../../local/banner.ts";
 import {
   localCronEnabled,
   msUntilNextMinute,
@@ -19,6 +20,7 @@ import {
 } from "../../local/cron.ts";
 import { lineSplitter, stackOutputFilter } from "../../local/output-filter.ts";
 import { claimStateDir, describeRunning, isRunning, portFromEnv, portInUse } from "../../local/preflight.ts";
+import { quietWranglerEnv } from "../../local/wrangler-env.ts";
 
 const cleanups: (() => void | Promise<void>)[] = [];
 afterEach(async () => {
@@ -72,13 +74,35 @@ describe("npm start: already running", () => {
   it("refuses while the pid file's Lessor runs, with the line npm start prints", async () => {
     const dir = tempStateDir();
     const other = sleeper("local/start.ts");
-    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\n`);
-    const claim = claimStateDir(dir);
-    expect(claim).toEqual({ ok: false, running: { kind: "lessor", pid: other.pid } });
+    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\nhttp://127.0.0.1:8790\n`);
+    const claim = claimStateDir(dir, process.pid, "http://127.0.0.1:8787");
+    expect(claim).toEqual({
+      ok: false,
+      running: { kind: "lessor", pid: other.pid, url: "http://127.0.0.1:8790" },
+    });
+    // Where it runs, and how to stop it.
     if (!claim.ok)
-      expect(describeRunning(claim.running, dir)).toBe(`Lessor is already running (pid ${other.pid})`);
+      expect(describeRunning(claim.running, dir)).toBe(
+        `Lessor is already running at http://127.0.0.1:8790 (pid ${other.pid}, state in ${dir}); ` +
+          `use it, or stop it with Ctrl-C in its terminal or: kill -INT ${other.pid}`,
+      );
     // The refused start leaves the running one's pid file alone.
-    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${other.pid}\n`);
+    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${other.pid}\nhttp://127.0.0.1:8790\n`);
+  });
+
+  it("writes where it serves into its pid file, and a pid file without it still refuses", async () => {
+    const dir = tempStateDir();
+    const claim = claimStateDir(dir, process.pid, "http://127.0.0.1:8787");
+    expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${process.pid}\nhttp://127.0.0.1:8787\n`);
+    if (claim.ok) claim.release();
+    const other = sleeper("local/start.ts");
+    writeFileSync(join(dir, "lessor.pid"), `${other.pid}\n`);
+    const refused = claimStateDir(dir);
+    if (!refused.ok)
+      expect(describeRunning(refused.running, dir)).toMatch(
+        /^Lessor is already running \(pid \d+, state in /,
+      );
+    expect(refused.ok).toBe(false);
   });
 
   it.skipIf(!hasProc)("takes a live pid of an unrelated process for a stale one (pid reuse)", () => {
@@ -237,5 +261,60 @@ describe("npm start: cron self-trigger", () => {
     expect(hits).toBeLessThanOrEqual(hitsAtStop + 1);
     expect(lines.length).toBeGreaterThanOrEqual(1);
     for (const line of lines) expect(line).toBe("[cron] scheduled self-trigger failed: HTTP 503: nope");
+  });
+});
+
+describe("npm start: nothing phones home", () => {
+  it("runs wrangler with the cf fetch, metrics, error reports and update check off", () => {
+    const env = quietWranglerEnv({ PATH: "/bin" });
+    expect(env).toMatchObject({
+      PATH: "/bin",
+      CLOUDFLARE_CF_FETCH_ENABLED: "false",
+      WRANGLER_SEND_METRICS: "false",
+      WRANGLER_SEND_ERROR_REPORTS: "false",
+      WRANGLER_HIDE_BANNER: "true",
+    });
+  });
+
+  it("lets the environment turn any of them back on", () => {
+    expect(quietWranglerEnv({ CLOUDFLARE_CF_FETCH_ENABLED: "true" }).CLOUDFLARE_CF_FETCH_ENABLED).toBe(
+      "true",
+    );
+  });
+
+  it("is what npm start and the demo spawn wrangler with, and wrangler.toml sends no metrics", () => {
+    const read = (file: string) => readFileSync(join(import.meta.dirname, "../..", file), "utf8");
+    expect(read("local/start.ts")).toContain("env: quietWranglerEnv()");
+    expect(read("local/demo.ts")).toContain("env: quietWranglerEnv(");
+    expect(read("wrangler.toml")).toMatch(/^send_metrics = false$/m);
+  });
+});
+
+describe("npm start: the banner", () => {
+  const facts = {
+    baseUrl: "http://127.0.0.1:8787",
+    pid: 4242,
+    adminKey: "lak_key",
+    pgPort: 54329,
+    cron: { on: true } as const,
+  };
+
+  it("on a first start, gives the quickstart with the variables the docs use", () => {
+    const lines = startBanner({ ...facts, firstStart: true });
+    expect(lines).toContain("Lessor is running at http://127.0.0.1:8787 (pid 4242; Ctrl-C stops it)");
+    expect(lines).toContain("Admin key: lak_key (kept in .lessor/secrets.json)");
+    expect(lines).toContain("  export LESSOR_URL=http://127.0.0.1:8787");
+    expect(lines).toContain(
+      "  export LESSOR_CONNECTION_STRING=$(npx lessorctl tenants create acme --connection-string)",
+    );
+    expect(lines.join("\n")).toContain("to start over: stop Lessor, rm -rf .lessor, npm start");
+  });
+
+  it("after a restart, suggests no tenant that already exists (acme would answer 409)", () => {
+    const lines = startBanner({ ...facts, firstStart: false, cron: { on: false, setting: "off" } });
+    expect(lines.join("\n")).not.toContain("create acme");
+    expect(lines.join("\n")).toContain("npx lessorctl tenants create <new id> --connection-string");
+    expect(lines.join("\n")).toContain("npx lessorctl tenants key <id> --connection-string");
+    expect(lines.join("\n")).toContain("Cron: off (LESSOR_LOCAL_CRON=off)");
   });
 });

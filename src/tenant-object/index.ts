@@ -182,14 +182,14 @@ export class TenantObject extends DurableObject<Env> {
   }
 
   /**
-   * Saves the usage the work counted before its answer leaves the object (runtime.ts, `saveUsage`):
-   * what a caller saw succeed stays counted if the object is killed right after.
+   * Has the usage the work counted saved soon after (runtime.ts, `noteUsage`): batched, never a
+   * storage write per request.
    */
   private async counted<T>(work: Promise<T>): Promise<T> {
     try {
       return await work;
     } finally {
-      this.rt.saveUsage();
+      this.rt.noteUsage();
     }
   }
 

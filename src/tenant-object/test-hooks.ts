@@ -33,6 +33,8 @@ export interface TenantStepEvent<Step> {
 export interface TenantHooksForTests {
   onRotationStep?: (event: TenantStepEvent<RotationStep>) => void | Promise<void>;
   onFlushStep?: (event: TenantStepEvent<FlushStep>) => void | Promise<void>;
+  /** The usage counted so far (`queries` of it) was saved to the object's storage (runtime.ts `saveUsage`). */
+  onUsageSaved?: (tenantId: string, queries: number) => void;
   /** Settings that replace the configuration's for one tenant's object, read at each use. */
   config?: (tenantId: string) => Partial<LessorConfig> | undefined;
 }

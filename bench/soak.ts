@@ -113,6 +113,8 @@ const tenantCount = Math.round(numberOption(options.tenants, "tenants", 50, 10, 
 const concurrency = Math.round(numberOption(options.concurrency, "concurrency", 8, 1, 64));
 const seed = Math.round(numberOption(options.seed, "seed", randomBytes(4).readUInt32BE(0) % 1e9, 0, 1e9));
 const trafficMs = minutes * 60_000;
+/** The command that runs this soak's plan again (the faults' timing still varies with the machine). */
+const replayCommand = `npm run soak -- --minutes ${minutes} --tenants ${tenantCount} --concurrency ${concurrency} --seed ${seed}`;
 
 const hostName = "pg";
 /** A small host: 16 connections for pools, 2 for maintenance, 5 more while a rotation overlaps. */
@@ -194,7 +196,8 @@ type Invariant =
   | "answers"
   | "writes"
   | "leaks"
-  | "usage";
+  | "usage"
+  | "campaigns";
 
 const invariants: readonly Invariant[] = [
   "budget_ledger",
@@ -205,6 +208,7 @@ const invariants: readonly Invariant[] = [
   "writes",
   "leaks",
   "usage",
+  "campaigns",
 ];
 
 const record = {
@@ -382,6 +386,9 @@ const bugCodes = new Set([
   "erase_not_found",
   "lease_not_found",
   "prepared_transaction_refused",
+  // Every fault the soak injects is transient: a create cut by one is retried, or answers
+  // `provisioning_interrupted` (503, Retry-After); `provisioning_failed` would blame the create.
+  "provisioning_failed",
 ]);
 /** Codes that refuse a valid key: expected only for a tenant that is being or has been erased. */
 const goneCodes = new Set([
@@ -815,6 +822,40 @@ async function startCampaign(toVersion: number, force: boolean): Promise<void> {
       counts: {},
       finishedAfterMs: null,
     });
+  }
+}
+
+/** How long the quiet phase waits for the campaigns to finish (a tenant a fault interrupted retries within 2 min). */
+const campaignDeadlineMs = 300_000;
+
+/**
+ * Every fault the soak injects is transient, so every campaign must end `done` with each tenant
+ * `succeeded` (or erased): a migration a fault interrupted is run again, never `failed`. Cron
+ * ticks keep running until they finish (bounded).
+ */
+async function checkCampaigns(worker: ScheduledWrangler): Promise<void> {
+  const began = Date.now();
+  const finished = () => campaigns.every((c) => ["done", "failed", "cancelled"].includes(c.state));
+  await refreshCampaigns();
+  while (!finished() && Date.now() - began < campaignDeadlineMs) {
+    await cronTick(worker, ["migration-campaigns"], 60_000).catch(() => undefined);
+    await sleep(2_000);
+    await refreshCampaigns();
+  }
+  for (const campaign of campaigns) {
+    checked("campaigns");
+    const { succeeded = 0, erased = 0, total = campaign.enrolled } = campaign.counts;
+    if (campaign.state !== "done") {
+      violation(
+        "campaigns",
+        `campaign to v${campaign.toVersion} is ${campaign.state} after ${campaignDeadlineMs / 1000} s of quiet`,
+      );
+    } else if (succeeded + erased !== total) {
+      violation(
+        "campaigns",
+        `campaign to v${campaign.toVersion}: ${succeeded} succeeded and ${erased} erased of ${total} (${JSON.stringify(campaign.counts)}); every fault is transient`,
+      );
+    }
   }
 }
 
@@ -1713,6 +1754,7 @@ async function main(): Promise<boolean> {
   checked("leaks");
   if (drained.drainedAfterMs === null) for (const problem of drained.problems) violation("leaks", problem);
   else progress(`  drained in ${round(drained.drainedAfterMs / 1000, 1)} s`);
+  await checkCampaigns(worker);
   // Lifecycle events are flushed by now (the objects flush on their heartbeat): a last full walk.
   await readEvents().catch(() => record.notes.push("the last read of lifecycle events failed"));
   for (const tenant of eventsByTenant.keys()) walkEvents(tenant);
@@ -1852,6 +1894,7 @@ async function main(): Promise<boolean> {
   for (const note of record.notes.slice(0, 10)) console.log(`# note: ${note}`);
   console.log(`# results: ${file}; the Worker's log: ${logFile}`);
   for (const line of lines) console.log(line);
+  if (!pass) console.log(`# replay: ${replayCommand}`);
   return pass;
 }
 
@@ -1863,6 +1906,7 @@ try {
     `# soak could not run: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`,
   );
   console.log("result=FAIL");
+  console.log(`# replay: ${replayCommand}`);
 } finally {
   await controlPlane.client?.end().catch(() => undefined);
   await cleanup();

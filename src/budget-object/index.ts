@@ -30,10 +30,13 @@ import type {
   CapacityStatus,
   EvictionReport,
   EvictOutcome,
+  GenerationCheck,
   MaintenanceGrant,
   MaintenanceRequest,
   PoolReport,
+  RepairKind,
 } from "../rpc/budget.ts";
+import { repairKinds } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
 import { MaintenanceSlots } from "./maintenance.ts";
 import { budgetHooksForTests } from "./test-hooks.ts";
@@ -238,6 +241,14 @@ export class BudgetObject extends DurableObject<Env> {
     this.maintenance.release(this.host(hostName), leaseId);
   }
 
+  /**
+   * Counts repairs a pool made to its own accounting (an overdue lease reclaimed, a close forced
+   * past its bound): each is a defect caught, so it is counted where operators look (`/metrics`).
+   */
+  async recordRepairs(repair: RepairKind, count: number): Promise<void> {
+    if (count > 0) this.ledger.bump(repair, count);
+  }
+
   /** Counts what the cron reconcile found on the host itself (orphaned backends it terminated). */
   async recordReconcile(orphansTerminated: number): Promise<void> {
     for (let i = 0; i < orphansTerminated; i++) this.ledger.bump("orphans_terminated");
@@ -277,7 +288,8 @@ export class BudgetObject extends DurableObject<Env> {
         allocationsReleased: this.ledger.counter("allocations_released"),
         orphansTerminated: this.ledger.counter("orphans_terminated"),
         maintenanceExpired: this.ledger.counter("maintenance_expired"),
-      },
+        ...Object.fromEntries(repairKinds.map((kind) => [kind, this.ledger.counter(kind)])),
+      } as CapacityStatus["reconciled"],
       candidates: evictionCandidates(allocations)
         .slice(0, candidateLimit)
         .map((a) => ({
@@ -326,21 +338,26 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /**
-   * Releases allocations whose tenant no longer confirms the generation (a tenant object that
-   * died, a start that never finished). Run by the cron trigger; safe to run at any time.
+   * Repairs the ledger from the pools' own truth, for every allocation quiet for `olderThanMs`:
+   * one whose tenant object no longer holds the generation (an object that died, a start that
+   * never finished, a close that was forced) is released; one whose lease count differs from the
+   * pool's own is corrected (the pool first reclaims leases held past their bound, so a lost
+   * release cannot keep a pool busy for ever). Each repair is counted and logged. Run by the cron
+   * trigger; safe to run at any time.
    */
   async reconcile(
     hostName: string,
     olderThanMs = 30_000,
-  ): Promise<{ checked: number; released: number; maintenanceExpired: number }> {
+  ): Promise<{ checked: number; released: number; corrected: number; maintenanceExpired: number }> {
     const cutoff = Date.now() - olderThanMs;
     const maintenanceExpired = await this.maintenance.reclaim(this.host(hostName), cutoff);
     const stale = this.ledger.rows().filter((row) => row.updatedAt < cutoff);
     let released = 0;
+    let corrected = 0;
     for (const row of stale) {
-      let live = true;
+      let check: GenerationCheck;
       try {
-        live = await this.env.TENANTS.getByName(row.tenantId).holdsGeneration(row.generation);
+        check = await this.env.TENANTS.getByName(row.tenantId).checkGeneration(row.generation);
       } catch (error) {
         logEvent("warn", "budget_reconcile_probe_failed", {
           host: hostName,
@@ -349,14 +366,32 @@ export class BudgetObject extends DurableObject<Env> {
         });
         continue;
       }
-      if (!live) {
+      // The row may have changed (or gone) while the object answered.
+      const now = this.ledger.find(row.tenantId, row.generation);
+      if (!now) continue;
+      if (!check.holds) {
         await this.release(hostName, row.tenantId, row.generation);
         this.ledger.bump("allocations_released");
         released++;
+        continue;
+      }
+      if (check.report && check.report.leases !== now.leases) {
+        logEvent("warn", "budget_lease_count_corrected", {
+          host: hostName,
+          tenant: row.tenantId,
+          generation: row.generation,
+          ledger: now.leases,
+          pool: check.report.leases,
+        });
+        this.ledger.setPhase(row.tenantId, row.generation, now.phase, check.report);
+        this.ledger.bump("lease_count_corrected");
+        corrected++;
       }
     }
-    if (released > 0) logEvent("info", "budget_reconciled", { host: hostName, released });
-    return { checked: stale.length, released, maintenanceExpired };
+    if (released + corrected > 0)
+      logEvent("info", "budget_reconciled", { host: hostName, released, corrected });
+    if (corrected > 0) this.serveWaiters(this.host(hostName));
+    return { checked: stale.length, released, corrected, maintenanceExpired };
   }
 
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────
@@ -413,21 +448,23 @@ export class BudgetObject extends DurableObject<Env> {
       const plan = planEviction(allocations, host.budget, head.size, head.tenantId);
       const victim = plan?.[0];
       if (!victim) return; // nothing evictable now: wait for a release or the deadline
-      let outcome: EvictOutcome;
+      let outcome: EvictOutcome | null;
       try {
         this.ledger.setPhase(victim.tenantId, victim.generation, "draining", null);
         outcome = await this.env.TENANTS.getByName(victim.tenantId).evictIfIdle(victim.generation);
       } catch (error) {
+        // Not an answer about the pool: nothing is learned about its leases (the reconcile asks
+        // again later). It is only passed over for the rest of this reclaim.
         logEvent("warn", "budget_evict_failed", { tenant: victim.tenantId, failure: describeFailure(error) });
-        outcome = { evicted: false, report: { leases: 1, idleSince: null, pinned: false, migrating: false } };
+        outcome = null;
       }
-      if (outcome.evicted) {
+      if (outcome?.evicted) {
         this.ledger.bump("evictions");
         this.ledger.remove(victim.tenantId, victim.generation);
       } else {
         refused.add(`${victim.tenantId}:${victim.generation}`);
         if (this.ledger.find(victim.tenantId, victim.generation)) {
-          this.ledger.setPhase(victim.tenantId, victim.generation, "allocated", outcome.report);
+          this.ledger.setPhase(victim.tenantId, victim.generation, "allocated", outcome?.report ?? null);
         }
       }
     }

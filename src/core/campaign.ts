@@ -531,6 +531,15 @@ export function retryDelayMs(attempts: number): number {
 }
 
 /**
+ * Delay before a migration a transient fault interrupted (a killed backend, a restarted host, a cut
+ * network) is run again: 5 s, doubling, at most 2 minutes. Shorter than `retryDelayMs`: nothing of
+ * the tenant's is in the way, only a fault that is usually over in seconds.
+ */
+export function interruptedRetryDelayMs(attempts: number): number {
+  return Math.min(5_000 * 2 ** Math.max(0, attempts - 1), 2 * 60_000);
+}
+
+/**
  * A tenant put off to a later tick for a reason that is not its own (the host's maintenance reserve
  * was full, or the tick's time ran out while its migration still ran): retried after the first
  * back-off step, never given up on. The migration is bounded on its own (`LESSOR_MIGRATION_TIMEOUT_MS`),
@@ -582,6 +591,10 @@ export function resultOfAttempt(
       // lookup: deferred to a later tick, never given up on (neither is the tenant's doing).
       if (answer.reason === "maintenance_busy" || answer.reason === "control_plane_unavailable")
         return deferredResult(reason, now);
+      // A transient fault interrupted it: run again after a backoff, never given up on and never
+      // `failed` (only the migration's own SQL, or a bound it reached, fails a tenant).
+      if (answer.reason === "interrupted")
+        return { state: "skipped", reason, retryAt: now + interruptedRetryDelayMs(attempts) };
       return exhausted
         ? { state: "skipped", reason: `${reason}; gave up after ${attempts} attempts`, retryAt: null }
         : { state: "skipped", reason, retryAt: now + retryDelayMs(attempts) };

@@ -253,6 +253,25 @@ export function retired(lc: Lifecycle, generation: number): Lifecycle {
   return lc.retiring === generation ? { ...lc, retiring: null } : lc;
 }
 
+/**
+ * Beyond what legitimately holds a lease: a `/sql` request waits for a connection (10 s), runs
+ * within the statement bound, gets a cancel's grace and a cut's (2 s each), and answers; a session
+ * lease lives at most its lifetime and is reclaimed by the next alarm after it.
+ */
+export const leaseOverdueMarginMs = 60_000;
+
+/**
+ * How long a lease may be held before it is overdue: a lease still counted then lost its release
+ * (a request whose work will never settle), and is reclaimed rather than keep its generation busy
+ * for ever.
+ */
+export function leaseOverdueAfterMs(
+  kind: "sql" | "session",
+  bounds: { statementTimeoutMs: number; leaseMaxLifetimeMs: number },
+): number {
+  return (kind === "sql" ? bounds.statementTimeoutMs : bounds.leaseMaxLifetimeMs) + leaseOverdueMarginMs;
+}
+
 /** What the idle alarm should do. */
 export type IdleDecision = { kind: "drain" } | { kind: "rearm"; at: number } | { kind: "none" };
 

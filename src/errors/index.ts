@@ -241,6 +241,12 @@ export const errorCatalog = {
     message: "Provisioning could not finish; send the same create request again to resume it.",
     retryable: true,
   },
+  provisioning_interrupted: {
+    status: 503,
+    message:
+      "Provisioning was interrupted by a transient fault (the database host restarted or could not be reached); send the same create request again to resume it.",
+    retryable: true,
+  },
   object_unavailable: {
     status: 503,
     message:

@@ -128,10 +128,44 @@ interface StartupConfigurable {
   getStartupConf(): Record<string, string>;
 }
 
+interface EndEmitter {
+  once(event: "end", listener: () => void): void;
+}
+
+/**
+ * The driver's `Client`, except that `end()` settles when the connection has already ended. The
+ * driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
+ * host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel), that event
+ * came before, and `end()` never settles. A pool ends only once every client's `end()` has called
+ * back, so one such client left `Pool.end()` pending for ever: the generation never finished
+ * closing, and its budget allocation was never released (the chaos soak's leak, issue 32; the
+ * sequence is test/integration/pool-end-after-cut.test.ts).
+ */
+export class SettlingClient extends Client {
+  private connectionEnded = false;
+
+  constructor(config?: ConstructorParameters<typeof Client>[0]) {
+    super(config);
+    (this as unknown as { connection: EndEmitter }).connection.once("end", () => {
+      this.connectionEnded = true;
+    });
+  }
+
+  override end(): Promise<void>;
+  override end(callback: (err?: Error) => void): void;
+  override end(callback?: (err?: Error) => void): Promise<void> | void {
+    if (!this.connectionEnded) return callback ? super.end(callback) : super.end();
+    // Nothing is left to close: the socket is gone, and the driver would wait for its end for ever.
+    (this as unknown as { _ending: boolean })._ending = true;
+    if (!callback) return Promise.resolve();
+    queueMicrotask(() => callback());
+  }
+}
+
 /** A driver `Client` class whose connections carry a fresh login token and the session limits. */
-function tenantClientClass(options: TenantConnectionOptions): typeof Client {
+function tenantClientClass(options: TenantConnectionOptions): typeof SettlingClient {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
-  return class TenantClient extends Client {
+  return class TenantClient extends SettlingClient {
     private loginToken = "";
 
     override connect(): Promise<void>;
@@ -199,6 +233,7 @@ export function openControlPlanePool(
     connectionTimeoutMillis: 10_000,
     application_name: "lessor-control-plane",
   });
+  pool.Client = SettlingClient;
   pool.on("connect", () => {
     opened.control_plane++;
   });
@@ -207,7 +242,7 @@ export function openControlPlanePool(
 }
 
 /** Runs `work` on a fresh client and always closes it. */
-async function withClient<T>(client: Client, work: (client: Client) => Promise<T>): Promise<T> {
+async function withClient<T>(client: SettlingClient, work: (client: Client) => Promise<T>): Promise<T> {
   client.on("error", () => undefined);
   await client.connect();
   try {
@@ -221,10 +256,9 @@ async function withClient<T>(client: Client, work: (client: Client) => Promise<T
 const closeBoundMs = 2_000;
 
 /**
- * Ends `client`, waiting for its end at most `closeBoundMs`. The driver's `end()` waits for the
- * connection's `end` event, which a connection emits once: when the host has already cut it (a
- * restart, a proxy that dropped a frozen tunnel), that event came before, and `end()` never
- * settles. Found by the chaos soak: a create answered workerd's "your Worker's code had hung" 500
+ * Ends `client`, waiting for its end at most `closeBoundMs`. A `SettlingClient` whose connection
+ * already ended settles at once; the bound covers a close the network never completes (a frozen
+ * tunnel). Found by the chaos soak: a create answered workerd's "your Worker's code had hung" 500
  * instead of its error, and work run in an object would never have returned (or released its
  * maintenance slot). The socket is closed either way; only the wait is bounded.
  */
@@ -235,6 +269,46 @@ async function closeClient(client: Client): Promise<void> {
   });
   try {
     await Promise.race([client.end().catch(() => undefined), bound]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** How long ending a pool waits for its connections to come back and close before it cuts them. */
+export const poolEndBoundMs = 5_000;
+
+/**
+ * Ends a pool, bounded. The driver's `Pool.end()` settles only once every client checked out has
+ * come back and closed: a client whose work never settles (a query on a connection the network
+ * froze) would keep it pending for ever, and with it the generation's close and its budget. Past
+ * `boundMs` the connections still open are cut, and the wait moves on after `closeBoundMs` more.
+ * Says whether it had to cut.
+ */
+export async function endPool(pool: Pool, boundMs = poolEndBoundMs): Promise<"ended" | "forced"> {
+  const ended = pool.end().then(
+    () => true,
+    () => true,
+  );
+  if (await settlesWithin(ended, boundMs)) return "ended";
+  for (const client of (pool as unknown as { _clients?: object[] })._clients ?? []) {
+    try {
+      cutConnection(client);
+    } catch {
+      // Not connected yet, or already gone.
+    }
+  }
+  await settlesWithin(ended, closeBoundMs);
+  return "forced";
+}
+
+/** Whether `promise` settles within `ms` (it keeps running either way). */
+async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const bound = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true), bound]);
   } finally {
     clearTimeout(timer);
   }
@@ -276,7 +350,11 @@ export function withConnection<T>(
   configureDriver(config);
   opened.control_plane++;
   return withClient(
-    new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
+    new SettlingClient({
+      connectionString,
+      application_name: applicationName,
+      connectionTimeoutMillis: 10_000,
+    }),
     work,
   );
 }
@@ -295,7 +373,7 @@ export function withPrivilegedConnection<T>(
   configureDriver(config);
   opened.host_admin++;
   return withClient(
-    new Client({
+    new SettlingClient({
       connectionString,
       application_name: applicationName,
       connectionTimeoutMillis: 10_000,

@@ -29,6 +29,22 @@ export type MaintenanceGrant =
   | { granted: true; leaseId: string; expiresAt: number; hostReport?: HostReport | null }
   | { granted: false; retryAfterMs: number };
 
+/**
+ * A repair of the accounting counted on the host (each also logged): a ledger allocation's lease
+ * count the reconcile corrected from its pool's own; a lease a pool reclaimed as overdue; a
+ * generation whose close was forced past its bound.
+ */
+export const repairKinds = ["lease_count_corrected", "lease_reclaimed", "close_forced"] as const;
+export type RepairKind = (typeof repairKinds)[number];
+
+/** What a tenant's object says about one generation, asked by the reconcile. */
+export interface GenerationCheck {
+  /** Whether the object still holds connections (or budget) of it. */
+  holds: boolean;
+  /** The pool's own facts, when it is the current ready generation. */
+  report: PoolReport | null;
+}
+
 /** What a tenant reports about its pool, for victim selection. */
 export interface PoolReport {
   leases: number;
@@ -67,8 +83,12 @@ export interface CapacityStatus {
   maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
   /** The host's kind and what its admin role can do, as last probed (null before the first probe). */
   capabilities: HostReport | null;
-  /** What reconcile has repaired since the ledger was created (monotonic counters). */
-  reconciled: { allocationsReleased: number; orphansTerminated: number; maintenanceExpired: number };
+  /** What reconcile and the pools have repaired since the ledger was created (monotonic counters). */
+  reconciled: Record<RepairKind, number> & {
+    allocationsReleased: number;
+    orphansTerminated: number;
+    maintenanceExpired: number;
+  };
   candidates: {
     tenantId: string;
     generation: number;

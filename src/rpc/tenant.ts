@@ -103,7 +103,9 @@ export type MigrateOutcome =
         | "leases_held"
         | "maintenance_busy"
         | "tenant_erasing"
-        | "control_plane_unavailable";
+        | "control_plane_unavailable"
+        /** A transient fault (a killed backend, a restarted host, a cut network) stopped it: run again. */
+        | "interrupted";
       leases?: number;
     }
   | { outcome: "failed"; version: number | null; summary: string };

@@ -25,7 +25,7 @@ import { recoverAfterRestart } from "../core/lifecycle.ts";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
-import type { EvictOutcome } from "../rpc/budget.ts";
+import type { EvictOutcome, GenerationCheck } from "../rpc/budget.ts";
 import type {
   EraseAnswer,
   KeyProof,
@@ -72,6 +72,16 @@ export class TenantObject extends DurableObject<Env> {
       },
       credentialChange: () => this.rotation.inProgress,
       onRetired: (generation) => this.rotation.retired(generation),
+      onRepair: (repair, count) => {
+        const host = rt.record?.host;
+        if (!host) return;
+        ctx.waitUntil(
+          rt
+            .budget(host)
+            .recordRepairs(repair, count)
+            .catch(() => undefined),
+        );
+      },
     });
     this.queries = new TenantQueries(rt, this.auth, this.pool);
     this.sessions = new SessionLeases(rt, this.auth, this.pool);
@@ -243,9 +253,21 @@ export class TenantObject extends DurableObject<Env> {
     return this.drains.evictIfIdle(generation);
   }
 
-  /** For budget reconciliation: does this object still hold connections of `generation`? */
+  /** For the orphan reaper: does this object still hold connections of `generation`? */
   async holdsGeneration(generation: number): Promise<boolean> {
     return this.pool.holds(generation);
+  }
+
+  /**
+   * For the budget's reconcile: reclaims the leases held past their bound first (a lost release
+   * must not keep the pool busy for ever), then says whether `generation` is still held and, if it
+   * is the current ready one, the pool's own facts (the ledger corrects its copy from them).
+   */
+  async checkGeneration(generation: number): Promise<GenerationCheck> {
+    this.pool.reclaimOverdueLeases(Date.now());
+    const lc = this.rt.lifecycle;
+    const current = lc.generation === generation && lc.state === "ready";
+    return { holds: this.pool.holds(generation), report: current ? this.pool.report() : null };
   }
 
   /** For budget reconciliation: does this instance still hold the maintenance slot `leaseId`? */

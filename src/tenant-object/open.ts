@@ -17,7 +17,7 @@ import { skipGeneration } from "../core/lifecycle.ts";
 import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
+import { endPool, openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { migrationLimits, migrationSettings, sessionLimits } from "../tenant-db/connect.ts";
 import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
@@ -108,7 +108,7 @@ export class GenerationOpener {
     } catch (error) {
       const code = (error as { code?: unknown }).code;
       if (code !== "28P01" && code !== "42501" && code !== "53300") throw error;
-      await pool.end().catch(() => undefined);
+      await endPool(pool);
       // A password or a CONNECT that drifted: the repair sets both back.
       if (code === "28P01" || code === "42501") await this.credentials.repair(record, credential, generation);
       else await this.credentials.fence(record, "role connection limit reached");
@@ -116,7 +116,7 @@ export class GenerationOpener {
       try {
         await this.firstQuery(retried, record);
       } catch (again) {
-        await retried.end().catch(() => undefined);
+        await endPool(retried);
         throw again;
       }
       return retried;

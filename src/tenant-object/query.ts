@@ -13,7 +13,7 @@ import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { encodeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import { backendPid } from "../postgres/index.ts";
+import { backendPid, cutConnection } from "../postgres/index.ts";
 import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
@@ -23,6 +23,7 @@ import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts"
 import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
 import { type ConnectionKind, CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
+import { tenantHooksForTests } from "./test-hooks.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 
 /** Sets an end user's claims, their MAC and the configured role, for the transaction only. */
@@ -137,9 +138,14 @@ export class TenantQueries {
       this.auth.refuseIfDisabled();
       client = await this.pool.checkout(lease, kind);
     } catch (error) {
-      this.endLease(lease.generation, leasedAt);
+      this.endLease(lease, leasedAt);
       throw error;
     }
+    // A lease reclaimed as overdue (its work never settled) cuts the connection it ran on.
+    this.pool.onAbandon(lease, () => {
+      markEndedOnPurpose(client);
+      cutConnection(client);
+    });
     const watchdog = new StatementWatchdog(this.rt, this.pool.credentials, record, lease.target, client);
     const budget = new ResponseBudget(this.rt.config.maxResponseBytes, request.output);
     let broken: Error | undefined;
@@ -166,7 +172,7 @@ export class TenantQueries {
       this.giveBack(
         client,
         watchdog.connectionSuspect ? (broken ?? new Error("statement stopped")) : broken,
-        lease.generation,
+        lease,
         leasedAt,
       );
     }
@@ -177,23 +183,23 @@ export class TenantQueries {
    * a sound one is reset first, off the caller's path. A stop that comes meanwhile waits for it:
    * the pool ends only once every connection is back, and only then is the budget released.
    */
-  private giveBack(
-    client: PoolClient,
-    broken: Error | undefined,
-    generation: number,
-    leasedAt: number,
-  ): void {
-    this.endLease(generation, leasedAt);
+  private giveBack(client: PoolClient, broken: Error | undefined, lease: LiveLease, leasedAt: number): void {
+    this.endLease(lease, leasedAt);
     if (broken) {
       markEndedOnPurpose(client);
       client.release(broken);
       return;
     }
-    this.rt.ctx.waitUntil(resetConnection(client).then((failed) => client.release(failed)));
+    this.rt.ctx.waitUntil(this.resetAndReturn(client));
   }
 
-  private endLease(generation: number, leasedAt: number): void {
+  private async resetAndReturn(client: PoolClient): Promise<void> {
+    if (tenantHooksForTests.beforeReset) await tenantHooksForTests.beforeReset(this.rt.tenantId, client);
+    client.release(await resetConnection(client));
+  }
+
+  private endLease(lease: LiveLease, leasedAt: number): void {
     this.rt.usage.leaseMs += Date.now() - leasedAt;
-    this.pool.release(generation);
+    this.pool.release(lease);
   }
 }

@@ -27,6 +27,7 @@ import { generateDatabasePassword } from "../crypto/keys.ts";
 import { seal } from "../crypto/seal.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { endPool } from "../postgres/index.ts";
 import type { RotateOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
@@ -160,7 +161,7 @@ export class CredentialRotation {
       void flushOutboxes(rt).catch(() => undefined);
       return { ok: true, generation: to, overlapped: true };
     } catch (error) {
-      if (prepared) await prepared.pool.end().catch(() => undefined);
+      if (prepared) await endPool(prepared.pool);
       await budget.release(record.host, record.tenantId, to).catch(() => undefined);
       rt.apply(rotationAbandoned(rt.lifecycle), "rotation_abandoned");
       rt.note("rotation_failed");

@@ -351,6 +351,25 @@ describe("resultOfAttempt", () => {
     });
   });
 
+  it("runs a migration a transient fault interrupted again after a growing backoff, and never fails it", () => {
+    expect(resultOfAttempt({ outcome: "skipped", reason: "interrupted" }, 1, now, 3)).toEqual({
+      state: "skipped",
+      reason: "interrupted",
+      retryAt: now + 5_000,
+    });
+    expect(resultOfAttempt({ outcome: "skipped", reason: "interrupted" }, 3, now, 3)).toEqual({
+      state: "skipped",
+      reason: "interrupted",
+      retryAt: now + 20_000,
+    });
+    // Past maxAttempts, still retried (capped at two minutes): a fault is not the tenant's.
+    expect(resultOfAttempt({ outcome: "skipped", reason: "interrupted" }, 50, now, 3)).toEqual({
+      state: "skipped",
+      reason: "interrupted",
+      retryAt: now + 120_000,
+    });
+  });
+
   it("defers a busy maintenance reserve and an unanswered control-plane lookup, and never gives up on them", () => {
     for (const reason of ["maintenance_busy", "control_plane_unavailable"]) {
       expect(resultOfAttempt({ outcome: "skipped", reason }, 99, now, 3)).toEqual({

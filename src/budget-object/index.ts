@@ -25,6 +25,7 @@ import {
 import { describeMissing, type HostReport } from "../core/host-capabilities.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { tenantObjectOnHost } from "../placement/index.ts";
 import type {
   AdmitResult,
   CapacityStatus,
@@ -357,7 +358,7 @@ export class BudgetObject extends DurableObject<Env> {
     for (const row of stale) {
       let check: GenerationCheck;
       try {
-        check = await this.env.TENANTS.getByName(row.tenantId).checkGeneration(row.generation);
+        check = await tenantObjectOnHost(this.env, hostName, row.tenantId).checkGeneration(row.generation);
       } catch (error) {
         logEvent("warn", "budget_reconcile_probe_failed", {
           host: hostName,
@@ -451,7 +452,9 @@ export class BudgetObject extends DurableObject<Env> {
       let outcome: EvictOutcome | null;
       try {
         this.ledger.setPhase(victim.tenantId, victim.generation, "draining", null);
-        outcome = await this.env.TENANTS.getByName(victim.tenantId).evictIfIdle(victim.generation);
+        outcome = await tenantObjectOnHost(this.env, host.name, victim.tenantId).evictIfIdle(
+          victim.generation,
+        );
       } catch (error) {
         // Not an answer about the pool: nothing is learned about its leases (the reconcile asks
         // again later). It is only passed over for the rest of this reclaim.

@@ -40,7 +40,9 @@ export const controlPlaneOutageForTests = { active: false };
 export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: Queryable };
 
 /**
- * Runs `work` on a control-plane session: one warm connection of a ControlPlaneObject shard,
+ * Runs `work` on a control-plane session of `region` (its own control-plane database: a tenant's
+ * catalog is only in its region's, docs/adr/023-regions.md): one warm connection of one of the
+ * region's ControlPlaneObject shards,
  * checked out for `work` and returned after it (reset), with drizzle over it exactly as over a
  * direct connection, transactions included. No handshake happens here: the shard keeps its
  * connections open (docs/adr/010-control-plane-pool-and-maintenance-reserve.md). `applicationName`
@@ -50,19 +52,23 @@ export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: 
 export async function withControlPlane<T>(
   config: LessorConfig,
   env: Env,
+  region: string,
   work: (db: ControlPlane) => Promise<T>,
   applicationName = "lessor-control-plane",
 ): Promise<T> {
+  if (!config.regions.has(region)) {
+    throw new LessorError("misconfigured", { internal: `control plane of unknown region ${region}` });
+  }
   if (controlPlaneOutageForTests.active) {
     throw new LessorError("control_plane_unavailable", {
       internal: "control plane down (test fault injection)",
       retryAfterSeconds: 1,
     });
   }
-  const shard = controlPlaneShard(env, `shard-${Math.floor(Math.random() * config.controlPlaneShards)}`);
+  const shard = controlPlaneShard(env, region, Math.floor(Math.random() * config.controlPlaneShards));
   let opened: Awaited<ReturnType<typeof shard.open>>;
   try {
-    opened = await shard.open(applicationName);
+    opened = await shard.open(applicationName, region);
   } catch (error) {
     throw new LessorError("control_plane_unavailable", {
       internal: "control-plane object unreachable",

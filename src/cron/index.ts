@@ -3,6 +3,7 @@
  * `* * * * *`). Cron handlers only fan out; each job lives with its feature and is idempotent.
  * To add a job, append it to `cronJobs`.
  */
+import { loadConfig } from "../config/index.ts";
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
 import { auditRetentionJob } from "./jobs/audit-retention.ts";
 import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
@@ -27,14 +28,21 @@ export const cronJobs: readonly CronJob[] = [
   hostHygieneJob,
 ];
 
-/** Runs the tick's jobs under `ctx.waitUntil`; the promise (for tests) resolves with their reports. */
+/**
+ * Runs the tick's jobs, once per region (docs/adr/023-regions.md), under `ctx.waitUntil`; the
+ * promise (for tests) resolves with their reports.
+ */
 export function runScheduled(
   controller: ScheduledController,
   env: Env,
   ctx: ExecutionContext,
   jobs: readonly CronJob[] = cronJobs,
 ): Promise<JobReport[]> {
-  return runJobs(jobs, env, { cron: controller.cron, scheduledTime: controller.scheduledTime }, (promise) =>
-    ctx.waitUntil(promise),
+  return runJobs(
+    jobs,
+    env,
+    { cron: controller.cron, scheduledTime: controller.scheduledTime },
+    [...loadConfig(env).regions.keys()],
+    (promise) => ctx.waitUntil(promise),
   );
 }

@@ -116,6 +116,11 @@ export const errorCatalog = {
   },
   erase_not_found: { status: 404, message: "This tenant has no erase." },
   unknown_host: { status: 400, message: "No database host with that name is configured." },
+  region_unknown: { status: 400, message: "No region with that name is configured." },
+  host_not_in_region: {
+    status: 400,
+    message: "That database host is in another region; a tenant's host is in the tenant's region.",
+  },
   unknown_tier: { status: 400, message: "No tier with that name is configured." },
   stale_generation: {
     status: 409,

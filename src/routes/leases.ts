@@ -12,6 +12,7 @@ import { parseSqlRequest } from "../core/neon-protocol.ts";
 import { driverOutputMode } from "../core/result-shape.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError, type WireError } from "../errors/index.ts";
+import { tenantObject } from "../placement/index.ts";
 import { type KeyProof, sessionTokenPrefix } from "../rpc/tenant.ts";
 import { bearerToken, countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import { type AppContext, type AppEnv, readJson } from "./context.ts";
@@ -58,7 +59,7 @@ leaseRoutes.post("/v1/tenants/:id/leases", jsonBody(openLeaseBody), async (c) =>
   if (!tenantId) throw new LessorError("invalid_tenant_id");
   const proof = await leaseProof(c, tenantId);
   const { ttlMs } = c.req.valid("json");
-  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, proof, ttlMs);
+  const opened = await tenantObject(c.env, proof.region, tenantId).openSession(tenantId, proof, ttlMs);
   if (!opened.ok) throw await refusal(c, tenantId, opened.error);
   return c.json({ lease: opened.lease, generation: opened.generation, expiresAt: opened.expiresAt }, 201);
 });
@@ -77,7 +78,7 @@ leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
   // Lessor's own route: without Neon's output headers it answers as the driver asks (raw text arrays).
   const headers = c.req.raw.headers;
   const asked = headers.has("Neon-Raw-Text-Output") || headers.has("Neon-Array-Mode");
-  const outcome = await c.env.TENANTS.getByName(tenantId).sessionSql(
+  const outcome = await tenantObject(c.env, proof.region, tenantId).sessionSql(
     tenantId,
     proof,
     token,
@@ -93,7 +94,7 @@ leaseRoutes.delete("/v1/leases/:lease", async (c) => {
   const token = c.req.param("lease");
   const tenantId = leaseTenant(token);
   const proof = await leaseProof(c, tenantId);
-  const closed = await c.env.TENANTS.getByName(tenantId).closeSession(tenantId, proof, token);
+  const closed = await tenantObject(c.env, proof.region, tenantId).closeSession(tenantId, proof, token);
   if (!closed.ok) throw await refusal(c, tenantId, closed.error);
   return c.body(null, 204);
 });

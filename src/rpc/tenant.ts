@@ -26,6 +26,8 @@ export type KeyScope = "full" | "jwt";
 export interface KeyProof {
   keyId: string;
   keyHash: string;
+  /** The tenant's region, as its key names it inside the MAC (docs/adr/023-regions.md). */
+  region: string;
 }
 
 /** What a TenantObject knows about its tenant: enough to authenticate and to start its pool. */

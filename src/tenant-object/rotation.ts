@@ -81,7 +81,9 @@ export class CredentialRotation {
 
     if (decision.kind === "update_credential") {
       const keyId = await this.pool.credentials.changePassword(record, password, "rotate");
-      await withControlPlane(rt.config, rt.env, (db) => resealCredential(db, record.tenantId, sealed));
+      await withControlPlane(rt.config, rt.env, rt.region, (db) =>
+        resealCredential(db, record.tenantId, sealed),
+      );
       rt.note("credential_rotated: stopped, credential updated");
       logEvent("info", "credential_rotated", { tenant: record.tenantId, overlapped: false });
       // No generation runs under an older password: its guard key can go now.
@@ -130,7 +132,7 @@ export class CredentialRotation {
         2 * record.poolSize + 1,
       );
       await this.step(record, "password_changed");
-      await withControlPlane(rt.config, rt.env, async (db) => {
+      await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
         if (!(await appendGeneration(db, record.tenantId, to, record.poolSize))) {
           throw new LessorError("internal", { internal: "rotation generation already taken" });
         }

@@ -6,6 +6,7 @@
  */
 import { type LessorConfig, loadConfig } from "../config/index.ts";
 import { initialLifecycle, type Lifecycle } from "../core/lifecycle.ts";
+import { parseTenantObjectName } from "../core/placement.ts";
 import { budgetObject } from "../placement/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
@@ -75,12 +76,20 @@ export class TenantRuntime {
     return this.erase?.state === "erasing";
   }
 
+  /**
+   * The region this object serves its tenant in, from the object's own name (src/core/placement.ts):
+   * it reads and writes only this region's control plane (docs/adr/023-regions.md).
+   */
+  readonly region: string;
+
   constructor(
     readonly ctx: DurableObjectState,
     readonly env: Env,
   ) {
     this.loadedConfig = loadConfig(env);
     this.storage = new TenantStorage(ctx.storage);
+    const named = ctx.id.name === undefined ? null : parseTenantObjectName(ctx.id.name).region;
+    this.region = named ?? this.loadedConfig.defaultRegion;
   }
 
   /** The deployment's configuration (with a test's settings for this tenant: test-hooks.ts). */

@@ -14,9 +14,10 @@ import type { CronJob } from "../fan-out.ts";
 export const budgetReconcileJob: CronJob = {
   name: "budget-reconcile",
   timeoutMs: 30_000,
-  async run(env) {
+  async run(env, tick) {
     const config = loadConfig(env);
-    const hosts = [...config.hosts.values()];
+    // The region's hosts: each region reconciles its own.
+    const hosts = [...config.hosts.values()].filter((host) => host.region === tick.region);
     const results = await Promise.all(
       hosts.map(async (host) => {
         const budget = budgetObject(env, host.name);

@@ -70,6 +70,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
             TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
             TEST_PG_SERVER_LOG: inject("pgServerLog"),
+            // Unset (one region) but in the regions project.
+            ...(inject("regionsJson") ? { LESSOR_REGIONS: inject("regionsJson") } : {}),
           },
         },
       })),
@@ -113,6 +115,8 @@ export default defineConfig({
       // Stops and restarts its own Postgres under load: kept apart so no other test sees the outage.
       workersProject("pg-restart", ["test/pg-restart/**/*.test.ts"], "./test/pg-restart/global-setup.ts"),
       // Cuts the control plane off (and only it): kept apart so no other test sees the outage.
+      // Two regions; stops one region's control plane at a time: kept apart so no other test sees it.
+      workersProject("regions", ["test/regions/**/*.test.ts"], "./test/regions/global-setup.ts"),
       workersProject(
         "control-plane-outage",
         ["test/control-plane-outage/**/*.test.ts"],

@@ -155,6 +155,32 @@ export async function prepareHost(
   }
 }
 
+/**
+ * Another region's control-plane database on the same cluster (docs/adr/023-regions.md: locally, a
+ * region is a named control-plane database and hosts on the embedded Postgres): created owned by
+ * the host admin if missing, migrated, and its connection string (as the host admin) returned.
+ */
+export async function prepareRegionControlPlane(
+  pgServer: Pick<LocalPostgres, "url" | "host" | "port">,
+  adminPassword: string,
+  region: string,
+): Promise<string> {
+  if (!/^[a-z][a-z0-9]{0,15}$/.test(region)) throw new Error(`region ${region}: a lowercase slug, no hyphens`);
+  const database = `${controlPlaneDatabase}_${region}`;
+  const client = new pg.Client(pgServer.url());
+  await client.connect();
+  try {
+    const { rows } = await client.query("SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1", [database]);
+    if (rows.length === 0) await client.query(`CREATE DATABASE "${database}" OWNER ${localAdminRole}`);
+    await client.query(`REVOKE CONNECT, TEMPORARY ON DATABASE "${database}" FROM PUBLIC`);
+  } finally {
+    await client.end();
+  }
+  const url = hostAdminUrl(pgServer, adminPassword, database);
+  await migrateControlPlane(url);
+  return url;
+}
+
 /** Applies drizzle/control-plane/ (drizzle's migrator: each migration once, in order). */
 export async function migrateControlPlane(url: string): Promise<void> {
   const client = new pg.Client(url);

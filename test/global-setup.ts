@@ -7,7 +7,7 @@
 import pg from "pg";
 import type { TestProject } from "vitest/node";
 import { localAdminRole, providerGroup } from "../local/host-setup.ts";
-import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
+import { freePort, type LocalStack, prepareRegionControlPlane, startLocalStack } from "../local/stack.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
@@ -20,6 +20,8 @@ declare module "vitest" {
     proxyControlUrl: string;
     jwksServerUrl: string;
     pgServerLog: string;
+    /** `LESSOR_REGIONS` of the regions project (unset elsewhere: one region). */
+    regionsJson: string;
   }
 }
 
@@ -27,12 +29,15 @@ declare module "vitest" {
  * A setup/teardown pair with a stack of its own: each vitest project that calls this gets its own
  * Postgres (the Postgres-restart project stops and starts its cluster without touching the others).
  */
-export function localStackSetup(name: string, options: { controlPlaneAddress?: string } = {}) {
+export function localStackSetup(
+  name: string,
+  options: { controlPlaneAddress?: string; regions?: boolean } = {},
+) {
   let stack: LocalStack | undefined;
   let jwks: JwksServer | undefined;
   return {
     setup: async (project: TestProject) => {
-      stack = await startTestStack(project, name, options.controlPlaneAddress);
+      stack = await startTestStack(project, name, options.controlPlaneAddress, options.regions ?? false);
       jwks = await startJwksServer();
       project.provide("jwksServerUrl", jwks.url);
     },
@@ -46,7 +51,8 @@ export function localStackSetup(name: string, options: { controlPlaneAddress?: s
 async function startTestStack(
   project: TestProject,
   name: string,
-  controlPlaneAddress?: string,
+  controlPlaneAddress: string | undefined,
+  regions: boolean,
 ): Promise<LocalStack> {
   const dataDir = `.lessor/test-${name}-pg-${process.pid}`;
   // The server's own log (connections, and what tests make it log), read back by the tests
@@ -103,7 +109,28 @@ async function startTestStack(
       logged: { url: as("lessor_admin_logged"), locationHint: "weur" },
       // The mass restart's fleet (mass-restart.test.ts).
       mass: admin,
+      // The regions project's second region's hosts (test/regions).
+      ...(regions ? { "eu-1": admin, "eu-2": admin } : {}),
     }),
+  );
+  // Two regions (test/regions): the default one on the control plane above, and `eu` on a control
+  // plane of its own, reached as 127.0.0.2 so the proxy can cut either region's off alone.
+  project.provide(
+    "regionsJson",
+    regions
+      ? JSON.stringify({
+          us: { locationHint: "enam" },
+          eu: {
+            controlPlaneUrl: (
+              await prepareRegionControlPlane(stack.pg, "lessor-test-password", "eu")
+            ).replace("@127.0.0.1:", "@127.0.0.2:"),
+            hosts: ["eu-1", "eu-2"],
+            // No jurisdiction: workerd refuses `jurisdiction()` ("not implemented"); the code path
+            // that applies one is unit-tested (test/unit/regions.test.ts).
+            locationHint: "weur",
+          },
+        })
+      : "",
   );
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));

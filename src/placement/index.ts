@@ -19,8 +19,12 @@ function regionOf(config: LessorConfig, name: string): Region {
   return region;
 }
 
-/** The namespace of `placement` (its jurisdiction's, if it has one) and the stub in it. */
-function stubIn<T extends Rpc.DurableObjectBranded | undefined>(
+/**
+ * The namespace of `placement` (its jurisdiction's, if it has one) and the stub in it, created with
+ * its location hint. workerd implements no jurisdiction (it throws): local and test stacks declare
+ * none, and this path is unit-tested against a namespace that records what it was asked.
+ */
+export function stubIn<T extends Rpc.DurableObjectBranded | undefined>(
   namespace: DurableObjectNamespace<T>,
   placement: ObjectPlacement,
 ): DurableObjectStub<T> {

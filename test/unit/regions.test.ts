@@ -13,6 +13,7 @@ import {
 import { fromBase64Url, toBase64Url } from "../../src/crypto/encoding.ts";
 import { type KeyMacRing, mintTenantKey, verifyTenantKey } from "../../src/crypto/tenant-keys.ts";
 import { LessorError } from "../../src/errors/index.ts";
+import { stubIn } from "../../src/placement/index.ts";
 
 const controlPlaneUrl = "postgres://lessor_admin:pw@127.0.0.1:5432/lessor";
 
@@ -215,5 +216,42 @@ describe("placement of a region's objects", () => {
       name: "eu:shard-3",
       options: { locationHint: "weur" },
     });
+  });
+});
+
+describe("the stub of a placed object", () => {
+  /** A namespace that records what it is asked (workerd implements no jurisdiction). */
+  function recordingNamespace() {
+    const calls: string[] = [];
+    const namespace = (scope: string | null): DurableObjectNamespace => {
+      const ns = {
+        jurisdiction: (jurisdiction: string) => {
+          calls.push(`jurisdiction(${jurisdiction})`);
+          return namespace(jurisdiction);
+        },
+        getByName: (name: string, options?: { locationHint?: string }) => {
+          calls.push(`getByName(${scope ?? "-"}, ${name}, ${options?.locationHint ?? "-"})`);
+          return { name } as unknown as DurableObjectStub;
+        },
+      };
+      return ns as unknown as DurableObjectNamespace;
+    };
+    return { calls, namespace: namespace(null) };
+  }
+
+  it("asks the region's jurisdiction's namespace, with the hint, for a region that has one; the plain namespace otherwise", () => {
+    const eu: RegionPlacement = { name: "eu", jurisdiction: "eu", locationHint: "weur", isDefault: false };
+    const us: RegionPlacement = { name: "us", jurisdiction: null, locationHint: null, isDefault: true };
+    const { calls, namespace } = recordingNamespace();
+    stubIn(namespace, tenantObjectPlacement(eu, "acme"));
+    stubIn(namespace, tenantObjectPlacement(us, "acme", "enam"));
+    stubIn(namespace, controlPlaneShardPlacement(eu, 0));
+    expect(calls).toEqual([
+      "jurisdiction(eu)",
+      "getByName(eu, acme@eu, weur)",
+      "getByName(-, acme, enam)",
+      "jurisdiction(eu)",
+      "getByName(eu, eu:shard-0, weur)",
+    ]);
   });
 });

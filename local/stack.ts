@@ -165,12 +165,15 @@ export async function prepareRegionControlPlane(
   adminPassword: string,
   region: string,
 ): Promise<string> {
-  if (!/^[a-z][a-z0-9]{0,15}$/.test(region)) throw new Error(`region ${region}: a lowercase slug, no hyphens`);
+  if (!/^[a-z][a-z0-9]{0,15}$/.test(region))
+    throw new Error(`region ${region}: a lowercase slug, no hyphens`);
   const database = `${controlPlaneDatabase}_${region}`;
   const client = new pg.Client(pgServer.url());
   await client.connect();
   try {
-    const { rows } = await client.query("SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1", [database]);
+    const { rows } = await client.query("SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1", [
+      database,
+    ]);
     if (rows.length === 0) await client.query(`CREATE DATABASE "${database}" OWNER ${localAdminRole}`);
     await client.query(`REVOKE CONNECT, TEMPORARY ON DATABASE "${database}" FROM PUBLIC`);
   } finally {

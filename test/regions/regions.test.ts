@@ -21,7 +21,6 @@ import {
   admin,
   asSuperuser,
   type CreatedTenant,
-  createTenant,
   lessor,
   pollUntil,
   sqlRequest,
@@ -110,7 +109,9 @@ async function rowsAbout(region: RegionName, id: string): Promise<Record<string,
       "audit_log",
     ]) {
       const column = table === "tenants" ? "id" : "tenant_id";
-      const { rows } = await client.query(`SELECT count(*)::int AS n FROM ${table} WHERE ${column} = $1`, [id]);
+      const { rows } = await client.query(`SELECT count(*)::int AS n FROM ${table} WHERE ${column} = $1`, [
+        id,
+      ]);
       counts[table] = Number(rows[0]?.n ?? 0);
     }
     return counts;
@@ -177,4 +178,223 @@ describe("a tenant in each region", () => {
       audit_log: 0,
     });
   });
+});
+
+/** A key of `tenant`'s whose region was rewritten to `region` (its MAC left as it was). */
+function renamedKey(key: string, region: string | null): string {
+  const bytes = fromBase64Url(key.slice(4));
+  const name = new TextEncoder().encode(region ?? "");
+  const forged = new Uint8Array(48 + name.byteLength);
+  forged.set(bytes.subarray(0, 48));
+  forged[0] = region === null ? 1 : 2;
+  forged.set(name, 48);
+  return `lsk_${toBase64Url(forged)}`;
+}
+
+describe("a forged key naming another region", () => {
+  it("is refused at the edge like any forged key: no object, no connection, no control plane", async () => {
+    const eu = await createIn("eu", "forge-eu");
+    const us = await createIn("us", "forge-us");
+    const forgeries = [
+      // The eu tenant's own key, claiming the default region or an unknown one.
+      { tenant: eu, key: renamedKey(eu.key, null) },
+      { tenant: eu, key: renamedKey(eu.key, "us") },
+      { tenant: eu, key: renamedKey(eu.key, "mars") },
+      // The us tenant's key, claiming eu.
+      { tenant: us, key: renamedKey(us.key, "eu") },
+    ];
+    const objectsBefore = new Set((await listDurableObjectIds(env.TENANTS)).map((id) => id.toString()));
+    const opened = connectionsOpened();
+    for (const { tenant, key } of forgeries) {
+      const sql = await sqlRequest(tenant.connectionString.replace(tenant.key, key), { query: "SELECT 1" });
+      expect(sql.status).toBe(400);
+      expect(await sql.json()).toMatchObject({ code: "28P01" });
+      const rest = await lessor(`/v1/tenants/${tenant.id}/usage`, {
+        headers: { Authorization: `Bearer ${key}` },
+      });
+      expect(rest.status).toBe(401);
+      expect(await rest.json()).toMatchObject({ code: "invalid_credentials" });
+    }
+    const objectsAfter = (await listDurableObjectIds(env.TENANTS)).map((id) => id.toString());
+    expect(objectsAfter.filter((id) => !objectsBefore.has(id))).toEqual([]);
+    expect(connectionsOpened()).toEqual(opened);
+    // The real keys still work (and the counters above are ones that move).
+    expect((await select(eu)).status).toBe(200);
+    expect((await select(us)).status).toBe(200);
+    expect(connectionsOpened().tenant).toBeGreaterThan(opened.tenant);
+  });
+});
+
+/** Rolls a tenant back to schema version 2, behind Lessor's back, so a campaign has work to do. */
+async function rollBackToVersion2(tenant: RegionalTenant): Promise<void> {
+  await asSuperuser(async (client) => {
+    await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
+    await client.query("DELETE FROM lessor.schema_migrations WHERE version > 2");
+  }, tenant.database);
+  await asSuperuser(
+    (client) => client.query("UPDATE tenants SET schema_version = 2 WHERE id = $1", [tenant.id]),
+    regions[tenant.region].database,
+  );
+}
+
+async function schemaVersionOf(tenant: RegionalTenant): Promise<number> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT max(version)::int AS v FROM lessor.schema_migrations");
+    return Number(rows[0]?.v ?? 0);
+  }, tenant.database);
+}
+
+/** Runs one cron tick through the Worker's scheduled handler; answers every job's report. */
+async function cronTick(): Promise<JobReport[]> {
+  const runs: Promise<unknown>[] = [];
+  const ctx = {
+    waitUntil: (promise: Promise<unknown>) => runs.push(promise),
+    passThroughOnException: () => undefined,
+    props: {},
+  };
+  await worker.scheduled?.(
+    createScheduledController({ cron: "* * * * *", scheduledTime: Date.now() }),
+    env,
+    ctx as unknown as ExecutionContext,
+  );
+  return (await Promise.all(runs)) as JobReport[];
+}
+
+/** Kills a tenant's object in `region` (its memory goes; its storage stays), as a deploy would. */
+async function resetObject(tenant: RegionalTenant): Promise<void> {
+  const outcome = await runInDurableObject(
+    tenantObject(env, tenant.region, tenant.id),
+    (_instance, state) => {
+      state.abort("test: object reset");
+    },
+  ).then(
+    () => "not reset",
+    (error: unknown) => String(error),
+  );
+  expect(outcome).toMatch(/object reset/);
+}
+
+describe("one region's control plane down", () => {
+  for (const [down, up] of [
+    ["us", "eu"],
+    ["eu", "us"],
+  ] as const) {
+    it(`leaves region ${up} unaffected while ${down}'s control plane is cut off: creates, cold starts, the warm path, campaigns, folds, erase, cron`, async () => {
+      const downWarm = await createIn(down, `warm-${down}`);
+      const downCold = await createIn(down, `cold-${down}`);
+      const upWarm = await createIn(up, `warm-${up}`);
+      const upCold = await createIn(up, `cold-${up}`);
+      const upMigrating = await createIn(up, `mig-${up}`);
+      const upDoomed = await createIn(up, `doomed-${up}`);
+      for (const tenant of [downWarm, upWarm, upMigrating]) expect((await select(tenant)).status).toBe(200);
+      await rollBackToVersion2(upMigrating);
+      await resetObject(downCold);
+      await resetObject(upCold);
+
+      await proxy("block", down);
+      try {
+        // The region that is down: warm tenants still serve (ADR 010), a cold start cannot read its
+        // sealed credential, and a create there cannot write its catalog. The cut is real.
+        expect((await select(downWarm)).status).toBe(200);
+        const refused = await sqlRequest(downCold.connectionString, { query: "SELECT 1" });
+        expect(refused.status).toBe(503);
+        expect(await refused.json()).toMatchObject({ code: "control_plane_unavailable" });
+        const noCreate = await admin("/v1/tenants", {
+          method: "POST",
+          json: { id: uniqueTenantId("nope"), region: down },
+        });
+        expect(noCreate.status).toBe(503);
+        expect(await noCreate.json()).toMatchObject({ code: "control_plane_unavailable" });
+
+        // The region that is up notices nothing.
+        const created = await createIn(up, `new-${up}`);
+        expect((await select(created)).status).toBe(200);
+        expect((await select(upCold)).status).toBe(200);
+        for (let i = 0; i < 5; i++) expect((await select(upWarm, i)).status).toBe(200);
+        const keys = await lessor(`/v1/tenants/${upWarm.id}/keys`, {
+          headers: { Authorization: `Bearer ${upWarm.key}` },
+        });
+        expect(keys.status).toBe(200);
+        await keys.text();
+
+        // A campaign of the up region: created, advanced by its region's ticks, done.
+        const campaign = await admin(`/v1/campaigns?region=${up}`, {
+          method: "POST",
+          json: { toVersion: 3, canary: [upMigrating.id], tenants: [upMigrating.id], force: true },
+        });
+        expect(campaign.status, await campaign.clone().text()).toBe(201);
+        const { campaign: started } = await campaign.json<{ campaign: { id: string } }>();
+        let state = "pending";
+        for (let tick = 0; tick < 12 && state !== "done"; tick++) {
+          const report = await runCampaignTick(env, {
+            region: up,
+            campaignId: started.id,
+            now: Date.now() + tick * 3_600_000,
+          });
+          state = report.campaigns[0]?.to ?? state;
+        }
+        expect(state).toBe("done");
+        expect(await schemaVersionOf(upMigrating)).toBe(3);
+
+        // A fold of the up region drains its usage deltas.
+        await pollUntil(
+          () => rowsAbout(up, upWarm.id),
+          (rows) => (rows.usage_deltas ?? 0) > 0,
+          { attempts: 40, intervalMs: 250 },
+        );
+        const fold = await foldOnce(loadConfig(env), env, up, foldOptionsFromVars(env), Date.now());
+        expect(fold.outcome.kind).toBe("folded");
+
+        // An erase in the up region runs to its tombstone.
+        const erase = await admin(`/v1/tenants/${upDoomed.id}?confirm=${upDoomed.id}&region=${up}`, {
+          method: "DELETE",
+        });
+        expect(erase.status).toBe(202);
+        await erase.text();
+        const erased = await pollUntil(
+          async () =>
+            (await admin(`/v1/tenants/${upDoomed.id}/erase?region=${up}`)).json<{ state: string }>(),
+          (view) => view.state === "erased",
+          { attempts: 120, intervalMs: 250 },
+        );
+        expect(erased.state).toBe("erased");
+
+        // The cron: every job of the up region ran fine; the down region's control-plane jobs failed alone.
+        const reports = await cronTick();
+        const ofRegion = (region: string) =>
+          Object.fromEntries(reports.filter((r) => r.region === region).map((r) => [r.job, r.status]));
+        expect(Object.values(ofRegion(up))).toHaveLength(8);
+        expect(new Set(Object.values(ofRegion(up)))).toEqual(new Set(["ok"]));
+        expect(ofRegion(down)).toMatchObject({
+          "usage-fold": "failed",
+          "erase-resume": "failed",
+          "migration-campaigns": "failed",
+          "audit-retention": "failed",
+        });
+
+        // Status and metrics: the up region reads whole, the down one says its control plane is down.
+        const upView = await (await admin(`/v1/fleet/overview?region=${up}`)).json<{
+          region: string;
+          controlPlane: string;
+        }>();
+        expect(upView).toMatchObject({ region: up, controlPlane: "up" });
+        const downView = await (await admin(`/v1/fleet/overview?region=${down}`)).json<{
+          controlPlane: string;
+        }>();
+        expect(downView.controlPlane).toBe("down");
+        const metrics = await (await admin("/metrics")).text();
+        expect(metrics).toContain(`lessor_control_plane_up{region="${up}"} 1`);
+        expect(metrics).toContain(`lessor_control_plane_up{region="${down}"} 0`);
+      } finally {
+        await proxy("unblock", down);
+      }
+      // Back: the down region's cold tenant starts.
+      const back = await pollUntil(
+        () => select(downCold),
+        (answer) => answer.status === 200,
+        { attempts: 40, intervalMs: 250 },
+      );
+      expect(back.status).toBe(200);
+    });
+  }
 });

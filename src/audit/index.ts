@@ -22,6 +22,7 @@ export const auditActions = [
   "tenant.pin",
   "tenant.unpin",
   "tenant.erase",
+  "tenant.move",
   "campaign.create",
   "campaign.pause",
   "campaign.resume",

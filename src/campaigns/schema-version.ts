@@ -24,6 +24,7 @@ import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { tenantObject } from "../placement/index.ts";
+import { callOwner } from "../placement/moves.ts";
 import type { KeyProof, SqlOutcome } from "../rpc/tenant.ts";
 import { appVersionsSeenSince, noteAppVersionSeen } from "./store.ts";
 
@@ -117,12 +118,18 @@ export async function sqlWithSchemaVersion(
   bearer: string | null = null,
 ): Promise<SqlOutcome> {
   const required = requiredSchemaVersion(rawHeader);
-  // The key named the tenant's region inside its MAC: its object there, and nothing of another region.
-  const tenant = tenantObject(env, proof.region, tenantId);
-  const outcome = await tenant.sql(tenantId, proof, request, required, bearer);
+  // The key named the tenant's region inside its MAC: its object there (or where it moved since),
+  // and nothing of another region.
+  const { answer: outcome, proof: owner } = await callOwner<SqlOutcome>(
+    env,
+    tenantId,
+    proof,
+    async (object, asked) => object.sql(tenantId, asked, request, required, bearer),
+  );
+  const tenant = tenantObject(env, owner.region, tenantId);
   const authenticated = outcome.ok || outcome.authenticated;
   if (required !== null && authenticated)
-    noteAppSchemaVersion(env, proof.region, tenantId, required, waitUntil);
+    noteAppSchemaVersion(env, owner.region, tenantId, required, waitUntil);
   if (
     required === null ||
     outcome.ok ||
@@ -133,8 +140,8 @@ export async function sqlWithSchemaVersion(
     return outcome;
   }
   // Only an authenticated caller gets `schema_too_old`, so only it can trigger an upgrade.
-  await upgradeTenantFor(env, proof.region, tenantId, required, outcome.error.message);
-  return tenant.sql(tenantId, proof, request, required, bearer);
+  await upgradeTenantFor(env, owner.region, tenantId, required, outcome.error.message);
+  return tenant.sql(tenantId, owner, request, required, bearer);
 }
 
 /**

@@ -87,9 +87,15 @@ export async function withControlPlane<T>(
   }
 }
 
+/** Whether a catalog row is a tenant its region serves now (not provisioning, erasing, moving or moved). */
+export function isServable(status: string): status is "active" | "disabled" {
+  return status === "active" || status === "disabled";
+}
+
 /**
  * The catalog record a TenantObject needs, or null if the tenant does not exist, is not provisioned
- * yet, or is being erased (its object learns why from the erase's row: `erasuresOf`).
+ * yet, is being erased (its object learns why from the erase's row: `erasuresOf`), or is moving to
+ * or has moved to another region (docs/adr/023-regions.md).
  */
 export async function loadTenantRecord(
   db: ControlPlane,
@@ -97,7 +103,7 @@ export async function loadTenantRecord(
   tenantId: string,
 ): Promise<TenantRecord | null> {
   const [row] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
-  if (!row || row.status === "provisioning" || row.status === "erasing") return null;
+  if (!row || !isServable(row.status)) return null;
   return tenantRecordFromRow(row, await loadUsableKeys(db, tenantId), config, await loadTenantJwt(db, row));
 }
 
@@ -153,7 +159,7 @@ export function tenantRecordFromRow(
   config: LessorConfig,
   jwt: TenantJwt | null = null,
 ): TenantRecord | null {
-  if (row.status === "provisioning" || row.status === "erasing") return null;
+  if (!isServable(row.status)) return null;
   return {
     tenantId: row.id,
     status: row.status,

@@ -11,6 +11,7 @@ import { credentialRotationJob } from "./jobs/credential-rotation.ts";
 import { eraseResumeJob } from "./jobs/erase-resume.ts";
 import { hostHygieneJob } from "./jobs/host-hygiene.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
+import { moveResumeJob } from "./jobs/move-resume.ts";
 import { resealJob } from "./jobs/reseal.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
 
@@ -23,6 +24,7 @@ export const cronJobs: readonly CronJob[] = [
   campaignJob,
   credentialRotationJob,
   eraseResumeJob,
+  moveResumeJob,
   auditRetentionJob,
   resealJob,
   hostHygieneJob,

@@ -149,6 +149,7 @@ async function provisionLocked(
   let [row] = await db.select().from(tenants).where(eq(tenants.id, input.id)).limit(1);
   // The id may be created again once its erase has committed (a new tenant, a new ordinal).
   if (row?.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+  if (row?.status === "moving") throw new LessorError("tenant_moving", { retryAfterSeconds: 5 });
   if (row && row.status !== "provisioning") throw new LessorError("tenant_exists");
   if (!row) {
     // Opaque names: another tenant can read pg_database, pg_roles and pg_stat_activity.

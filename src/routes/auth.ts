@@ -6,8 +6,8 @@ import type { TenantId } from "../core/tenant-id.ts";
 import { hashKey, secretMatches } from "../crypto/keys.ts";
 import { verifyTenantKey } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
-import { tenantObject } from "../placement/index.ts";
-import type { KeyProof } from "../rpc/tenant.ts";
+import { callOwner } from "../placement/moves.ts";
+import type { KeyProof, Verdict } from "../rpc/tenant.ts";
 import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 
 /**
@@ -112,8 +112,14 @@ export function principalRegion(c: AppContext, principal: Principal): string {
 export async function requireTenantKey(c: AppContext, tenantId: TenantId, token: string): Promise<KeyProof> {
   const proof = await proveTenantKey(c, tenantId, token);
   if (!proof) throw new LessorError("invalid_credentials");
-  const verdict = await tenantObject(c.env, proof.region, tenantId).verifyKey(tenantId, proof);
-  if (verdict.ok) return proof;
+  const { answer: verdict, proof: owner } = await callOwner<Verdict>(
+    c.env,
+    tenantId,
+    proof,
+    async (object, asked) => object.verifyKey(tenantId, asked),
+  );
+  // The proof names the owner's region: the route reads and writes that region's control plane.
+  if (verdict.ok) return owner;
   if (verdict.error.code === "invalid_credentials") await countFailedAuthentication(c, tenantId);
   throw LessorError.fromWire(verdict.error);
 }

@@ -29,6 +29,21 @@ export interface EraseGate {
   erasedAt: number | null;
 }
 
+/**
+ * A move of this tenant to another region (src/tenant-object/move.ts, docs/adr/023-regions.md):
+ * while `moving`, nothing new is served here (the fence); once `moved`, this object serves nothing
+ * and holds nothing but this pointer, which sends every caller to the tenant's new region.
+ * Persisted in the object's storage, and kept by the move's cleanup.
+ */
+export interface MoveGate {
+  tenantId: string;
+  /** The move's row in this region's control plane (0 until it is written). */
+  jobId: number;
+  to: string;
+  state: "moving" | "moved";
+  startedAt: number;
+}
+
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
 export const heartbeatMs = 30_000;
 
@@ -70,6 +85,18 @@ export class TenantRuntime {
   readonly keyUses = new Map<string, number>();
   /** Set once an erase of this tenant started; null otherwise. */
   erase: EraseGate | null = null;
+  /** Set once a move of this tenant to another region started; null otherwise. */
+  move: MoveGate | null = null;
+
+  /** Whether a move holds the fence closed: nothing new may start here. */
+  get moving(): boolean {
+    return this.move?.state === "moving";
+  }
+
+  /** The region the tenant moved to, once this object is only a pointer; null otherwise. */
+  get movedTo(): string | null {
+    return this.move?.state === "moved" ? this.move.to : null;
+  }
 
   /** Whether an erase holds the gate closed: nothing new may start. */
   get erasing(): boolean {

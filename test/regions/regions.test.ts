@@ -363,11 +363,12 @@ describe("one region's control plane down", () => {
         const reports = await cronTick();
         const ofRegion = (region: string) =>
           Object.fromEntries(reports.filter((r) => r.region === region).map((r) => [r.job, r.status]));
-        expect(Object.values(ofRegion(up))).toHaveLength(8);
+        expect(Object.values(ofRegion(up))).toHaveLength(9);
         expect(new Set(Object.values(ofRegion(up)))).toEqual(new Set(["ok"]));
         expect(ofRegion(down)).toMatchObject({
           "usage-fold": "failed",
           "erase-resume": "failed",
+          "move-resume": "failed",
           "migration-campaigns": "failed",
           "audit-retention": "failed",
         });

@@ -1,0 +1,201 @@
+/**
+ * Moving a tenant between regions (issue 27, docs/adr/023-regions.md): a resumable, audited job in
+ * the old region's object, fence → drain → copy → switch → start → cleanup → commit, with one owner
+ * throughout. The tenant's database stays on its host; its catalog, keys, sealed credential,
+ * ledgers, usage and audit rows go to the new region's control plane and leave the old one's; its
+ * keys keep working (the old region's object points the Worker to the new one).
+ */
+import { env } from "cloudflare:test";
+import { afterEach, describe, expect, it } from "vitest";
+import { InterruptedForTests } from "../../src/erase/test-hooks.ts";
+import { type MoveStep, moveHooksForTests } from "../../src/move/test-hooks.ts";
+import { tenantObject } from "../../src/placement/index.ts";
+import { admin, asSuperuser, lessor, pollUntil, sqlRequest, uniqueTenantId } from "../integration/harness.ts";
+
+type RegionName = "us" | "eu";
+const databases: Record<RegionName, string> = { us: "lessor", eu: "lessor_eu" };
+
+interface Tenant {
+  id: string;
+  key: string;
+  connectionString: string;
+  role: string;
+}
+
+afterEach(() => {
+  moveHooksForTests.onStep = undefined;
+});
+
+async function createIn(region: RegionName, prefix: string): Promise<Tenant> {
+  const id = uniqueTenantId(prefix);
+  const response = await admin("/v1/tenants", { method: "POST", json: { id, region } });
+  expect(response.status, await response.clone().text()).toBe(201);
+  const body = await response.json<{ key: string; connectionString: string }>();
+  const role = await asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT role_name FROM tenants WHERE id = $1", [id]);
+    return String(rows[0]?.role_name);
+  }, databases[region]);
+  return { id, key: body.key, connectionString: body.connectionString, role };
+}
+
+/** Rows a region's control plane holds about `id`, table by table. */
+async function rowsAbout(region: RegionName, id: string): Promise<Record<string, number>> {
+  return asSuperuser(async (client) => {
+    const counts: Record<string, number> = {};
+    for (const table of [
+      "tenant_keys",
+      "tenant_credentials",
+      "generation_ledger",
+      "lifecycle_events",
+      "usage_deltas",
+      "usage_rollups",
+      "audit_log",
+    ]) {
+      const { rows } = await client.query(`SELECT count(*)::int AS n FROM ${table} WHERE tenant_id = $1`, [
+        id,
+      ]);
+      counts[table] = Number(rows[0]?.n ?? 0);
+    }
+    return counts;
+  }, databases[region]);
+}
+
+async function statusOf(region: RegionName, id: string): Promise<string | null> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query("SELECT status FROM tenants WHERE id = $1", [id]);
+    return (rows[0]?.status as string | undefined) ?? null;
+  }, databases[region]);
+}
+
+interface Answer {
+  status: number;
+  code: string | null;
+  generation: number | null;
+  app: string | null;
+  sentAt: number;
+}
+
+/** One `/sql` request: its status, its error code, and the generation its connection was named for. */
+async function query(tenant: Tenant): Promise<Answer> {
+  const sentAt = Date.now();
+  const response = await sqlRequest(tenant.connectionString, {
+    query: "SELECT current_setting('application_name') AS app",
+    params: [],
+  });
+  const body = await response.json<{ rows?: string[][]; code?: string }>();
+  if (response.status !== 200)
+    return { status: response.status, code: body.code ?? null, generation: null, app: null, sentAt };
+  const app = body.rows?.[0]?.[0] ?? null;
+  const generation = app === null ? null : Number(app.split(":").at(-1));
+  return { status: 200, code: null, generation, app, sentAt };
+}
+
+function move(tenant: Tenant, from: RegionName, to: RegionName): Promise<Response> {
+  return admin(`/v1/tenants/${tenant.id}/move?region=${from}`, { method: "POST", json: { region: to } });
+}
+
+async function moveView(
+  id: string,
+  from: RegionName,
+): Promise<{ state: string; stage?: string; lastError?: string | null }> {
+  const response = await admin(`/v1/tenants/${id}/move?region=${from}`);
+  expect(response.status).toBe(200);
+  return response.json();
+}
+
+function untilMoved(id: string, from: RegionName) {
+  return pollUntil(
+    () => moveView(id, from),
+    (view) => view.state === "moved",
+    { attempts: 160, intervalMs: 250 },
+  );
+}
+
+describe("moving a tenant to another region", () => {
+  it("moves catalog, keys, credential, ledgers, usage and audit; keeps the database; the old key follows; the new owner starts higher", async () => {
+    const tenant = await createIn("us", "mover");
+    const before = await query(tenant);
+    expect(before.status).toBe(200);
+    expect(before.app).toMatch(new RegExp(`^lessor:${tenant.role}:[0-9]+$`));
+    // Some usage and events in the old region first.
+    await pollUntil(
+      () => rowsAbout("us", tenant.id),
+      (rows) => (rows.usage_deltas ?? 0) > 0 && (rows.lifecycle_events ?? 0) > 0,
+      { attempts: 60, intervalMs: 250 },
+    );
+
+    const started = await move(tenant, "us", "eu");
+    expect(started.status, await started.clone().text()).toBe(202);
+    expect(await started.json()).toMatchObject({ state: "moving", from: "us", to: "eu", stage: "drain" });
+    const done = await untilMoved(tenant.id, "us");
+    expect(done.state).toBe("moved");
+
+    // The catalog: the new region serves it; the old one keeps a stub and nothing else of it.
+    expect(await statusOf("eu", tenant.id)).toBe("active");
+    expect(await statusOf("us", tenant.id)).toBe("moved");
+    expect(await rowsAbout("us", tenant.id)).toEqual({
+      tenant_keys: 0,
+      tenant_credentials: 0,
+      generation_ledger: 0,
+      lifecycle_events: 0,
+      usage_deltas: 0,
+      usage_rollups: 0,
+      audit_log: 0,
+    });
+    const copied = await rowsAbout("eu", tenant.id);
+    expect(copied.tenant_keys).toBe(1);
+    expect(copied.tenant_credentials).toBe(1);
+    expect(copied.generation_ledger).toBeGreaterThan(0);
+    expect((copied.usage_deltas ?? 0) + (copied.usage_rollups ?? 0)).toBeGreaterThan(0);
+    // The audit: the create's row came along, and the move has its one row, in the new region.
+    const audit = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT action, detail FROM audit_log WHERE tenant_id = $1 ORDER BY id",
+        [tenant.id],
+      );
+      return rows as { action: string; detail: Record<string, unknown> }[];
+    }, "lessor_eu");
+    expect(audit.map((row) => row.action)).toEqual(["tenant.create", "tenant.move"]);
+    expect(audit[1]?.detail).toMatchObject({ from: "us", to: "eu" });
+
+    // The old key still works: the old region's object points the Worker to the new one, whose
+    // first pool starts above every generation the old region used; the database is the same.
+    const after = await query(tenant);
+    expect(after.status).toBe(200);
+    expect(after.app).toMatch(new RegExp(`^lessor:${tenant.role}:[0-9]+$`));
+    expect(after.generation ?? 0).toBeGreaterThan(before.generation ?? 0);
+    expect((await tenantObject(env, "eu", tenant.id).status()).state).toBe("ready");
+    expect((await tenantObject(env, "us", tenant.id).status()).move).toEqual({ state: "moved", to: "eu" });
+    // Its REST routes follow too, and a key minted now names the new region.
+    const keys = await lessor(`/v1/tenants/${tenant.id}/keys`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
+      body: "{}",
+    });
+    expect(keys.status, await keys.clone().text()).toBe(201);
+    const fresh = await keys.json<{ key: string; connectionString: string }>();
+    expect(
+      new TextDecoder().decode(
+        Uint8Array.from(atob(fresh.key.slice(4).replace(/-/g, "+").replace(/_/g, "/")), (ch) =>
+          ch.charCodeAt(0),
+        ).subarray(48),
+      ),
+    ).toBe("eu");
+    expect(
+      (await query({ ...tenant, key: fresh.key, connectionString: fresh.connectionString })).status,
+    ).toBe(200);
+    // The operator is told where it went.
+    const stale = await admin(`/v1/tenants/${tenant.id}/move?region=us`, {
+      method: "POST",
+      json: { region: "eu" },
+    });
+    expect(stale.status).toBe(409);
+    expect(await stale.json()).toMatchObject({ code: "tenant_moved", region: "eu" });
+    const twice = await admin(`/v1/tenants/${tenant.id}/move?region=eu`, {
+      method: "POST",
+      json: { region: "eu" },
+    });
+    expect(twice.status).toBe(409);
+    expect(await twice.json()).toMatchObject({ code: "move_same_region" });
+  });
+});

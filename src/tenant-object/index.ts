@@ -131,7 +131,9 @@ export class TenantObject extends DurableObject<Env> {
         );
       }
     }
-    if (rt.storage.pendingOutboxRows() > 0 || unstagedUsage || rt.erasing || rt.moving) {
+    // A move not committed yet resumes from the alarm (a killed instance's runner is gone).
+    const moveRunning = rt.move !== null && rt.move.committed !== true;
+    if (rt.storage.pendingOutboxRows() > 0 || unstagedUsage || rt.erasing || moveRunning) {
       await rt.ensureAlarm(Date.now() + 1_000);
     }
   }

@@ -21,7 +21,13 @@
 import { eq } from "drizzle-orm";
 import { loadTenantRecord, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
-import { type MoveStage, moveRequestDecision, moveRetryDelay, moveStageAfter } from "../core/move.ts";
+import {
+  fencedAt,
+  type MoveStage,
+  moveRequestDecision,
+  moveRetryDelay,
+  moveStageAfter,
+} from "../core/move.ts";
 import { InterruptedForTests } from "../erase/test-hooks.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
@@ -129,17 +135,21 @@ export class TenantMove {
     // The fence closes here, before any await: a request, lease or migration that comes in while
     // the catalog is written is refused already.
     rt.move = { tenantId, jobId: 0, to, state: "moving", startedAt: Date.now() };
+    // Stored before the catalog hears of it: a killed instance comes back fenced, and its runner
+    // lifts a fence the catalog never recorded (no job row: `run`).
+    await rt.storage.open();
+    rt.storage.write("move", rt.move);
     let opened: Awaited<ReturnType<typeof openMove>>;
     try {
       opened = await this.onControlPlane(rt.region, (db) =>
         openMove(db, { tenantId, from: rt.region, to, actor, generation: rt.lifecycle.generation }),
       );
     } catch (error) {
-      rt.move = null;
+      this.lift();
       throw error;
     }
     if (opened.kind === "refused") {
-      rt.move = null;
+      this.lift();
       throw new LessorError(opened.code);
     }
     this.adopt(opened.job);
@@ -158,17 +168,22 @@ export class TenantMove {
     return statusOf(job);
   }
 
+  /** Lifts a fence that no job row backs (the catalog refused it, or never heard of it). */
+  private lift(): void {
+    this.rt.move = null;
+    if (this.rt.storage.isOpen) this.rt.storage.forget("move");
+  }
+
   /** Takes the job's fence into this object (memory, and storage). */
   private adopt(job: MoveJob): void {
     const gate: MoveGate = {
       tenantId: job.tenantId,
       jobId: job.id,
       to: job.toRegion,
-      state:
-        job.state === "moved" || job.stage === "start" || job.stage === "cleanup" || job.stage === "commit"
-          ? "moved"
-          : "moving",
+      // Once the switch is recorded, this object is a pointer.
+      state: job.state === "moved" || !fencedAt(job.stage) ? "moved" : "moving",
       startedAt: job.startedAt.getTime(),
+      committed: job.state === "moved",
     };
     this.rt.move = gate;
     if (this.rt.storage.isOpen) this.rt.storage.write("move", gate);
@@ -199,7 +214,7 @@ export class TenantMove {
   /** The alarm's part: resume a running move whose retry is due, or re-arm for when it is. */
   async tick(): Promise<void> {
     const gate = this.rt.move;
-    if (!gate) return;
+    if (!gate || gate.committed) return;
     if (Date.now() < this.retryAt) {
       await this.rt.ctx.storage.setAlarm(this.retryAt);
       return;
@@ -217,8 +232,13 @@ export class TenantMove {
         await this.failed(tenantId, null, null, error);
         return;
       }
-      if (!job || job.state === "moved") {
-        if (job) this.adopt(job);
+      if (!job) {
+        // A fence stored here that never reached the catalog (killed in between): nothing moves.
+        if (rt.move?.tenantId === tenantId && rt.move.jobId === 0) this.lift();
+        return;
+      }
+      if (job.state === "moved") {
+        this.adopt(job);
         this.failures = 0;
         this.retryAt = 0;
         return;

@@ -42,6 +42,8 @@ export interface MoveGate {
   to: string;
   state: "moving" | "moved";
   startedAt: number;
+  /** The job committed: nothing is left to run (until then a restarted object resumes it). */
+  committed?: boolean;
 }
 
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */

@@ -8,7 +8,7 @@
 import { env } from "cloudflare:test";
 import { afterEach, describe, expect, it } from "vitest";
 import { InterruptedForTests } from "../../src/erase/test-hooks.ts";
-import { type MoveStep, moveHooksForTests } from "../../src/move/test-hooks.ts";
+import { moveHooksForTests } from "../../src/move/test-hooks.ts";
 import { tenantObject } from "../../src/placement/index.ts";
 import { admin, asSuperuser, lessor, pollUntil, sqlRequest, uniqueTenantId } from "../integration/harness.ts";
 
@@ -197,5 +197,152 @@ describe("moving a tenant to another region", () => {
     });
     expect(twice.status).toBe(409);
     expect(await twice.json()).toMatchObject({ code: "move_same_region" });
+  });
+});
+
+/** Backends of the tenant's role on the host, by generation (application_name `lessor:<role>:<gen>`). */
+async function liveGenerations(role: string): Promise<number[]> {
+  return asSuperuser(async (client) => {
+    const { rows } = await client.query(
+      "SELECT DISTINCT application_name AS app FROM pg_stat_activity WHERE usename = $1 AND application_name LIKE $2",
+      [role, `lessor:${role}:%`],
+    );
+    return rows.map((row: { app: string }) => Number(row.app.split(":").at(-1))).sort((a, b) => a - b);
+  });
+}
+
+/** Codes a client may see during a move, each documented as retryable (docs/failures.md). */
+const retryableDuringMove = new Set(["tenant_moving", "object_unavailable"]);
+
+describe("a move under traffic, killed between every pair of steps", () => {
+  it("keeps one owner throughout: no answer from the fenced generation after the fence, no failure but a retryable one, never two pools", {
+    timeout: 240_000,
+  }, async () => {
+    const tenant = await createIn("us", "hammered");
+    const warm = await query(tenant);
+    expect(warm.status).toBe(200);
+
+    // The client: three loops hammering the tenant with its one (old-region) key, recording every answer.
+    const answers: (Answer & { answeredAt: number })[] = [];
+    let hammering = true;
+    const hammer = async () => {
+      while (hammering) {
+        const answer = await query(tenant).catch(() => null);
+        if (answer) answers.push({ ...answer, answeredAt: Date.now() });
+        await new Promise((resolve) => setTimeout(resolve, 15));
+      }
+    };
+    // Never two pools: the backends of the tenant's role are sampled all along.
+    const samples: number[][] = [];
+    let sampling = true;
+    const sampler = (async () => {
+      while (sampling) {
+        samples.push(await liveGenerations(tenant.role));
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+    })();
+    const loops = [hammer(), hammer(), hammer()];
+    let fencedAt = 0;
+    let fencedGeneration = 0;
+    const killedAt: string[] = [];
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+
+      // Killed at every step: after each stage did its work (before it is recorded: the stage runs
+      // again) and after each was recorded (before the next starts), and right after the fence.
+      const seen = new Set<string>();
+      moveHooksForTests.onStep = ({ tenantId, step, abortObject }) => {
+        if (tenantId !== tenant.id || step.point === "started" || step.point === "failed") return;
+        const at = `${step.point}:${step.stage ?? "-"}`;
+        if (seen.has(at)) return;
+        seen.add(at);
+        killedAt.push(at);
+        abortObject(`test: move killed at ${at}`);
+        throw new InterruptedForTests(at);
+      };
+
+      const started = await move(tenant, "us", "eu");
+      // The fence point's kill ends the request's object before it answers: the move was asked, the
+      // fence is stored; the operator asks again and is answered with the move running.
+      await started.text();
+      for (let attempt = 0; attempt < 20 && fencedAt === 0; attempt++) {
+        const again = await move(tenant, "us", "eu");
+        const body = await again.json<{ state?: string; code?: string }>();
+        if (again.status === 202 && body.state === "moving") fencedAt = Date.now();
+        else await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      expect(fencedAt).toBeGreaterThan(0);
+      fencedGeneration = await asSuperuser(async (client) => {
+        const { rows } = await client.query(
+          "SELECT fenced_generation FROM tenant_moves WHERE tenant_id = $1 AND state = 'moving'",
+          [tenant.id],
+        );
+        return Number(rows[0]?.fenced_generation);
+      }, "lessor");
+      expect(fencedGeneration).toBeGreaterThanOrEqual(warm.generation ?? 0);
+
+      // Resumed after each kill, as the cron trigger (move-resume) would: until it is done.
+      let view = await moveView(tenant.id, "us");
+      for (let round = 0; round < 60 && view.state !== "moved"; round++) {
+        await tenantObject(env, "us", tenant.id)
+          .resumeMove(tenant.id)
+          .catch(() => undefined);
+        view = await moveView(tenant.id, "us");
+        if (view.state !== "moved") await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      expect(view.state).toBe("moved");
+      // The client keeps going on the new owner for a moment.
+      await new Promise((resolve) => setTimeout(resolve, 500));
+    } finally {
+      moveHooksForTests.onStep = undefined;
+      hammering = false;
+      await Promise.all(loops);
+      sampling = false;
+      await sampler;
+    }
+    // Killed at every step, and resumed from each.
+    expect(killedAt).toEqual([
+      "fence:-",
+      "worked:drain",
+      "recorded:drain",
+      "worked:copy",
+      "recorded:copy",
+      "worked:switch",
+      "recorded:switch",
+      "worked:start",
+      "recorded:start",
+      "worked:cleanup",
+      "recorded:cleanup",
+      // The commit's work is its record: killed after it, the job is found done.
+      "worked:commit",
+    ]);
+    // Every failure is a documented, retryable one.
+    const failures = answers.filter((a) => a.status !== 200);
+    for (const failure of failures) {
+      expect(failure.status).toBe(503);
+      expect(retryableDuringMove.has(failure.code ?? ""), JSON.stringify(failure)).toBe(true);
+    }
+    // After the fence: no answer from a fenced generation; every success is the new owner's.
+    const afterFence = answers.filter((a) => a.sentAt > fencedAt && a.status === 200);
+    expect(afterFence.length).toBeGreaterThan(10);
+    expect(afterFence.filter((a) => (a.generation ?? 0) <= fencedGeneration)).toEqual([]);
+    for (const answer of afterFence) expect(answer.app).toMatch(new RegExp(`^lessor:${tenant.role}:[0-9]+$`));
+    // The new owner served one generation, above the fenced one.
+    expect(new Set(afterFence.map((a) => a.generation)).size).toBe(1);
+    // Never two pools on the host at once: at most one generation's backends in every sample.
+    expect(samples.length).toBeGreaterThan(10);
+    expect(samples.filter((generations) => generations.length > 1)).toEqual([]);
+    // The rows are where they belong.
+    expect(await statusOf("eu", tenant.id)).toBe("active");
+    expect(await statusOf("us", tenant.id)).toBe("moved");
+    expect((await rowsAbout("us", tenant.id)).tenant_credentials).toBe(0);
+    const audits = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT count(*)::int AS n FROM audit_log WHERE tenant_id = $1 AND action = 'tenant.move'",
+        [tenant.id],
+      );
+      return Number(rows[0]?.n);
+    }, "lessor_eu");
+    expect(audits).toBe(1);
   });
 });

@@ -257,7 +257,10 @@ describe("a move under traffic, killed between every pair of steps", () => {
         if (seen.has(at)) return;
         seen.add(at);
         killedAt.push(at);
-        abortObject(`test: move killed at ${at}`);
+        // At the commit the runner is stopped without resetting the object: a reset there leaves
+        // the vitest pool's teardown waiting for ever (workerd itself idles; the move is done and
+        // the test has passed), so that one point is killed as an isolate would be, not as a crash.
+        if (at !== "worked:commit") abortObject(`test: move killed at ${at}`);
         throw new InterruptedForTests(at);
       };
 

@@ -120,7 +120,7 @@ export const statusPageScript = `"use strict";
     rows.forEach(function (cells) { body.appendChild(el("tr", {}, cells.map(function (c) { return el("td", { text: dash(c) }); }))); });
   }
 
-  /** The region this page shows (`?region=`; each region is read on its own), and links to the others. */
+  /* The region this page shows (?region=, each region read on its own), and links to the others. */
   var region = new URLSearchParams(location.search).get("region");
 
   function drawRegions(o) {

@@ -158,14 +158,23 @@ describe("GET /metrics", () => {
     expect(after.admissions).toBeGreaterThan(before.admissions);
 
     const text = await scrape();
-    const granted = sampleValue(text, "lessor_admissions_total", { region: "default", host: "local", outcome: "granted" }) ?? -1;
+    const granted =
+      sampleValue(text, "lessor_admissions_total", {
+        region: "default",
+        host: "local",
+        outcome: "granted",
+      }) ?? -1;
     expect(granted).toBeGreaterThanOrEqual(after.admissions);
     expect(sampleValue(text, "lessor_config_max_connections", { region: "default", host: "small" })).toBe(12);
-    expect(sampleValue(text, "lessor_config_reserve_connections", { region: "default", host: "small" })).toBe(2);
+    expect(sampleValue(text, "lessor_config_reserve_connections", { region: "default", host: "small" })).toBe(
+      2,
+    );
     expect(sampleValue(text, "lessor_config_pool_size", { tier: "solo" })).toBe(1);
     expect(sampleValue(text, "lessor_control_plane_up", { region: "default" })).toBe(1);
     const usage = await (await admin("/v1/usage")).json<{ usage: { queries: number } }>();
-    expect(sampleValue(text, "lessor_stats_queries_total", { region: "default" })).toBeGreaterThanOrEqual(usage.usage.queries);
+    expect(sampleValue(text, "lessor_stats_queries_total", { region: "default" })).toBeGreaterThanOrEqual(
+      usage.usage.queries,
+    );
   });
 });
 

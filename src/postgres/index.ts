@@ -162,10 +162,60 @@ export class SettlingClient extends Client {
   }
 }
 
+/**
+ * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
+ * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
+ * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
+ * keep going to it, and the client sends nothing else.
+ */
+export interface PhasedSubmittable {
+  phasesLeft: number;
+  handleReadyForQuery(connection: unknown): void;
+  handleError(error: unknown, connection: unknown): void;
+}
+
+interface DriverClientInternals {
+  activeQuery: Partial<PhasedSubmittable> | null;
+  connection: unknown;
+}
+
+type MessageHandler = (this: Client, message: unknown) => void;
+const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
+  ._handleReadyForQuery;
+const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
+  ._handleErrorMessage;
+
+/**
+ * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
+ * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
+ * it attaches to the connection, so a subclass's prototype carrying them is enough.
+ */
+const phasedHandlers = {
+  _handleReadyForQuery(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.phasesLeft--;
+      active.handleReadyForQuery?.(internals.connection);
+      return;
+    }
+    baseHandleReadyForQuery.call(this, message);
+  },
+  _handleErrorMessage(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.handleError?.(message, internals.connection);
+      return;
+    }
+    baseHandleErrorMessage.call(this, message);
+  },
+};
+
 /** A driver `Client` class whose connections carry a fresh login token and the session limits. */
 function tenantClientClass(options: TenantConnectionOptions): typeof SettlingClient {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
-  return class TenantClient extends SettlingClient {
+  const TenantClient = class TenantClient extends SettlingClient {
     private loginToken = "";
 
     override connect(): Promise<void>;
@@ -193,6 +243,8 @@ function tenantClientClass(options: TenantConnectionOptions): typeof SettlingCli
       return conf;
     };
   };
+  Object.assign(TenantClient.prototype, phasedHandlers);
+  return TenantClient;
 }
 
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */

@@ -34,7 +34,11 @@ export type CounterName =
   | "allocations_released"
   | "orphans_terminated"
   | "rotations_admitted"
-  | "rotations_refused";
+  | "rotations_refused"
+  /** A tunnel's failed connects (slow: timed out; down: refused or cut), and starts its breaker refused. */
+  | "tunnel_slow"
+  | "tunnel_down"
+  | "tunnel_refused";
 
 /** A maintenance connection's slot of the reserve. */
 export interface MaintenanceRow {

@@ -140,14 +140,19 @@ export async function markServerLog(server: LoggedServer = testCluster()): Promi
 }
 
 /** The lines the server logged between two marks that contain `text` (a deadlock, say). */
-export async function serverLogLines(from: LogMark, to: LogMark, text: string): Promise<string[]> {
-  const client = superuserClient("lessor-test-log-reader");
+export async function serverLogLines(
+  from: LogMark,
+  to: LogMark,
+  text: string,
+  server: LoggedServer = testCluster(),
+): Promise<string[]> {
+  const client = superuserClient("lessor-test-log-reader", server);
   await client.connect();
   try {
     const { rows } = await client.query(
       `SELECT l FROM regexp_split_to_table(pg_read_file($1), E'\\n') WITH ORDINALITY AS t(l, n)
         WHERE n > $2 AND n < $3 AND strpos(l, $4) > 0 ORDER BY n`,
-      [env.TEST_PG_SERVER_LOG, from.line, to.line, text],
+      [server.logPath, from.line, to.line, text],
     );
     return rows.map((row: { l: string }) => row.l);
   } finally {

@@ -7,9 +7,11 @@
  * customer creates their own database and roles), attaches tenants to it through Lessor's API, and
  * looks behind Lessor on both servers.
  */
-import { env } from "cloudflare:test";
+import { env, runDurableObjectAlarm } from "cloudflare:test";
 import { Client } from "@neondatabase/serverless";
 import { afterAll, describe, expect, it } from "vitest";
+import { runCampaignTick } from "../../src/campaigns/runner.ts";
+import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import {
   admin,
@@ -23,7 +25,7 @@ import {
   sqlRequest,
   uniqueTenantId,
 } from "./harness.ts";
-import { connectionPeaks, type LoggedServer, markServerLog } from "./server-log.ts";
+import { connectionPeaks, type LoggedServer, markServerLog, serverLogLines } from "./server-log.ts";
 
 const customerUrl = env.TEST_CUSTOMER_PG_SUPERUSER_URL ?? "";
 const tunnelProxy = env.TEST_TUNNEL_PROXY ?? "";
@@ -682,6 +684,130 @@ describe("customers' databases behind tunnels", () => {
     expect(supplied.status).toBe(202);
     expect(await supplied.json()).toMatchObject({ overlapped: false });
     expect(await rows(tenant, "SELECT 2")).toEqual([["2"]]);
+  });
+
+  it("fleet work respects ownership: campaigns skip customers' databases or include them, and say which", async () => {
+    const db = await customerDatabase("campaign");
+    const tenant = await attach("cust", db);
+    attachedHere.push(tenant.id);
+    const newest = tenantMigrations.length;
+    const create = async (adopted?: "skip" | "include") => {
+      const response = await admin("/v1/campaigns", {
+        method: "POST",
+        json: { toVersion: newest, tenants: [tenant.id], ...(adopted ? { adopted } : {}) },
+      });
+      const body = await response.json<{
+        campaign: { id: string; adopted: unknown };
+        enrolled: number;
+        adoptedSkipped: number;
+      }>();
+      expect(response.status, JSON.stringify(body)).toBe(201);
+      return body;
+    };
+    // By default a campaign leaves the customer's database alone, and counts it.
+    const skipped = await create();
+    expect(skipped).toMatchObject({
+      enrolled: 0,
+      adoptedSkipped: 1,
+      campaign: { adopted: { policy: "skip", skipped: 1 } },
+    });
+    // Included on purpose: migrated through the tunnel like any tenant, as the customer's role, with
+    // the rights the customer gave it (Lessor's migrations make a schema: CREATE on the database).
+    await asCustomer((c) => c.query(`GRANT CREATE ON DATABASE ${db.database} TO ${db.role}`));
+    const included = await create("include");
+    expect(included).toMatchObject({
+      enrolled: 1,
+      adoptedSkipped: 0,
+      campaign: { adopted: { policy: "include", skipped: 0 } },
+    });
+    for (let i = 0; i < 20; i++) {
+      const view = await (await admin(`/v1/campaigns/${included.campaign.id}`)).json<{
+        campaign: { state: string };
+      }>();
+      if (view.campaign.state === "done") break;
+      await runCampaignTick(env, { campaignId: included.campaign.id });
+    }
+    const done = await (await admin(`/v1/campaigns/${included.campaign.id}`)).json<{
+      campaign: { state: string; adopted: unknown };
+    }>();
+    expect(done.campaign, JSON.stringify(done)).toMatchObject({
+      state: "done",
+      adopted: { policy: "include", skipped: 0 },
+    });
+    const migrated = await asCustomer(async (c) => {
+      const { rows: found } = await c.query("SELECT max(version)::int AS v FROM lessor.schema_migrations");
+      return found[0]?.v;
+    }, db.database);
+    expect(migrated).toBe(newest);
+    // The usage readers count the tenant like any other (its object's alarm flushes the outbox).
+    await rows(tenant, "SELECT count(*) FROM notes");
+    expect(await runDurableObjectAlarm(env.TENANTS.getByName(tenant.id))).toBe(true);
+    const usage = await (await admin(`/v1/tenants/${tenant.id}/usage`)).json<{
+      usage: { queries: number };
+    }>();
+    expect(usage.usage.queries).toBeGreaterThanOrEqual(1);
+  });
+
+  it("a customer's planted objects and settings never run in Lessor's sessions there", async () => {
+    const db = await customerDatabase("traps");
+    const run = crypto.randomUUID().slice(0, 8);
+    const tenant = await attach("cust", db, { credentials: "lessor" });
+    attachedHere.push(tenant.id);
+    // The tenant key plants, in `public`, a shadow of every catalog function, view and operator
+    // Lessor's statements there name; each logs that it ran. The customer's DBA points the role's
+    // and the database's search_path at them.
+    const plant = [
+      `CREATE FUNCTION public.lessor_trap_fired(label text) RETURNS bool LANGUAGE plpgsql SET search_path = pg_catalog AS $f$ BEGIN RAISE LOG 'customer_trap run=${run} fired=[%] user=%', label, current_user; RETURN true; END $f$`,
+      ...[
+        ["current_setting", "text", "text"],
+        ["current_database", "", "name"],
+        ["pg_has_role", "oid, oid, text", "bool"],
+        ["has_database_privilege", "oid, oid, text", "bool"],
+        ["has_function_privilege", "oid, text", "bool"],
+        ["to_char", "timestamp, text", "text"],
+        ["timezone", "text, timestamptz", "timestamp"],
+        ["isfinite", "timestamptz", "bool"],
+        ["pg_terminate_backend", "int4, int8", "bool"],
+        ["pg_backend_pid", "", "int4"],
+        ["starts_with", "text, text", "bool"],
+        ["pg_advisory_unlock_all", "", "void"],
+      ].map(
+        ([name, args, result]) =>
+          `CREATE FUNCTION public.${name}(${args}) RETURNS ${result} LANGUAGE plpgsql AS $f$ BEGIN PERFORM public.lessor_trap_fired('${name}'); RETURN${result === "void" ? "" : " NULL"}; END $f$`,
+      ),
+      ...["pg_roles", "pg_database", "pg_stat_activity", "pg_proc", "pg_namespace"].map(
+        (view) =>
+          `CREATE VIEW public.${view} AS SELECT * FROM pg_catalog.${view} WHERE public.lessor_trap_fired('view ${view}')`,
+      ),
+      "CREATE FUNCTION public.trap_eq(oid, oid) RETURNS bool LANGUAGE plpgsql AS $f$ BEGIN PERFORM public.lessor_trap_fired('operator ='); RETURN true; END $f$",
+      "CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = oid, FUNCTION = public.trap_eq)",
+    ];
+    for (const statement of plant) await rows(tenant, statement);
+    await asCustomer(async (c) => {
+      await c.query(`ALTER ROLE ${db.role} SET search_path = public, pg_catalog`);
+      await c.query(`ALTER DATABASE ${db.database} SET search_path = public, pg_catalog`);
+      await c.query(`ALTER DATABASE ${db.database} SET standard_conforming_strings = off`);
+    });
+    const from = await markServerLog(customerServer);
+    // Everything Lessor does there: the attach probe, pooled requests and their reset, a session
+    // lease, a Lessor-managed rotation (the role sets its own password), a supplied credential.
+    const second = await attach("cust", db);
+    attachedHere.push(second.id);
+    await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: { force: true } });
+    for (let i = 0; i < 3; i++) expect((await query(second, "SELECT 1")).status).toBe(200);
+    const token = await openLease(second);
+    expect((await leaseSql(second, token, "SELECT 1")).status).toBe(200);
+    expect((await releaseLease(second, token)).status).toBe(204);
+    const rotated = await admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" });
+    expect(rotated.status).toBe(202);
+    expect((await query(tenant, "SELECT 1")).status).toBe(200);
+    // The positive control: the trap does log when something calls it.
+    expect((await query(second, "SELECT public.lessor_trap_fired('positive control')")).status).toBe(200);
+    const to = await markServerLog(customerServer);
+    const fired = (await serverLogLines(from, to, `customer_trap run=${run}`, customerServer)).map(
+      (line) => /fired=\[([^\]]*)\]/.exec(line)?.[1],
+    );
+    expect(fired).toEqual(["positive control"]);
   });
 
   it("the budget sampler covers tunnels too: no tunnel ever goes past its capacity", async () => {

@@ -60,7 +60,7 @@ export const budgetReconcileJob: CronJob = {
     const maintenanceExpired = sum((r) => r.maintenanceExpired);
     const orphansTerminated = sum((r) => r.orphans.terminated);
     return {
-      summary: `checked ${checked} allocations on ${hosts.length} hosts and ${config.tunnels.size} tunnels, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
+      summary: `checked ${checked} allocations on ${hosts.length} hosts${config.tunnels.size > 0 ? ` and ${config.tunnels.size} tunnels` : ""}, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
       fields: { hosts: hosts.length, checked, released, maintenanceExpired, orphansTerminated },
       level: released + maintenanceExpired + orphansTerminated > 0 ? "warn" : "info",
     };

@@ -35,6 +35,10 @@ export type CounterName =
   | "orphans_terminated"
   | "rotations_admitted"
   | "rotations_refused"
+  /** A tunnel's failed connects (slow: timed out; down: refused or cut), and starts its breaker refused. */
+  | "tunnel_slow"
+  | "tunnel_down"
+  | "tunnel_refused"
   | RepairKind;
 
 /** A maintenance connection's slot of the reserve. */

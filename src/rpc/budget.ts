@@ -1,6 +1,7 @@
 /** What crosses RPC between a TenantObject (or a route) and a host's BudgetObject. */
 import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
+import type { TunnelFault } from "../core/tunnel.ts";
 
 export type AdmitResult =
   | { granted: true }
@@ -12,6 +13,8 @@ export type AdmitResult =
       closed?: true;
       /** The host cannot run Lessor (its admin lacks a capability): what is missing. */
       unfit?: string;
+      /** A customer's tunnel refused: no room in it, or its breaker is open after it was slow or down. */
+      tunnel?: TunnelFault;
     };
 
 /** A request for one maintenance connection from the host's reserve. */
@@ -81,8 +84,10 @@ export interface CapacityStatus {
   leases: number;
   /** Maintenance connections (migrations, provisioning, admin) holding or waiting for the reserve. */
   maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
-  /** The host's kind and what its admin role can do, as last probed (null before the first probe). */
+  /** The host's kind and what its admin role can do, as last probed (null before the first probe, and for a tunnel). */
   capabilities: HostReport | null;
+  /** For a customer's tunnel (`host` is then `tunnel:<name>`): its health and breaker; null for a host. */
+  tunnel?: TunnelStatus | null;
   /** What reconcile and the pools have repaired since the ledger was created (monotonic counters). */
   reconciled: Record<RepairKind, number> & {
     allocationsReleased: number;
@@ -97,6 +102,23 @@ export interface CapacityStatus {
     leases: number;
     pinned: boolean;
   }[];
+}
+
+/** A customer's tunnel as its BudgetObject sees it (docs/customer-databases.md). */
+export interface TunnelStatus {
+  name: string;
+  /** `up`, or the kind of the last failed connect (`slow`: timed out; `down`: refused or cut). */
+  health: "up" | "slow" | "down";
+  /** `open`: starts behind the tunnel are refused at once (`tunnel_unavailable`) until `openUntil`. */
+  breaker: "open" | "closed";
+  consecutiveFailures: number;
+  openUntil: string | null;
+  lastOkAt: string | null;
+  lastFailureAt: string | null;
+  /** Failed connects since the ledger was created, by kind. */
+  failures: { slow: number; down: number };
+  /** Starts the open breaker refused since the ledger was created. */
+  refusedByBreaker: number;
 }
 
 /** One pool of an eviction dry run, as it crosses RPC (idle time relative to the object's clock). */

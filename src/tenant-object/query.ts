@@ -71,8 +71,12 @@ export class TenantQueries {
         });
       }
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
+        // A customer's database changes only through a campaign that includes it, never on demand.
         throw new LessorError("schema_too_old", {
-          publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
+          publicMessage: record.adopted
+            ? `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}. The database is its customer's: Lessor migrates it only in a campaign that includes customers' databases.`
+            : `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
+          ...(record.adopted ? { details: { database: "adopted" } } : {}),
         });
       }
       let results: RawResult[];

@@ -816,6 +816,7 @@ export class TenantPool {
       await this.closePools(generation, pool, jwtPool);
     } finally {
       this.closing.delete(generation);
+      rt.deadlines.quiesce();
     }
     // Only now are the connections closed; releasing is idempotent (an evicting budget releases too).
     if (rt.record) {

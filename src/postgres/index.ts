@@ -29,18 +29,79 @@ export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>>
   return { ...opened };
 }
 
-/** Applies the WebSocket settings for this deployment (idempotent, per isolate). */
+/** The driver settings of one connection (the Neon driver's per-client `neonConfig`). */
+interface SocketSettings {
+  webSocketConstructor: unknown;
+  wsProxy: string | ((host: string, port: number | string) => string);
+  useSecureWebSocket: boolean;
+  pipelineTLS: boolean;
+  pipelineConnect: "password" | false;
+  forceDisablePgSSL: boolean;
+  coalesceWrites: boolean;
+}
+
+/**
+ * The driver settings for this deployment. Applied to every connection Lessor opens, one by one, so
+ * nothing else in the isolate that sets the driver's global `neonConfig` (an app's code, a test
+ * pointing `wsProxy` at Lessor's own wire endpoint) changes how Lessor reaches its databases.
+ */
+function socketSettings(config: LessorConfig): SocketSettings {
+  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
+  const webSocketConstructor = PromptCloseWebSocket;
+  if (config.wsProxy) {
+    const proxy = config.wsProxy;
+    return {
+      webSocketConstructor,
+      wsProxy: (host, port) => `${proxy}/v2?address=${host}:${port}`,
+      useSecureWebSocket: false,
+      pipelineTLS: false,
+      pipelineConnect: false,
+      forceDisablePgSSL: true,
+      coalesceWrites: true,
+    };
+  }
+  return {
+    webSocketConstructor,
+    wsProxy: (host) => `${host}/v2`,
+    useSecureWebSocket: true,
+    pipelineTLS: false,
+    pipelineConnect: "password",
+    forceDisablePgSSL: true,
+    coalesceWrites: true,
+  };
+}
+
+/** Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global one). */
+function configure<C extends Client>(client: C, config: LessorConfig): C {
+  Object.assign((client as unknown as { neonConfig: object }).neonConfig, socketSettings(config));
+  return client;
+}
+
+/** A `Client` class whose connections carry this deployment's driver settings. */
+function configuredClientClass(config: LessorConfig): typeof Client {
+  return class ConfiguredClient extends Client {
+    constructor(...args: ConstructorParameters<typeof Client>) {
+      super(...args);
+      configure(this, config);
+    }
+  };
+}
+
+/**
+ * Sets the driver's global defaults for this deployment (idempotent, per isolate). Lessor's own
+ * connections do not depend on it (each carries its settings); it is for code that uses the driver
+ * with its defaults in the same isolate (the tests' own connections).
+ */
 export function configureDriver(config: LessorConfig): void {
   if (configuredProxy === config.wsProxy) return;
   configuredProxy = config.wsProxy;
-  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
-  neonConfig.webSocketConstructor = PromptCloseWebSocket;
+  const settings = socketSettings(config);
+  neonConfig.webSocketConstructor = settings.webSocketConstructor as typeof WebSocket;
   if (config.wsProxy) {
-    const proxy = config.wsProxy;
-    neonConfig.wsProxy = (host, port) => `${proxy}/v2?address=${host}:${port}`;
-    neonConfig.useSecureWebSocket = false;
-    neonConfig.pipelineTLS = false;
-    neonConfig.pipelineConnect = false;
+    neonConfig.wsProxy = settings.wsProxy;
+    neonConfig.useSecureWebSocket = settings.useSecureWebSocket;
+    neonConfig.pipelineTLS = settings.pipelineTLS;
+    neonConfig.pipelineConnect = settings.pipelineConnect;
   }
 }
 
@@ -128,11 +189,41 @@ interface StartupConfigurable {
   getStartupConf(): Record<string, string>;
 }
 
-/** A driver `Client` class whose connections carry a fresh login token and the session limits. */
-function tenantClientClass(options: TenantConnectionOptions): typeof Client {
+const serverParametersOf = new WeakMap<object, Map<string, string>>();
+
+/**
+ * The parameters the server reported when the connection started (ParameterStatus: its version,
+ * encoding, date style, time zone, …), as a tenant connection recorded them; empty for any other.
+ */
+export function serverParameters(client: object): ReadonlyMap<string, string> {
+  return serverParametersOf.get(client) ?? new Map();
+}
+
+interface ParameterSource {
+  on(
+    event: "parameterStatus",
+    listener: (message: { parameterName: string; parameterValue: string }) => void,
+  ): void;
+}
+
+/**
+ * A driver `Client` class whose connections carry this deployment's driver settings, a fresh login
+ * token and the session limits, and record the parameters the server reports.
+ */
+function tenantClientClass(config: LessorConfig, options: TenantConnectionOptions): typeof Client {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
   return class TenantClient extends Client {
     private loginToken = "";
+
+    constructor(...args: ConstructorParameters<typeof Client>) {
+      super(...args);
+      configure(this, config);
+      const parameters = new Map<string, string>();
+      serverParametersOf.set(this, parameters);
+      (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
+        parameters.set(message.parameterName, message.parameterValue);
+      });
+    }
 
     override connect(): Promise<void>;
     override connect(callback: (err?: Error) => void): void;
@@ -167,7 +258,6 @@ export function openPool(
   target: ConnectionTarget,
   options: TenantConnectionOptions & { max: number; onError: (error: Error, client?: object) => void },
 ): Pool {
-  configureDriver(config);
   const pool = new Pool({
     ...target,
     max: options.max,
@@ -177,7 +267,7 @@ export function openPool(
     application_name: options.applicationName,
   });
   // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
-  pool.Client = tenantClientClass(options);
+  pool.Client = tenantClientClass(config, options);
   pool.on("error", options.onError);
   return pool;
 }
@@ -191,7 +281,6 @@ export function openControlPlanePool(
   connectionString: string,
   onError: (error: Error) => void,
 ): Pool {
-  configureDriver(config);
   const pool = new Pool({
     connectionString,
     max: config.controlPlanePoolSize,
@@ -199,6 +288,7 @@ export function openControlPlanePool(
     connectionTimeoutMillis: 10_000,
     application_name: "lessor-control-plane",
   });
+  pool.Client = configuredClientClass(config);
   pool.on("connect", () => {
     opened.control_plane++;
   });
@@ -250,8 +340,7 @@ export function withTenantConnection<T>(
   options: TenantConnectionOptions,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
-  const TenantClient = tenantClientClass(options);
+  const TenantClient = tenantClientClass(config, options);
   return withClient(
     new TenantClient({
       ...target,
@@ -273,10 +362,12 @@ export function withConnection<T>(
   applicationName: string,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.control_plane++;
   return withClient(
-    new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
+    configure(
+      new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
+      config,
+    ),
     work,
   );
 }
@@ -292,15 +383,17 @@ export function withPrivilegedConnection<T>(
   deadlineMs: number,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.host_admin++;
   return withClient(
-    new Client({
-      connectionString,
-      application_name: applicationName,
-      connectionTimeoutMillis: 10_000,
-      options: startupOptions(privilegedSessionSettings(deadlineMs)),
-    }),
+    configure(
+      new Client({
+        connectionString,
+        application_name: applicationName,
+        connectionTimeoutMillis: 10_000,
+        options: startupOptions(privilegedSessionSettings(deadlineMs)),
+      }),
+      config,
+    ),
     (client) => underDeadline(config, targetOfUrl(connectionString), client, deadlineMs, () => work(client)),
   );
 }
@@ -308,30 +401,42 @@ export function withPrivilegedConnection<T>(
 interface Cancellable {
   activeQuery?: unknown;
   processID?: number | null;
+  secretKey?: number | null;
 }
 
 /**
  * Sends Postgres a CancelRequest for whatever `client` is running, on a short connection of its own
  * (a cancel is no login: it needs no password and no login token). Best effort: a cancel that
  * arrives after the statement finished may hit the next one, so the caller must not reuse the
- * connection afterwards.
+ * connection afterwards. By default only while the driver itself runs a query on it; `always`
+ * cancels whatever the backend runs (a connection whose traffic Lessor relays, src/tenant-object/wire.ts).
  */
-export function sendCancel(config: LessorConfig, target: ConnectionTarget, client: object): void {
-  configureDriver(config);
+export function sendCancel(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  client: object,
+  always = false,
+): void {
   const busy = client as unknown as Cancellable;
-  if (!busy.activeQuery || !busy.processID) return;
-  const canceller = new Client({
-    host: target.host,
-    port: target.port,
-    user: target.user,
-    database: target.database,
-  });
+  if ((!always && !busy.activeQuery) || !busy.processID) return;
+  const canceller = configure(
+    new Client({
+      host: target.host,
+      port: target.port,
+      user: target.user,
+      database: target.database,
+    }),
+    config,
+  );
   canceller.on("error", () => undefined);
   (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(
     "error",
     () => undefined,
   );
-  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
+  // The driver cancels "the query the client runs"; a stand-in carries the backend's key either way.
+  const query = busy.activeQuery ?? {};
+  const running = { activeQuery: query, processID: busy.processID, secretKey: busy.secretKey };
+  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(running, query);
 }
 
 /**

@@ -30,12 +30,17 @@ export class StatementWatchdog {
   private deadline: ReturnType<typeof setTimeout> | undefined;
   private grace: ReturnType<typeof setTimeout> | undefined;
 
+  /**
+   * @param relayed the connection's traffic is relayed by the wire endpoint (src/tenant-object/wire.ts),
+   *   not run by the driver: a cancel goes to whatever its backend runs, and `onTimeout` is told
+   */
   constructor(
     private readonly rt: TenantRuntime,
     private readonly credentials: TenantCredentials,
     private readonly record: TenantRecord,
     private readonly target: ConnectionTarget,
     private readonly client: PoolClient,
+    private readonly relayed: { onTimeout: () => void } | null = null,
   ) {}
 
   /** What the statement runner calls when an answer overruns its budget. */
@@ -52,24 +57,42 @@ export class StatementWatchdog {
 
   /** Starts the clock: the statement (or the whole `/sql` transaction) must end within the bound. */
   arm(): void {
+    clearTimeout(this.deadline);
     this.deadline = setTimeout(() => this.timeout(), this.rt.config.statementTimeoutMs);
   }
 
   private timeout(): void {
     if (this.suspect) return;
     this.timedOut = true;
-    this.suspect = true;
     logEventSampled("warn", "statement_timeout", this.record.tenantId, {
       tenant: this.record.tenantId,
       limitMs: this.rt.config.statementTimeoutMs,
     });
-    sendCancel(this.rt.config, this.target, this.client);
+    this.cancel();
+    this.relayed?.onTimeout();
+  }
+
+  /**
+   * Asks the backend to stop what it runs, and cuts the connection if it has not stopped a grace
+   * period later. The connection is suspect from now on: it is never reused.
+   */
+  cancel(): void {
+    if (this.suspect) return;
+    this.suspect = true;
+    clearTimeout(this.deadline);
+    sendCancel(this.rt.config, this.target, this.client, this.relayed !== null);
     this.grace = setTimeout(() => this.cut(), cancelGraceMs);
   }
 
+  /** Stops the statement clock (the statement ended); the grace after a cancel too. */
   disarm(): void {
     clearTimeout(this.deadline);
     clearTimeout(this.grace);
+  }
+
+  /** Stops the statement clock only: a cancel already sent still gets cut at the end of its grace. */
+  pause(): void {
+    clearTimeout(this.deadline);
   }
 
   /** Whether the connection must be destroyed rather than returned (a cancel was sent at it). */
@@ -87,8 +110,10 @@ export class StatementWatchdog {
     return null;
   }
 
-  /** The cancel did not stop it: cut the connection and end the backend through the admin role. */
-  private cut(): void {
+  /** The cancel did not stop it (or the answer flooded): cut the connection and end the backend through the admin role. */
+  cut(): void {
+    clearTimeout(this.deadline);
+    clearTimeout(this.grace);
     this.suspect = true;
     const pid = backendPid(this.client);
     markEndedOnPurpose(this.client);

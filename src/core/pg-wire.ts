@@ -677,17 +677,22 @@ export const namedStatementLimits = { count: 256, bytes: 4 * 1024 * 1024 } as co
 
 /**
  * A client's named prepared statements in transaction mode, where each transaction may run on
- * another server connection. A Parse of a named statement is remembered; a Bind or Describe of one
- * the current server connection has not seen sends the remembered Parse first, and the
- * ParseComplete that answers it is not passed on. A Close forgets it. Statements prepared with SQL
- * (`PREPARE …`) are not tracked: they end with the transaction's connection.
+ * another server connection. A named statement becomes the client's once the server confirms its
+ * Parse (ParseComplete); a Bind, Describe or Parse of one the current server connection has not
+ * seen sends the remembered Parse first, and the ParseComplete that answers it is not passed on.
+ * So the client sees what one Postgres session would show it: a Bind of a statement it prepared
+ * works, a second Parse of the same name fails (42P05), a Close forgets. Statements prepared with
+ * SQL (`PREPARE …`) are not tracked: they end with the transaction's connection.
  */
 export class NamedStatements {
   private readonly known = new Map<string, Uint8Array>();
   private knownBytes = 0;
   private onServer = new Set<string>();
-  /** Parses sent and not yet answered, oldest first: whether Lessor sent it, and in which cycle. */
-  private parses: { injected: boolean; cycle: number }[] = [];
+  /**
+   * Parses sent and not yet answered, oldest first: whether Lessor sent it, the cycle it belongs to,
+   * and for the client's own named ones the name and bytes to remember once it is confirmed.
+   */
+  private parses: { injected: boolean; cycle: number; name: string; bytes: Uint8Array | null }[] = [];
   private cyclesSent = 0;
   private cyclesAnswered = 0;
 
@@ -713,20 +718,26 @@ export class NamedStatements {
       case frontend.parse: {
         const name = parseStatementName(message.body);
         if (name === null) return { refuse: "malformed" };
-        if (name !== "") {
-          const previous = this.known.get(name);
-          const bytes = this.knownBytes - (previous?.byteLength ?? 0) + message.bytes.byteLength;
-          if (
-            (!previous && this.known.size >= namedStatementLimits.count) ||
-            bytes > namedStatementLimits.bytes
-          ) {
-            return { refuse: "too_many_statements" };
-          }
-          this.known.set(name, message.bytes.slice());
-          this.knownBytes = bytes;
-          this.onServer.add(name);
+        if (name === "") {
+          this.parses.push({ injected: false, cycle: this.cyclesSent, name, bytes: null });
+          return [message.bytes];
         }
-        this.parses.push({ injected: false, cycle: this.cyclesSent });
+        if (this.known.has(name)) {
+          // Postgres refuses a second Parse of a name its session holds (42P05): so must this one.
+          const out = this.withStatement(name, message.bytes);
+          this.parses.push({ injected: false, cycle: this.cyclesSent, name, bytes: null });
+          return out;
+        }
+        const pending = this.parses.filter((parse) => parse.bytes !== null);
+        const bytes = this.knownBytes + pending.reduce((n, p) => n + (p.bytes?.byteLength ?? 0), 0);
+        if (
+          this.known.size + pending.length >= namedStatementLimits.count ||
+          bytes + message.bytes.byteLength > namedStatementLimits.bytes
+        ) {
+          return { refuse: "too_many_statements" };
+        }
+        this.onServer.add(name);
+        this.parses.push({ injected: false, cycle: this.cyclesSent, name, bytes: message.bytes.slice() });
         return [message.bytes];
       }
       case frontend.bind: {
@@ -764,18 +775,28 @@ export class NamedStatements {
     const parse = name === "" ? undefined : this.known.get(name);
     if (!parse || this.onServer.has(name)) return [bytes];
     this.onServer.add(name);
-    this.parses.push({ injected: true, cycle: this.cyclesSent });
+    this.parses.push({ injected: true, cycle: this.cyclesSent, name, bytes: null });
     return [parse, bytes];
   }
 
   /** Whether a server message is passed on (`false`: it answers a re-preparation Lessor sent). */
   fromServer(message: Message): boolean {
     switch (message.type) {
-      case backend.parseComplete:
-        return !(this.parses.shift()?.injected ?? false);
+      case backend.parseComplete: {
+        const parse = this.parses.shift();
+        if (parse?.bytes) {
+          this.known.set(parse.name, parse.bytes);
+          this.knownBytes += parse.bytes.byteLength;
+        }
+        return !(parse?.injected ?? false);
+      }
       case backend.errorResponse: {
-        // The server skips the rest of the cycle: its Parses will never be answered.
+        // The server skips the rest of the cycle: its Parses will never be answered, and the
+        // statements they named were never made.
         const cycle = this.cyclesAnswered;
+        for (const parse of this.parses) {
+          if (parse.cycle === cycle && (parse.bytes || parse.injected)) this.onServer.delete(parse.name);
+        }
         this.parses = this.parses.filter((parse) => parse.cycle !== cycle);
         return true;
       }

@@ -126,13 +126,21 @@ export class RawWire {
   private readonly reader = new MessageReader(64 * 1024 * 1024, false);
   private readonly received: Message[] = [];
   private waiters: (() => void)[] = [];
+  /** Waiting for the one-byte answer to an SSLRequest. */
+  private byteAnswer: ((byte: string) => void) | null = null;
   closed = false;
   closeCode: number | null = null;
 
   private constructor(private readonly socket: WebSocket) {
     socket.addEventListener("message", (event) => {
       if (typeof event.data === "string") return;
-      this.reader.push(new Uint8Array(event.data));
+      let bytes = new Uint8Array(event.data);
+      if (this.byteAnswer && bytes.byteLength > 0) {
+        this.byteAnswer(String.fromCharCode(bytes[0] ?? 0));
+        this.byteAnswer = null;
+        bytes = bytes.subarray(1);
+      }
+      this.reader.push(bytes);
       for (;;) {
         const message = this.reader.next();
         if (message === null || isFrameProblem(message)) break;
@@ -175,6 +183,15 @@ export class RawWire {
     this.socket.send(bytes);
   }
 
+  /** Sends an SSLRequest; answers the one byte that comes back. */
+  sslRequest(): Promise<string> {
+    const answer = new Promise<string>((resolve) => {
+      this.byteAnswer = resolve;
+    });
+    this.send(new Uint8Array([0, 0, 0, 8, 4, 210, 22, 47]));
+    return answer;
+  }
+
   /** Sends a CancelRequest on a connection of its own. */
   static async cancel(pid: number, secret: number): Promise<void> {
     const wire = await RawWire.open();
@@ -202,8 +219,8 @@ export class RawWire {
   }
 
   async untilClosed(timeoutMs = 20_000): Promise<Message[]> {
-    await this.until(() => false, timeoutMs);
-    return this.received.splice(0);
+    const messages = await this.until(() => false, timeoutMs);
+    return [...messages, ...this.received.splice(0)];
   }
 
   close(): void {

@@ -62,7 +62,9 @@ describe("the Neon driver's Pool and Client through /v2", () => {
     const through = await pool.query(typesQuery, ["a param"]);
     const direct = await asSuperuser((client) => client.query(typesQuery, ["a param"]), tenant.database);
     expect(through.rows).toEqual(direct.rows);
-    expect(through.fields.map((f) => [f.name, f.dataTypeID])).toEqual(direct.fields.map((f) => [f.name, f.dataTypeID]));
+    expect(through.fields.map((f) => [f.name, f.dataTypeID])).toEqual(
+      direct.fields.map((f) => [f.name, f.dataTypeID]),
+    );
     const [row] = through.rows;
     expect(row).toMatchObject({ i4: 42, i8: "9007199254740993", b: true, t: "héllo ☃", jb: { a: [1, 2] } });
     expect(row.ts).toBeInstanceOf(Date);
@@ -125,7 +127,14 @@ describe("the Neon driver's Pool and Client through /v2", () => {
     const pool = wirePool({ connectionString: tenant.connectionString, max: 3 });
     await Promise.all([1, 2, 3].map((n) => pool.query("SELECT pg_sleep(0.05), $1::int", [n])));
     await pool.end();
-    expect((await pollUntil(() => runtimeOf(tenant.id), (r) => r.leases === 0)).leases).toBe(0);
+    expect(
+      (
+        await pollUntil(
+          () => runtimeOf(tenant.id),
+          (r) => r.leases === 0,
+        )
+      ).leases,
+    ).toBe(0);
   });
 });
 
@@ -217,11 +226,19 @@ describe("what each pool mode keeps", () => {
     await session.query("CREATE TEMP TABLE scratch (x int)");
     const first = (await session.query("SELECT pg_backend_pid() AS pid")).rows[0].pid;
     expect(
-      (await session.query("SELECT pg_backend_pid() AS pid, current_setting('application_name') AS app")).rows,
+      (await session.query("SELECT pg_backend_pid() AS pid, current_setting('application_name') AS app"))
+        .rows,
     ).toEqual([{ pid: first, app: "session-kept" }]);
     expect((await runtimeOf(tenant.id)).leases).toBe(1);
     await session.end();
-    expect((await pollUntil(() => runtimeOf(tenant.id), (r) => r.leases === 0)).leases).toBe(0);
+    expect(
+      (
+        await pollUntil(
+          () => runtimeOf(tenant.id),
+          (r) => r.leases === 0,
+        )
+      ).leases,
+    ).toBe(0);
     // The same backend, reset: nothing of the session is left for the next client.
     const next = track(new WireClient(inMode(tenant.connectionString, "session")));
     await next.connect();
@@ -264,13 +281,21 @@ describe("what each pool mode keeps", () => {
     const sender = track(new WireClient(tenant.connectionString));
     await sender.connect();
     await sender.query("SELECT pg_notify('lessor_test', 'hello')");
-    expect(await pollUntil(async () => heard, (h) => h.length > 0)).toEqual(["hello"]);
+    expect(
+      await pollUntil(
+        async () => heard,
+        (h) => h.length > 0,
+      ),
+    ).toEqual(["hello"]);
 
     const notices: string[] = [];
     sender.on("notice", (notice) => notices.push(notice.message ?? ""));
     await sender.query("LISTEN lessor_test");
-    expect(await pollUntil(async () => notices, (n) => n.length > 0)).toEqual([
-      expect.stringMatching(/LISTEN lasts only until this transaction ends/),
-    ]);
+    expect(
+      await pollUntil(
+        async () => notices,
+        (n) => n.length > 0,
+      ),
+    ).toEqual([expect.stringMatching(/LISTEN lasts only until this transaction ends/)]);
   });
 });

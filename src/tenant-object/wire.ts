@@ -89,6 +89,23 @@ export function parseWireOpen(raw: string | null): WireOpen | null {
   }
 }
 
+/** Where the object keeps the server's parameters for the greetings of its next instances (kv). */
+const parametersKey = "wireParameters";
+
+/**
+ * What a greeting reports when the server's own parameters are not known yet and no connection can
+ * be had to learn them (the pool cannot start): the settings every tenant connection runs with.
+ */
+const fallbackParameters: ReadonlyMap<string, string> = new Map([
+  ["client_encoding", "UTF8"],
+  ["server_encoding", "UTF8"],
+  ["DateStyle", "ISO, MDY"],
+  ["IntervalStyle", "postgres"],
+  ["integer_datetimes", "on"],
+  ["standard_conforming_strings", "on"],
+  ["is_superuser", "off"],
+]);
+
 /** Framing around a message body: a message may be this much larger than `LESSOR_MAX_BODY_BYTES`. */
 const messageFramingBytes = 64 * 1024;
 
@@ -222,10 +239,25 @@ export class WireConnections {
     }
   }
 
-  /** Learns the server's parameters from a connection of the pool (once per object instance). */
+  /**
+   * Learns the server's parameters from a connection of the pool, and keeps them for the object's
+   * next instances (one storage write when they change, none on the hot path otherwise).
+   */
   learnParameters(client: PoolClient): void {
     const parameters = serverParameters(client);
-    if (parameters.size > 0) this.parameters = parameters;
+    if (parameters.size === 0) return;
+    const entries = [...parameters];
+    const known = this.parameters ? JSON.stringify([...this.parameters]) : null;
+    this.parameters = parameters;
+    if (known !== JSON.stringify(entries) && this.rt.storage.isOpen)
+      this.rt.storage.write(parametersKey, entries);
+  }
+
+  /** The parameters a previous instance learned, if this one has none yet. */
+  recallParameters(): void {
+    if (this.parameters !== null || !this.rt.storage.isOpen) return;
+    const kept = this.rt.storage.read<[string, string][]>(parametersKey);
+    if (kept) this.parameters = new Map(kept);
   }
 }
 
@@ -281,13 +313,22 @@ class WireConnection {
         room.sessions.releaseForWire();
         throw error;
       }
-    } else if (room.parameters === null) {
-      // The first connection this object instance sees: a pooled connection says what the server
-      // reports (starting the pool if it is stopped, as the first query would).
-      const { lease, client } = await this.lease();
-      room.learnParameters(client);
-      client.release();
-      room.pool.release(lease.generation);
+    } else {
+      room.recallParameters();
+      if (room.parameters === null) {
+        // The tenant's first wire connection: a pooled connection says what the server reports
+        // (starting the pool, as the first query would). If none can be had (the budget is full),
+        // the greeting says what every tenant connection is set to, and the query that follows
+        // gets the refusal, as an ERROR it can retry.
+        try {
+          const { lease, client } = await this.lease();
+          room.learnParameters(client);
+          client.release();
+          room.pool.release(lease.generation);
+        } catch {
+          // Greeted with the fallback below.
+        }
+      }
     }
     this.greet();
   }
@@ -301,7 +342,7 @@ class WireConnection {
   }
 
   private greet(): void {
-    const parameters = new Map(this.room.parameters ?? []);
+    const parameters = new Map(this.room.parameters ?? fallbackParameters);
     parameters.set("application_name", this.open.applicationName);
     this.send([
       authenticationOk(),

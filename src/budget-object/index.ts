@@ -12,7 +12,7 @@
  * The host's maintenance reserve is its own room (maintenance.ts), over the same ledger.
  */
 import { DurableObject } from "cloudflare:workers";
-import { type DatabaseHost, loadConfig } from "../config/index.ts";
+import { type BudgetSubject, budgetSubject, loadConfig } from "../config/index.ts";
 import {
   type AllocationPhase,
   evictionCandidates,
@@ -23,6 +23,13 @@ import {
   rotationFits,
 } from "../core/budget.ts";
 import { describeMissing, type HostReport } from "../core/host-capabilities.ts";
+import {
+  initialTunnelHealth,
+  type TunnelHealth,
+  type TunnelOutcome,
+  tunnelAdmission,
+  tunnelOutcome,
+} from "../core/tunnel.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type {
@@ -30,10 +37,14 @@ import type {
   CapacityStatus,
   EvictionReport,
   EvictOutcome,
+  GenerationCheck,
   MaintenanceGrant,
   MaintenanceRequest,
   PoolReport,
+  RepairKind,
+  TunnelStatus,
 } from "../rpc/budget.ts";
+import { repairKinds } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
 import { MaintenanceSlots } from "./maintenance.ts";
 import { budgetHooksForTests } from "./test-hooks.ts";
@@ -59,6 +70,11 @@ export class BudgetObject extends DurableObject<Env> {
   /** The host's maintenance reserve (maintenance.ts). */
   private readonly maintenance = new MaintenanceSlots(this.env, () => this.ledger, maxWaiters);
   private reclaiming: Promise<void> | null = null;
+  /**
+   * A tunnel's health (core/tunnel.ts): in memory, learnt again from the next starts after a
+   * restart. Unused for a host.
+   */
+  private tunnelHealth: TunnelHealth = initialTunnelHealth;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -84,6 +100,14 @@ export class BudgetObject extends DurableObject<Env> {
     if (this.ledger.isClosed(tenantId))
       return { granted: false, retryAfterMs: 5_000, waited: false, closed: true };
     if (this.ledger.find(tenantId, generation)) return { granted: true };
+    // A tunnel that failed twice in a row refuses its starts at once until its cool-down passes.
+    if (host.tunnel) {
+      const breaker = tunnelAdmission(this.tunnelHealth, Date.now());
+      if (breaker.kind === "refuse") {
+        this.ledger.bump("tunnel_refused");
+        return { granted: false, retryAfterMs: breaker.retryAfterMs, waited: false, tunnel: breaker.fault };
+      }
+    }
     // A host whose admin cannot do what Lessor needs runs no new pool (src/core/host-capabilities.ts).
     const report = this.ledger.hostReport(hostName);
     if (report && !report.verdict.fit) {
@@ -101,14 +125,14 @@ export class BudgetObject extends DurableObject<Env> {
     }
     if (this.waiters.full) {
       this.ledger.bump("saturations");
-      return { granted: false, retryAfterMs: 1_000, waited: false };
+      return saturated(host, false);
     }
     const result = this.waiters.wait(
       { tenantId, generation, size },
       budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
       () => {
         this.ledger.bump("saturations");
-        return { granted: false, retryAfterMs: 1_000, waited: true };
+        return saturated(host, true);
       },
     );
     this.kickReclaim(host);
@@ -137,11 +161,11 @@ export class BudgetObject extends DurableObject<Env> {
     }
     if (waitMs <= 0 || this.rotationWaiters.full) {
       this.ledger.bump("rotations_refused");
-      return { granted: false, retryAfterMs: 1_000, waited: false };
+      return saturated(host, false);
     }
     return this.rotationWaiters.wait({ tenantId, generation, size }, waitMs, () => {
       this.ledger.bump("rotations_refused");
-      return { granted: false, retryAfterMs: 1_000, waited: true };
+      return saturated(host, true);
     });
   }
 
@@ -233,9 +257,36 @@ export class BudgetObject extends DurableObject<Env> {
     }
   }
 
+  /**
+   * What a connection attempt through this tunnel taught (a pool start, the attach probe): it
+   * carried us to the server (`ok`, even if the server then refused the credential), or it timed out
+   * (`slow`) or was refused or cut (`down`). Two failures in a row open the breaker (core/tunnel.ts).
+   */
+  async recordTunnelOutcome(name: string, outcome: TunnelOutcome): Promise<void> {
+    if (!this.host(name).tunnel) return;
+    const before = this.tunnelHealth;
+    this.tunnelHealth = tunnelOutcome(before, outcome, Date.now(), Math.random());
+    if (outcome !== "ok") this.ledger.bump(outcome === "slow" ? "tunnel_slow" : "tunnel_down");
+    if (before.state !== this.tunnelHealth.state) {
+      logEvent(outcome === "ok" ? "info" : "warn", "tunnel_health", {
+        tunnel: name,
+        state: this.tunnelHealth.state,
+        failures: this.tunnelHealth.consecutiveFailures,
+      });
+    }
+  }
+
   /** The maintenance connection is closed. Idempotent. */
   async releaseMaintenance(hostName: string, leaseId: string): Promise<void> {
     this.maintenance.release(this.host(hostName), leaseId);
+  }
+
+  /**
+   * Counts repairs a pool made to its own accounting (an overdue lease reclaimed, a close forced
+   * past its bound): each is a defect caught, so it is counted where operators look (`/metrics`).
+   */
+  async recordRepairs(repair: RepairKind, count: number): Promise<void> {
+    if (count > 0) this.ledger.bump(repair, count);
   }
 
   /** Counts what the cron reconcile found on the host itself (orphaned backends it terminated). */
@@ -272,12 +323,14 @@ export class BudgetObject extends DurableObject<Env> {
       admissions: this.ledger.counter("admissions"),
       leases: allocations.reduce((n, a) => n + a.leases, 0),
       maintenance: this.maintenance.status(),
-      capabilities: this.ledger.hostReport(hostName),
+      capabilities: host.tunnel ? null : this.ledger.hostReport(hostName),
+      tunnel: host.tunnel ? this.tunnelStatus(host) : null,
       reconciled: {
         allocationsReleased: this.ledger.counter("allocations_released"),
         orphansTerminated: this.ledger.counter("orphans_terminated"),
         maintenanceExpired: this.ledger.counter("maintenance_expired"),
-      },
+        ...Object.fromEntries(repairKinds.map((kind) => [kind, this.ledger.counter(kind)])),
+      } as CapacityStatus["reconciled"],
       candidates: evictionCandidates(allocations)
         .slice(0, candidateLimit)
         .map((a) => ({
@@ -288,6 +341,24 @@ export class BudgetObject extends DurableObject<Env> {
           leases: a.leases,
           pinned: a.pinned,
         })),
+    };
+  }
+
+  /** A tunnel's health and what it refused, for `GET /v1/capacity`. */
+  private tunnelStatus(subject: BudgetSubject): TunnelStatus {
+    const health = this.tunnelHealth;
+    const iso = (at: number | null) => (at === null ? null : new Date(at).toISOString());
+    const now = Date.now();
+    return {
+      name: subject.tunnel?.name ?? subject.name,
+      health: health.state,
+      breaker: tunnelAdmission(health, now).kind === "refuse" ? "open" : "closed",
+      consecutiveFailures: health.consecutiveFailures,
+      openUntil: health.openUntil !== null && health.openUntil > now ? iso(health.openUntil) : null,
+      lastOkAt: iso(health.lastOkAt),
+      lastFailureAt: iso(health.lastFailureAt),
+      failures: { slow: this.ledger.counter("tunnel_slow"), down: this.ledger.counter("tunnel_down") },
+      refusedByBreaker: this.ledger.counter("tunnel_refused"),
     };
   }
 
@@ -326,21 +397,26 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /**
-   * Releases allocations whose tenant no longer confirms the generation (a tenant object that
-   * died, a start that never finished). Run by the cron trigger; safe to run at any time.
+   * Repairs the ledger from the pools' own truth, for every allocation quiet for `olderThanMs`:
+   * one whose tenant object no longer holds the generation (an object that died, a start that
+   * never finished, a close that was forced) is released; one whose lease count differs from the
+   * pool's own is corrected (the pool first reclaims leases held past their bound, so a lost
+   * release cannot keep a pool busy for ever). Each repair is counted and logged. Run by the cron
+   * trigger; safe to run at any time.
    */
   async reconcile(
     hostName: string,
     olderThanMs = 30_000,
-  ): Promise<{ checked: number; released: number; maintenanceExpired: number }> {
+  ): Promise<{ checked: number; released: number; corrected: number; maintenanceExpired: number }> {
     const cutoff = Date.now() - olderThanMs;
     const maintenanceExpired = await this.maintenance.reclaim(this.host(hostName), cutoff);
     const stale = this.ledger.rows().filter((row) => row.updatedAt < cutoff);
     let released = 0;
+    let corrected = 0;
     for (const row of stale) {
-      let live = true;
+      let check: GenerationCheck;
       try {
-        live = await this.env.TENANTS.getByName(row.tenantId).holdsGeneration(row.generation);
+        check = await this.env.TENANTS.getByName(row.tenantId).checkGeneration(row.generation);
       } catch (error) {
         logEvent("warn", "budget_reconcile_probe_failed", {
           host: hostName,
@@ -349,20 +425,38 @@ export class BudgetObject extends DurableObject<Env> {
         });
         continue;
       }
-      if (!live) {
+      // The row may have changed (or gone) while the object answered.
+      const now = this.ledger.find(row.tenantId, row.generation);
+      if (!now) continue;
+      if (!check.holds) {
         await this.release(hostName, row.tenantId, row.generation);
         this.ledger.bump("allocations_released");
         released++;
+        continue;
+      }
+      if (check.report && check.report.leases !== now.leases) {
+        logEvent("warn", "budget_lease_count_corrected", {
+          host: hostName,
+          tenant: row.tenantId,
+          generation: row.generation,
+          ledger: now.leases,
+          pool: check.report.leases,
+        });
+        this.ledger.setPhase(row.tenantId, row.generation, now.phase, check.report);
+        this.ledger.bump("lease_count_corrected");
+        corrected++;
       }
     }
-    if (released > 0) logEvent("info", "budget_reconciled", { host: hostName, released });
-    return { checked: stale.length, released, maintenanceExpired };
+    if (released + corrected > 0)
+      logEvent("info", "budget_reconciled", { host: hostName, released, corrected });
+    if (corrected > 0) this.serveWaiters(this.host(hostName));
+    return { checked: stale.length, released, corrected, maintenanceExpired };
   }
 
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────
 
   /** Grants waiters in FIFO order while the head fits, then reclaims for the rest. */
-  private serveWaiters(host: DatabaseHost): void {
+  private serveWaiters(host: BudgetSubject): void {
     this.rotationWaiters.serveWhile((head) =>
       rotationFits(this.ledger.rows(), host.budget, head.size)
         ? this.reserveFor(head, "rotations_admitted")
@@ -373,7 +467,7 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /** Grants waiters in FIFO order while the head fits. Never starts a reclaim (reclaim calls it). */
-  private grantFitting(host: DatabaseHost): void {
+  private grantFitting(host: BudgetSubject): void {
     this.waiters.serveWhile((head) =>
       fits(this.ledger.rows(), host.budget, head.size) ? this.reserveFor(head, "admissions") : null,
     );
@@ -388,7 +482,7 @@ export class BudgetObject extends DurableObject<Env> {
     return { granted: true };
   }
 
-  private kickReclaim(host: DatabaseHost): void {
+  private kickReclaim(host: BudgetSubject): void {
     this.reclaiming ??= this.reclaim(host).finally(() => {
       this.reclaiming = null;
     });
@@ -398,7 +492,7 @@ export class BudgetObject extends DurableObject<Env> {
    * Asks least-recently-used idle pools to drain until the head waiter fits. Each victim decides
    * atomically; a refusal just moves on to the next candidate.
    */
-  private async reclaim(host: DatabaseHost): Promise<void> {
+  private async reclaim(host: BudgetSubject): Promise<void> {
     const refused = new Set<string>();
     for (let pass = 0; pass < maxVictimsPerPass && this.waiters.length > 0; pass++) {
       this.grantFitting(host);
@@ -413,32 +507,48 @@ export class BudgetObject extends DurableObject<Env> {
       const plan = planEviction(allocations, host.budget, head.size, head.tenantId);
       const victim = plan?.[0];
       if (!victim) return; // nothing evictable now: wait for a release or the deadline
-      let outcome: EvictOutcome;
+      let outcome: EvictOutcome | null;
       try {
         this.ledger.setPhase(victim.tenantId, victim.generation, "draining", null);
         outcome = await this.env.TENANTS.getByName(victim.tenantId).evictIfIdle(victim.generation);
       } catch (error) {
+        // Not an answer about the pool: nothing is learned about its leases (the reconcile asks
+        // again later). It is only passed over for the rest of this reclaim.
         logEvent("warn", "budget_evict_failed", { tenant: victim.tenantId, failure: describeFailure(error) });
-        outcome = { evicted: false, report: { leases: 1, idleSince: null, pinned: false, migrating: false } };
+        outcome = null;
       }
-      if (outcome.evicted) {
+      if (outcome?.evicted) {
         this.ledger.bump("evictions");
         this.ledger.remove(victim.tenantId, victim.generation);
       } else {
         refused.add(`${victim.tenantId}:${victim.generation}`);
         if (this.ledger.find(victim.tenantId, victim.generation)) {
-          this.ledger.setPhase(victim.tenantId, victim.generation, "allocated", outcome.report);
+          this.ledger.setPhase(victim.tenantId, victim.generation, "allocated", outcome?.report ?? null);
         }
       }
     }
     this.grantFitting(host);
   }
 
-  // ── Hosts ──────────────────────────────────────────────────────────────────────────────────────
+  // ── Hosts and tunnels ──────────────────────────────────────────────────────────────────────────
 
-  private host(hostName: string): DatabaseHost {
-    const host = loadConfig(this.env).hosts.get(hostName);
-    if (!host) throw new Error(`unknown host ${hostName}`);
-    return host;
+  /** The host, or the customer's tunnel (`tunnel:<name>`), this object budgets. */
+  private host(hostName: string): BudgetSubject {
+    const subject = budgetSubject(loadConfig(this.env), hostName);
+    if (!subject) throw new Error(`unknown host or tunnel ${hostName}`);
+    return subject;
   }
+}
+
+/**
+ * A start or rotation that found no room: on a host `capacity_saturated`, on a tunnel
+ * `tunnel_unavailable` (full), which only the tenants behind it ever see.
+ */
+function saturated(subject: BudgetSubject, waited: boolean): AdmitResult {
+  return {
+    granted: false,
+    retryAfterMs: 1_000,
+    waited,
+    ...(subject.tunnel ? { tunnel: "full" as const } : {}),
+  };
 }

@@ -8,7 +8,7 @@ import { migrate } from "drizzle-orm/durable-sqlite/migrator";
 import type { Allocation, AllocationPhase } from "../core/budget.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
 import { budgetObjectMigrations } from "../migrations/budget-object.gen.ts";
-import type { PoolReport } from "../rpc/budget.ts";
+import type { PoolReport, RepairKind } from "../rpc/budget.ts";
 import {
   allocations,
   budgetObjectSchema,
@@ -34,7 +34,12 @@ export type CounterName =
   | "allocations_released"
   | "orphans_terminated"
   | "rotations_admitted"
-  | "rotations_refused";
+  | "rotations_refused"
+  /** A tunnel's failed connects (slow: timed out; down: refused or cut), and starts its breaker refused. */
+  | "tunnel_slow"
+  | "tunnel_down"
+  | "tunnel_refused"
+  | RepairKind;
 
 /** A maintenance connection's slot of the reserve. */
 export interface MaintenanceRow {
@@ -181,11 +186,11 @@ export class CapacityLedger {
     );
   }
 
-  bump(name: CounterName): void {
+  bump(name: CounterName, by = 1): void {
     this.db
       .insert(counters)
-      .values({ name, value: 1 })
-      .onConflictDoUpdate({ target: counters.name, set: { value: sql`${counters.value} + 1` } })
+      .values({ name, value: by })
+      .onConflictDoUpdate({ target: counters.name, set: { value: sql`${counters.value} + ${by}` } })
       .run();
   }
 }

@@ -80,7 +80,14 @@ export interface CampaignSpec {
   stabilityWindowMs: number;
   /** Limit the campaign to these tenants; null is the whole fleet. */
   tenants: string[] | null;
+  /**
+   * Customers' databases (adopted, docs/customer-databases.md): `skip` (the default) leaves them out
+   * and counts them; `include` migrates them like every other tenant (the customer asked for it).
+   */
+  adopted: AdoptedPolicy;
 }
+
+export type AdoptedPolicy = "skip" | "include";
 
 /** The fields a campaign request may carry; anything else is refused, so a typo is never ignored. */
 const campaignFields = [
@@ -93,6 +100,7 @@ const campaignFields = [
   "drainTimeoutMs",
   "stabilityWindowMs",
   "tenants",
+  "adopted",
 ] as const;
 
 /** An integer in [min, max], refused with `message`. */
@@ -187,6 +195,7 @@ export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: un
             v.minLength(1, "tenants, when given, must name at least one tenant."),
           ),
         ),
+        adopted: v.optional(v.picklist(["skip", "include"], 'adopted must be "skip" or "include".'), "skip"),
       },
       (issue) => {
         const key = issue.path?.[0]?.key;
@@ -214,6 +223,7 @@ export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: un
         drainTimeoutMs: body.drainTimeoutMs,
         stabilityWindowMs: body.stabilityWindowMs,
         tenants: body.tenants ?? null,
+        adopted: body.adopted,
       }),
     ),
   );
@@ -531,6 +541,15 @@ export function retryDelayMs(attempts: number): number {
 }
 
 /**
+ * Delay before a migration a transient fault interrupted (a killed backend, a restarted host, a cut
+ * network) is run again: 5 s, doubling, at most 2 minutes. Shorter than `retryDelayMs`: nothing of
+ * the tenant's is in the way, only a fault that is usually over in seconds.
+ */
+export function interruptedRetryDelayMs(attempts: number): number {
+  return Math.min(5_000 * 2 ** Math.max(0, attempts - 1), 2 * 60_000);
+}
+
+/**
  * A tenant put off to a later tick for a reason that is not its own (the host's maintenance reserve
  * was full, or the tick's time ran out while its migration still ran): retried after the first
  * back-off step, never given up on. The migration is bounded on its own (`LESSOR_MIGRATION_TIMEOUT_MS`),
@@ -582,6 +601,10 @@ export function resultOfAttempt(
       // lookup: deferred to a later tick, never given up on (neither is the tenant's doing).
       if (answer.reason === "maintenance_busy" || answer.reason === "control_plane_unavailable")
         return deferredResult(reason, now);
+      // A transient fault interrupted it: run again after a backoff, never given up on and never
+      // `failed` (only the migration's own SQL, or a bound it reached, fails a tenant).
+      if (answer.reason === "interrupted")
+        return { state: "skipped", reason, retryAt: now + interruptedRetryDelayMs(attempts) };
       return exhausted
         ? { state: "skipped", reason: `${reason}; gave up after ${attempts} attempts`, retryAt: null }
         : { state: "skipped", reason, retryAt: now + retryDelayMs(attempts) };

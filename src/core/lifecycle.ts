@@ -28,6 +28,12 @@ export type FailureReason =
    * left `LESSOR_SEAL_KEY`, say): the operator must act; clients see `misconfigured`.
    */
   | "misconfigured"
+  /**
+   * A customer's database (adopted, docs/adr/018) refused the credential its customer issued: it was
+   * revoked or changed on their side. Lessor cannot repair it (it does not own the role); an
+   * operator must supply a new one. Clients see `credential_revoked`, never `unreachable`.
+   */
+  | "credential_revoked"
   | "unknown";
 
 export interface Lifecycle {
@@ -228,6 +234,15 @@ export function rotationDecision(lc: Lifecycle): RotationDecision {
   }
 }
 
+/**
+ * A stopped tenant's credential was replaced (a rotation, or a credential its customer supplied):
+ * a tenant backing off after a failed start (a revoked credential, say) may start again at once.
+ */
+export function credentialReplaced(lc: Lifecycle): Lifecycle {
+  if (lc.state !== "failed") return lc;
+  return { ...lc, state: "stopped", failures: 0, failureReason: null, retryAt: null };
+}
+
 /** A rotation reserves the next generation for the pool it prepares; the current one keeps serving. */
 export function beginRotation(lc: Lifecycle): Lifecycle {
   return { ...lc, rotatingTo: nextGeneration(lc) };
@@ -251,6 +266,25 @@ export function rotationAbandoned(lc: Lifecycle): Lifecycle {
 /** The retiring generation's last lease ended and its pool is closed. */
 export function retired(lc: Lifecycle, generation: number): Lifecycle {
   return lc.retiring === generation ? { ...lc, retiring: null } : lc;
+}
+
+/**
+ * Beyond what legitimately holds a lease: a `/sql` request waits for a connection (10 s), runs
+ * within the statement bound, gets a cancel's grace and a cut's (2 s each), and answers; a session
+ * lease lives at most its lifetime and is reclaimed by the next alarm after it.
+ */
+export const leaseOverdueMarginMs = 60_000;
+
+/**
+ * How long a lease may be held before it is overdue: a lease still counted then lost its release
+ * (a request whose work will never settle), and is reclaimed rather than keep its generation busy
+ * for ever.
+ */
+export function leaseOverdueAfterMs(
+  kind: "sql" | "session",
+  bounds: { statementTimeoutMs: number; leaseMaxLifetimeMs: number },
+): number {
+  return (kind === "sql" ? bounds.statementTimeoutMs : bounds.leaseMaxLifetimeMs) + leaseOverdueMarginMs;
 }
 
 /** What the idle alarm should do. */

@@ -14,6 +14,7 @@ import type { LessorConfig } from "../config/index.ts";
 import { campaignStates, tenantStates } from "../core/campaign.ts";
 import type { MetricsReadings } from "../fleet/overview.ts";
 import type { FoldOutcomeKind } from "../folds/outcome.ts";
+import { repairKinds } from "../rpc/budget.ts";
 
 /** The two exposition formats a scraper may ask for. */
 export type MetricsFormat = "openmetrics" | "prometheus";
@@ -110,6 +111,11 @@ export async function renderMetrics(
     "Idle pools the host's budget drained to admit another start.",
     ["host"],
   );
+  const repairs = counter(
+    "lessor_repairs_total",
+    "Accounting repairs on the host, each also logged: allocation_released (the reconcile released an allocation no pool holds), lease_count_corrected (a ledger lease count differed from its pool's), lease_reclaimed (a pool reclaimed a lease held past its bound), close_forced (a generation's close was cut past its bound), orphan_terminated, maintenance_expired. Any non-zero rate is a defect caught.",
+    ["host", "repair"],
+  );
   for (const reading of readings.hosts) {
     const host = reading.host;
     budgetUp.set({ host }, reading.ok ? 1 : 0);
@@ -126,6 +132,11 @@ export async function renderMetrics(
     admissions.inc({ host, outcome: "granted" }, s.admissions);
     admissions.inc({ host, outcome: "refused" }, s.saturations);
     evictions.inc({ host }, s.evictions);
+    const r = s.reconciled;
+    repairs.inc({ host, repair: "allocation_released" }, r.allocationsReleased);
+    repairs.inc({ host, repair: "orphan_terminated" }, r.orphansTerminated);
+    repairs.inc({ host, repair: "maintenance_expired" }, r.maintenanceExpired);
+    for (const kind of repairKinds) repairs.inc({ host, repair: kind }, r[kind]);
   }
   if (readings.failingByHost) {
     for (const host of hosts)

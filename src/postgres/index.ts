@@ -71,20 +71,14 @@ function socketSettings(config: LessorConfig): SocketSettings {
   };
 }
 
-/** Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global one). */
-function configure<C extends Client>(client: C, config: LessorConfig): C {
+/**
+ * Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global
+ * one), then a customer's tunnel where it has one (`routeClient`).
+ */
+function configure<C extends Client>(client: C, config: LessorConfig, route?: TunnelRoute): C {
   Object.assign((client as unknown as { neonConfig: object }).neonConfig, socketSettings(config));
+  routeClient(client, route);
   return client;
-}
-
-/** A `Client` class whose connections carry this deployment's driver settings. */
-function configuredClientClass(config: LessorConfig): typeof Client {
-  return class ConfiguredClient extends Client {
-    constructor(...args: ConstructorParameters<typeof Client>) {
-      super(...args);
-      configure(this, config);
-    }
-  };
 }
 
 /**
@@ -111,6 +105,38 @@ export interface ConnectionTarget {
   user: string;
   password: string;
   database: string;
+  /** A customer's database: reached through its tunnel, not the deployment's own way. */
+  route?: TunnelRoute;
+}
+
+/**
+ * How a connection reaches a database behind a customer's tunnel: the WebSocket proxy at the
+ * tunnel's end (Neon's wsproxy protocol, `/v2?address=host:port`), over TLS unless on loopback, with
+ * the tunnel's own connect bound (docs/adr/018-customer-databases-behind-tunnels.md).
+ */
+export interface TunnelRoute {
+  proxy: string;
+  secure: boolean;
+  connectTimeoutMs: number;
+}
+
+/** The driver's connect bound for a connection to `target` (a tunnel's own, or the default). */
+function connectTimeoutOf(target: { route?: TunnelRoute }): number {
+  return target.route?.connectTimeoutMs ?? 10_000;
+}
+
+/**
+ * Points one driver client at a customer's tunnel: its own socket settings, which outrank the
+ * isolate's (`LESSOR_WS_PROXY` stays the way to every host). Nothing else changes for the client.
+ */
+function routeClient(client: Client, route: TunnelRoute | undefined): void {
+  if (!route) return;
+  const socket = client.neonConfig;
+  socket.wsProxy = (host, port) => `${route.proxy}/v2?address=${host}:${port}`;
+  socket.useSecureWebSocket = route.secure;
+  // SCRAM against an ordinary Postgres: no pipelined password, no pipelined TLS.
+  socket.pipelineConnect = false;
+  socket.pipelineTLS = false;
 }
 
 /**
@@ -126,8 +152,13 @@ export interface SessionLimits {
 export interface TenantConnectionOptions {
   applicationName: string;
   limits: SessionLimits;
-  /** Mints the one-time login token each new connection presents to the tenant database's guard. */
-  loginToken: () => Promise<string>;
+  /**
+   * Mints the one-time login token each new connection presents to the tenant database's guard;
+   * null for a customer's database, which has no guard of Lessor's.
+   */
+  loginToken: (() => Promise<string>) | null;
+  /** A customer's database: its tunnel. */
+  route?: TunnelRoute;
   /** More pinned settings (a migration pins its `search_path`). */
   extraSettings?: readonly string[];
 }
@@ -189,6 +220,50 @@ interface StartupConfigurable {
   getStartupConf(): Record<string, string>;
 }
 
+interface EndEmitter {
+  once(event: "end", listener: () => void): void;
+}
+
+/**
+ * The driver's `Client`, except that `end()` settles when the connection has already ended. The
+ * driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
+ * host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel), that event
+ * came before, and `end()` never settles. A pool ends only once every client's `end()` has called
+ * back, so one such client left `Pool.end()` pending for ever: the generation never finished
+ * closing, and its budget allocation was never released (the chaos soak's leak, issue 32; the
+ * sequence is test/integration/pool-end-after-cut.test.ts).
+ */
+export class SettlingClient extends Client {
+  private connectionEnded = false;
+
+  constructor(config?: ConstructorParameters<typeof Client>[0]) {
+    super(config);
+    (this as unknown as { connection: EndEmitter }).connection.once("end", () => {
+      this.connectionEnded = true;
+    });
+  }
+
+  override end(): Promise<void>;
+  override end(callback: (err?: Error) => void): void;
+  override end(callback?: (err?: Error) => void): Promise<void> | void {
+    if (!this.connectionEnded) return callback ? super.end(callback) : super.end();
+    // Nothing is left to close: the socket is gone, and the driver would wait for its end for ever.
+    (this as unknown as { _ending: boolean })._ending = true;
+    if (!callback) return Promise.resolve();
+    queueMicrotask(() => callback());
+  }
+}
+
+/** A `SettlingClient` class whose connections carry this deployment's driver settings. */
+function configuredClientClass(config: LessorConfig): typeof SettlingClient {
+  return class ConfiguredClient extends SettlingClient {
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config);
+    }
+  };
+}
+
 const serverParametersOf = new WeakMap<object, Map<string, string>>();
 
 /**
@@ -207,17 +282,69 @@ interface ParameterSource {
 }
 
 /**
- * A driver `Client` class whose connections carry this deployment's driver settings, a fresh login
- * token and the session limits, and record the parameters the server reports.
+ * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
+ * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
+ * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
+ * keep going to it, and the client sends nothing else.
  */
-function tenantClientClass(config: LessorConfig, options: TenantConnectionOptions): typeof Client {
+export interface PhasedSubmittable {
+  phasesLeft: number;
+  handleReadyForQuery(connection: unknown): void;
+  handleError(error: unknown, connection: unknown): void;
+}
+
+interface DriverClientInternals {
+  activeQuery: Partial<PhasedSubmittable> | null;
+  connection: unknown;
+}
+
+type MessageHandler = (this: Client, message: unknown) => void;
+const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
+  ._handleReadyForQuery;
+const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
+  ._handleErrorMessage;
+
+/**
+ * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
+ * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
+ * it attaches to the connection, so a subclass's prototype carrying them is enough.
+ */
+const phasedHandlers = {
+  _handleReadyForQuery(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.phasesLeft--;
+      active.handleReadyForQuery?.(internals.connection);
+      return;
+    }
+    baseHandleReadyForQuery.call(this, message);
+  },
+  _handleErrorMessage(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.handleError?.(message, internals.connection);
+      return;
+    }
+    baseHandleErrorMessage.call(this, message);
+  },
+};
+
+/**
+ * A driver `Client` class whose connections carry this deployment's driver settings (or their
+ * tunnel's), a fresh login token and the session limits, and record the parameters the server
+ * reports (the wire endpoint's greeting repeats them, src/tenant-object/wire.ts).
+ */
+function tenantClientClass(config: LessorConfig, options: TenantConnectionOptions): typeof SettlingClient {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
-  return class TenantClient extends Client {
+  const mintToken = options.loginToken;
+  const TenantClient = class TenantClient extends SettlingClient {
     private loginToken = "";
 
-    constructor(...args: ConstructorParameters<typeof Client>) {
-      super(...args);
-      configure(this, config);
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config, options.route);
       const parameters = new Map<string, string>();
       serverParametersOf.set(this, parameters);
       (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
@@ -229,7 +356,7 @@ function tenantClientClass(config: LessorConfig, options: TenantConnectionOption
     override connect(callback: (err?: Error) => void): void;
     override connect(callback?: (err?: Error) => void): Promise<void> | void {
       opened.tenant++;
-      const minted = options.loginToken().then((token) => {
+      const minted = (mintToken ? mintToken() : Promise.resolve("")).then((token) => {
         this.loginToken = token;
       });
       if (!callback) return minted.then(() => super.connect());
@@ -245,11 +372,13 @@ function tenantClientClass(config: LessorConfig, options: TenantConnectionOption
       conf.options = startupOptions([
         ...tenantSessionSettings(options.limits),
         ...(options.extraSettings ?? []),
-        `lessor.login=${this.loginToken}`,
+        ...(mintToken ? [`lessor.login=${this.loginToken}`] : []),
       ]);
       return conf;
     };
   };
+  Object.assign(TenantClient.prototype, phasedHandlers);
+  return TenantClient;
 }
 
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */
@@ -258,16 +387,17 @@ export function openPool(
   target: ConnectionTarget,
   options: TenantConnectionOptions & { max: number; onError: (error: Error, client?: object) => void },
 ): Pool {
+  const { route, ...address } = target;
   const pool = new Pool({
-    ...target,
+    ...address,
     max: options.max,
     // A pooled connection lives as long as its generation; the TenantObject decides when it ends.
     idleTimeoutMillis: 0,
-    connectionTimeoutMillis: 10_000,
+    connectionTimeoutMillis: connectTimeoutOf(target),
     application_name: options.applicationName,
   });
   // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
-  pool.Client = tenantClientClass(config, options);
+  pool.Client = tenantClientClass(config, { ...options, ...(route ? { route } : {}) });
   pool.on("error", options.onError);
   return pool;
 }
@@ -297,7 +427,7 @@ export function openControlPlanePool(
 }
 
 /** Runs `work` on a fresh client and always closes it. */
-async function withClient<T>(client: Client, work: (client: Client) => Promise<T>): Promise<T> {
+async function withClient<T>(client: SettlingClient, work: (client: Client) => Promise<T>): Promise<T> {
   client.on("error", () => undefined);
   await client.connect();
   try {
@@ -311,10 +441,9 @@ async function withClient<T>(client: Client, work: (client: Client) => Promise<T
 const closeBoundMs = 2_000;
 
 /**
- * Ends `client`, waiting for its end at most `closeBoundMs`. The driver's `end()` waits for the
- * connection's `end` event, which a connection emits once: when the host has already cut it (a
- * restart, a proxy that dropped a frozen tunnel), that event came before, and `end()` never
- * settles. Found by the chaos soak: a create answered workerd's "your Worker's code had hung" 500
+ * Ends `client`, waiting for its end at most `closeBoundMs`. A `SettlingClient` whose connection
+ * already ended settles at once; the bound covers a close the network never completes (a frozen
+ * tunnel). Found by the chaos soak: a create answered workerd's "your Worker's code had hung" 500
  * instead of its error, and work run in an object would never have returned (or released its
  * maintenance slot). The socket is closed either way; only the wait is bounded.
  */
@@ -330,6 +459,46 @@ async function closeClient(client: Client): Promise<void> {
   }
 }
 
+/** How long ending a pool waits for its connections to come back and close before it cuts them. */
+export const poolEndBoundMs = 5_000;
+
+/**
+ * Ends a pool, bounded. The driver's `Pool.end()` settles only once every client checked out has
+ * come back and closed: a client whose work never settles (a query on a connection the network
+ * froze) would keep it pending for ever, and with it the generation's close and its budget. Past
+ * `boundMs` the connections still open are cut, and the wait moves on after `closeBoundMs` more.
+ * Says whether it had to cut.
+ */
+export async function endPool(pool: Pool, boundMs = poolEndBoundMs): Promise<"ended" | "forced"> {
+  const ended = pool.end().then(
+    () => true,
+    () => true,
+  );
+  if (await settlesWithin(ended, boundMs)) return "ended";
+  for (const client of (pool as unknown as { _clients?: object[] })._clients ?? []) {
+    try {
+      cutConnection(client);
+    } catch {
+      // Not connected yet, or already gone.
+    }
+  }
+  await settlesWithin(ended, closeBoundMs);
+  return "forced";
+}
+
+/** Whether `promise` settles within `ms` (it keeps running either way). */
+async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const bound = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  try {
+    return await Promise.race([promise.then(() => true), bound]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /**
  * Runs `work` on a fresh connection as a tenant role (migrations, provisioning's first migration),
  * with a login token and the session limits, and always closes it.
@@ -340,12 +509,13 @@ export function withTenantConnection<T>(
   options: TenantConnectionOptions,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  const TenantClient = tenantClientClass(config, options);
+  const { route, ...address } = target;
+  const TenantClient = tenantClientClass(config, { ...options, ...(route ? { route } : {}) });
   return withClient(
     new TenantClient({
-      ...target,
+      ...address,
       application_name: options.applicationName,
-      connectionTimeoutMillis: 10_000,
+      connectionTimeoutMillis: connectTimeoutOf(target),
     }),
     work,
   );
@@ -365,7 +535,11 @@ export function withConnection<T>(
   opened.control_plane++;
   return withClient(
     configure(
-      new Client({ connectionString, application_name: applicationName, connectionTimeoutMillis: 10_000 }),
+      new SettlingClient({
+        connectionString,
+        application_name: applicationName,
+        connectionTimeoutMillis: 10_000,
+      }),
       config,
     ),
     work,
@@ -386,7 +560,7 @@ export function withPrivilegedConnection<T>(
   opened.host_admin++;
   return withClient(
     configure(
-      new Client({
+      new SettlingClient({
         connectionString,
         application_name: applicationName,
         connectionTimeoutMillis: 10_000,
@@ -395,6 +569,37 @@ export function withPrivilegedConnection<T>(
       config,
     ),
     (client) => underDeadline(config, targetOfUrl(connectionString), client, deadlineMs, () => work(client)),
+  );
+}
+
+/**
+ * Runs `work` on a fresh connection to a customer's database as the role the customer issued,
+ * through its tunnel, pinned like every privileged connection (`privilegedSessionSettings`: only
+ * `pg_catalog` resolves names, whatever the customer's database or role settings say) and cancelled
+ * at `deadlineMs`; always closed. For what Lessor does there outside a pool: the attach probe,
+ * proving a supplied credential, changing its own password, ending one of its own backends.
+ */
+export function withCustomerConnection<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  applicationName: string,
+  deadlineMs: number,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  opened.tenant++;
+  const { route, ...address } = target;
+  const client = configure(
+    new SettlingClient({
+      ...address,
+      application_name: applicationName,
+      connectionTimeoutMillis: connectTimeoutOf(target),
+      options: startupOptions(privilegedSessionSettings(deadlineMs)),
+    }),
+    config,
+    route,
+  );
+  return withClient(client, (connected) =>
+    underDeadline(config, target, connected, deadlineMs, () => work(connected)),
   );
 }
 
@@ -419,6 +624,7 @@ export function sendCancel(
 ): void {
   const busy = client as unknown as Cancellable;
   if ((!always && !busy.activeQuery) || !busy.processID) return;
+  // A customer's database is reached through its tunnel, its cancel too.
   const canceller = configure(
     new Client({
       host: target.host,
@@ -427,6 +633,7 @@ export function sendCancel(
       database: target.database,
     }),
     config,
+    target.route,
   );
   canceller.on("error", () => undefined);
   (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(

@@ -7,12 +7,13 @@
  */
 import { eq, sql } from "drizzle-orm";
 import { writeAudit } from "../audit/index.ts";
-import type { LessorConfig } from "../config/index.ts";
+import type { DatabaseHost, LessorConfig } from "../config/index.ts";
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
 import { newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
+import { isTransientFailure } from "../core/transient.ts";
 import { hmacPads, jwtClaimsKey } from "../crypto/jwt-claims.ts";
 import { generateDatabasePassword, hashKey } from "../crypto/keys.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
@@ -166,7 +167,6 @@ async function provisionLocked(
   // A resumed create keeps the host it started on: the half-made database is there.
   const host = config.hosts.get(row.host);
   if (!host) throw new LessorError("unknown_host");
-  const poolSize = config.poolSizes.get(row.tier) ?? 1;
 
   const password = generateDatabasePassword();
   const sealed = await seal(env.LESSOR_SEAL_KEY, input.id, password);
@@ -178,70 +178,15 @@ async function provisionLocked(
       set: { sealedPassword: sealed, sealedAt: sql`now()` },
     });
 
-  let schemaVersion: number;
-  try {
-    const guardKey = await loginGuardKey(password);
-    const keyId = await guardKeyId(guardKey);
-    const { roleName, databaseName } = row;
-    // The role, and its database created closed (owned by the admin, nobody else may connect).
-    const report = await withAdminConnection(
-      env,
-      config,
-      host,
-      { purpose: "provision", knownReport },
-      async (admin, current) => {
-        requireFitHost(host, current);
-        // Serialise the host's catalog edits: two provisionings granting and revoking on the same
-        // pg_database row at once fail with "tuple concurrently updated". Released at close.
-        await admin.query("SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('lessor:host-admin'))");
-        await revokePublicConnect(admin);
-        await ensureTenantRole(
-          admin,
-          roleName,
-          { password, mode: current.verdict.passwordMode },
-          roleLimits(config, poolSize),
-          current.facts.tempFileLimit,
-        );
-        await createClosedDatabase(admin, databaseName);
-        return current;
-      },
-    );
-    await provisioningHooksForTests.onStep?.({ tenantId: input.id, step: "database_closed", databaseName });
-    // Inside it: the guard and the auth functions first, then the tenant is let in.
-    await withAdminConnection(
-      env,
-      config,
-      host,
-      { purpose: "provision", database: databaseName, knownReport: report },
-      async (admin, current) => {
-        await installLoginGuard(admin, keyId, guardKey, current.facts.eventTriggers);
-        // auth.session() and friends: readable before JWT mode is on (they answer null until then).
-        await installAuthFunctions(admin, keyId, hmacPads(await jwtClaimsKey(password)));
-        await openTenantDatabase(admin, databaseName, roleName);
-      },
-    );
-    await provisioningHooksForTests.onStep?.({ tenantId: input.id, step: "opened", databaseName });
-    const credential = await tenantCredential(config, row, password);
-    const run = await withTenantConnection(
-      config,
-      credential.target,
-      {
-        applicationName: tenantMaintenanceApplicationName(roleName, "migrate"),
-        limits: migrationLimits(config),
-        loginToken: credential.loginToken,
-        extraSettings: migrationSettings,
-      },
-      (client) =>
-        underDeadline(config, credential.target, client, adminDeadlineMs, () =>
-          migrateTenantDatabase(client, tenantMigrations),
-        ),
-    );
-    schemaVersion = run.toVersion;
-  } catch (error) {
-    if (error instanceof LessorError) throw error;
-    logEvent("error", "provisioning_failed", { tenant: input.id, failure: describeFailure(error) });
-    throw new LessorError("provisioning_failed", { cause: error, retryAfterSeconds: 1 });
-  }
+  const schemaVersion = await provisionDatabaseRetrying(
+    env,
+    config,
+    input.id,
+    row,
+    host,
+    password,
+    knownReport,
+  );
 
   // The first key. A create resumed after a crash here mints again; the unseen key goes with it.
   const minted = await mintTenantKey(config.keyMacRing, input.id);
@@ -271,4 +216,124 @@ async function provisionLocked(
     key: minted.key,
     keys: [{ keyId: minted.keyId, hash: keyHash, expiresAt: null, scope: "full" }],
   };
+}
+
+/** Attempts at the database steps within one create request, and the time they may take together. */
+const provisionAttempts = 3;
+const provisionRetryWithinMs = 8_000;
+
+/**
+ * The database steps of a create, each idempotent (a role that exists is altered, a database that
+ * exists is kept, the guard and functions are replaced, the migrator skips what its ledger holds),
+ * so a transient fault (a killed backend, a restarted host, a cut network) is cured by running them
+ * again: up to `provisionAttempts` times within `provisionRetryWithinMs`. A fault that outlasts
+ * that answers `provisioning_interrupted` (503, retryable, Retry-After); a failure of the steps'
+ * own answers `provisioning_failed`. Either way the same create request resumes it.
+ */
+async function provisionDatabaseRetrying(
+  env: Env,
+  config: LessorConfig,
+  tenantId: string,
+  row: typeof tenants.$inferSelect,
+  host: DatabaseHost,
+  password: string,
+  knownReport: HostReport | null,
+): Promise<number> {
+  const began = Date.now();
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await provisionDatabase(env, config, tenantId, row, host, password, knownReport);
+    } catch (error) {
+      if (!isTransientFailure(error)) {
+        if (error instanceof LessorError) throw error;
+        logEvent("error", "provisioning_failed", { tenant: tenantId, failure: describeFailure(error) });
+        throw new LessorError("provisioning_failed", { cause: error, retryAfterSeconds: 1 });
+      }
+      const delayMs = 250 * 4 ** (attempt - 1);
+      if (attempt >= provisionAttempts || Date.now() - began + delayMs > provisionRetryWithinMs) {
+        logEvent("warn", "provisioning_interrupted", {
+          tenant: tenantId,
+          attempts: attempt,
+          failure: describeFailure(error),
+        });
+        throw new LessorError("provisioning_interrupted", { cause: error, retryAfterSeconds: 2 });
+      }
+      logEvent("warn", "provisioning_retried", {
+        tenant: tenantId,
+        attempt,
+        failure: describeFailure(error),
+      });
+      await new Promise((resolve) => setTimeout(resolve, delayMs));
+    }
+  }
+}
+
+/** The role, the closed database, the guard and auth functions, the opening, the first migration. */
+async function provisionDatabase(
+  env: Env,
+  config: LessorConfig,
+  tenantId: string,
+  row: typeof tenants.$inferSelect,
+  host: DatabaseHost,
+  password: string,
+  knownReport: HostReport | null,
+): Promise<number> {
+  const poolSize = config.poolSizes.get(row.tier) ?? 1;
+  const guardKey = await loginGuardKey(password);
+  const keyId = await guardKeyId(guardKey);
+  const { roleName, databaseName } = row;
+  // The role, and its database created closed (owned by the admin, nobody else may connect).
+  const report = await withAdminConnection(
+    env,
+    config,
+    host,
+    { purpose: "provision", knownReport },
+    async (admin, current) => {
+      requireFitHost(host, current);
+      // Serialise the host's catalog edits: two provisionings granting and revoking on the same
+      // pg_database row at once fail with "tuple concurrently updated". Released at close.
+      await admin.query("SELECT pg_catalog.pg_advisory_lock(pg_catalog.hashtext('lessor:host-admin'))");
+      await revokePublicConnect(admin);
+      await ensureTenantRole(
+        admin,
+        roleName,
+        { password, mode: current.verdict.passwordMode },
+        roleLimits(config, poolSize),
+        current.facts.tempFileLimit,
+      );
+      await createClosedDatabase(admin, databaseName);
+      return current;
+    },
+  );
+  await provisioningHooksForTests.onStep?.({ tenantId, step: "database_closed", databaseName });
+  // Inside it: the guard and the auth functions first, then the tenant is let in.
+  await withAdminConnection(
+    env,
+    config,
+    host,
+    { purpose: "provision", database: databaseName, knownReport: report },
+    async (admin, current) => {
+      await installLoginGuard(admin, keyId, guardKey, current.facts.eventTriggers);
+      // auth.session() and friends: readable before JWT mode is on (they answer null until then).
+      await installAuthFunctions(admin, keyId, hmacPads(await jwtClaimsKey(password)));
+      await openTenantDatabase(admin, databaseName, roleName);
+    },
+  );
+  await provisioningHooksForTests.onStep?.({ tenantId, step: "opened", databaseName });
+  const credential = await tenantCredential(config, row, password);
+  const run = await withTenantConnection(
+    config,
+    credential.target,
+    {
+      applicationName: tenantMaintenanceApplicationName(roleName, "migrate"),
+      limits: migrationLimits(config),
+      loginToken: credential.loginToken,
+      extraSettings: migrationSettings,
+    },
+    (client) =>
+      underDeadline(config, credential.target, client, adminDeadlineMs, () =>
+        migrateTenantDatabase(client, tenantMigrations),
+      ),
+  );
+  return run.toVersion;
 }

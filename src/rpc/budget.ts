@@ -1,6 +1,7 @@
 /** What crosses RPC between a TenantObject (or a route) and a host's BudgetObject. */
 import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
+import type { TunnelFault } from "../core/tunnel.ts";
 
 export type AdmitResult =
   | { granted: true }
@@ -12,6 +13,8 @@ export type AdmitResult =
       closed?: true;
       /** The host cannot run Lessor (its admin lacks a capability): what is missing. */
       unfit?: string;
+      /** A customer's tunnel refused: no room in it, or its breaker is open after it was slow or down. */
+      tunnel?: TunnelFault;
     };
 
 /** A request for one maintenance connection from the host's reserve. */
@@ -28,6 +31,22 @@ export interface MaintenanceRequest {
 export type MaintenanceGrant =
   | { granted: true; leaseId: string; expiresAt: number; hostReport?: HostReport | null }
   | { granted: false; retryAfterMs: number };
+
+/**
+ * A repair of the accounting counted on the host (each also logged): a ledger allocation's lease
+ * count the reconcile corrected from its pool's own; a lease a pool reclaimed as overdue; a
+ * generation whose close was forced past its bound.
+ */
+export const repairKinds = ["lease_count_corrected", "lease_reclaimed", "close_forced"] as const;
+export type RepairKind = (typeof repairKinds)[number];
+
+/** What a tenant's object says about one generation, asked by the reconcile. */
+export interface GenerationCheck {
+  /** Whether the object still holds connections (or budget) of it. */
+  holds: boolean;
+  /** The pool's own facts, when it is the current ready generation. */
+  report: PoolReport | null;
+}
 
 /** What a tenant reports about its pool, for victim selection. */
 export interface PoolReport {
@@ -65,10 +84,16 @@ export interface CapacityStatus {
   leases: number;
   /** Maintenance connections (migrations, provisioning, admin) holding or waiting for the reserve. */
   maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
-  /** The host's kind and what its admin role can do, as last probed (null before the first probe). */
+  /** The host's kind and what its admin role can do, as last probed (null before the first probe, and for a tunnel). */
   capabilities: HostReport | null;
-  /** What reconcile has repaired since the ledger was created (monotonic counters). */
-  reconciled: { allocationsReleased: number; orphansTerminated: number; maintenanceExpired: number };
+  /** For a customer's tunnel (`host` is then `tunnel:<name>`): its health and breaker; null for a host. */
+  tunnel?: TunnelStatus | null;
+  /** What reconcile and the pools have repaired since the ledger was created (monotonic counters). */
+  reconciled: Record<RepairKind, number> & {
+    allocationsReleased: number;
+    orphansTerminated: number;
+    maintenanceExpired: number;
+  };
   candidates: {
     tenantId: string;
     generation: number;
@@ -77,6 +102,23 @@ export interface CapacityStatus {
     leases: number;
     pinned: boolean;
   }[];
+}
+
+/** A customer's tunnel as its BudgetObject sees it (docs/customer-databases.md). */
+export interface TunnelStatus {
+  name: string;
+  /** `up`, or the kind of the last failed connect (`slow`: timed out; `down`: refused or cut). */
+  health: "up" | "slow" | "down";
+  /** `open`: starts behind the tunnel are refused at once (`tunnel_unavailable`) until `openUntil`. */
+  breaker: "open" | "closed";
+  consecutiveFailures: number;
+  openUntil: string | null;
+  lastOkAt: string | null;
+  lastFailureAt: string | null;
+  /** Failed connects since the ledger was created, by kind. */
+  failures: { slow: number; down: number };
+  /** Starts the open breaker refused since the ledger was created. */
+  refusedByBreaker: number;
 }
 
 /** One pool of an eviction dry run, as it crosses RPC (idle time relative to the object's clock). */

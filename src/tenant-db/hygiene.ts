@@ -48,9 +48,12 @@ SELECT d.datname AS database, 'move' AS need
   FROM pg_catalog.pg_database d
  WHERE d.datname OPERATOR(pg_catalog.~) $1::pg_catalog.text
    AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) d.datname)
-   AND (NOT pg_catalog.pg_has_role(d.datdba, 'USAGE')
-        OR NOT pg_catalog.has_database_privilege(d.datname::pg_catalog.text, d.oid, 'CREATE')
-        OR d.datistemplate OR NOT d.datallowconn)
+   AND (-- its tenant owns it
+        pg_catalog.pg_get_userbyid(d.datdba) OPERATOR(pg_catalog.=) d.datname
+        -- or this admin does, and the move did not finish
+        OR (pg_catalog.pg_has_role(d.datdba, 'USAGE')
+            AND (NOT pg_catalog.has_database_privilege(d.datname::pg_catalog.text, d.oid, 'CREATE')
+                 OR d.datistemplate OR NOT d.datallowconn)))
 UNION ALL
 SELECT DISTINCT x.database::pg_catalog.text, 'prepared'
   FROM pg_catalog.pg_prepared_xacts x

@@ -1,6 +1,6 @@
 /**
- * The object's one alarm, a heartbeat while the pool is warm: reclaims abandoned session leases,
- * reports an overdue drain, drains an idle pool (core/lifecycle.ts decides), tells the budget how
+ * The object's one alarm, a heartbeat while the pool is warm: reclaims abandoned session leases
+ * and any lease held past its bound (pool.ts `reclaimOverdueLeases`), reports an overdue drain, drains an idle pool (core/lifecycle.ts decides), tells the budget how
  * the pool is used, flushes the outboxes, and re-arms for the next thing due. Every step is safe to
  * run twice or to be cut short: a restarted object re-arms from what storage holds.
  */
@@ -29,6 +29,7 @@ export async function heartbeat(
     return;
   }
   await detached(() => sessions.reclaimExpired(now));
+  pool.reclaimOverdueLeases(now);
   drain.reportOverdue(now);
   const decision = idleDecision({
     state: rt.lifecycle.state,

@@ -26,7 +26,7 @@ import { recoverAfterRestart } from "../core/lifecycle.ts";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
-import type { EvictOutcome } from "../rpc/budget.ts";
+import type { EvictOutcome, GenerationCheck } from "../rpc/budget.ts";
 import type {
   EraseAnswer,
   KeyProof,
@@ -75,6 +75,16 @@ export class TenantObject extends DurableObject<Env> {
       },
       credentialChange: () => this.rotation.inProgress,
       onRetired: (generation) => this.rotation.retired(generation),
+      onRepair: (repair, count) => {
+        const host = rt.record?.host;
+        if (!host) return;
+        ctx.waitUntil(
+          rt
+            .budget(host)
+            .recordRepairs(repair, count)
+            .catch(() => undefined),
+        );
+      },
     });
     this.queries = new TenantQueries(rt, this.auth, this.pool);
     this.sessions = new SessionLeases(rt, this.auth, this.pool);
@@ -208,14 +218,14 @@ export class TenantObject extends DurableObject<Env> {
   }
 
   /**
-   * Saves the usage the work counted before its answer leaves the object (runtime.ts, `saveUsage`):
-   * what a caller saw succeed stays counted if the object is killed right after.
+   * Has the usage the work counted saved soon after (runtime.ts, `noteUsage`): batched, never a
+   * storage write per request.
    */
   private async counted<T>(work: Promise<T>): Promise<T> {
     try {
       return await work;
     } finally {
-      this.rt.saveUsage();
+      this.rt.noteUsage();
     }
   }
 
@@ -269,9 +279,21 @@ export class TenantObject extends DurableObject<Env> {
     return this.drains.evictIfIdle(generation);
   }
 
-  /** For budget reconciliation: does this object still hold connections of `generation`? */
+  /** For the orphan reaper: does this object still hold connections of `generation`? */
   async holdsGeneration(generation: number): Promise<boolean> {
     return this.pool.holds(generation);
+  }
+
+  /**
+   * For the budget's reconcile: reclaims the leases held past their bound first (a lost release
+   * must not keep the pool busy for ever), then says whether `generation` is still held and, if it
+   * is the current ready one, the pool's own facts (the ledger corrects its copy from them).
+   */
+  async checkGeneration(generation: number): Promise<GenerationCheck> {
+    this.pool.reclaimOverdueLeases(Date.now());
+    const lc = this.rt.lifecycle;
+    const current = lc.generation === generation && lc.state === "ready";
+    return { holds: this.pool.holds(generation), report: current ? this.pool.report() : null };
   }
 
   /** For budget reconciliation: does this instance still hold the maintenance slot `leaseId`? */
@@ -288,6 +310,24 @@ export class TenantObject extends DurableObject<Env> {
     }
     // A rotation starts a pool (a pool start is counted in usage).
     return this.counted(this.rotation.rotate(tenantId));
+  }
+
+  /**
+   * Moves a customer's database to a credential its customer supplied, through overlapping
+   * generations (see rotation.ts `supply`); `user` null keeps the role.
+   */
+  async supplyCredential(
+    tenantId: string,
+    user: string | null,
+    password: string,
+    actor: string,
+  ): Promise<RotateOutcome> {
+    if (this.rt.erase !== null) {
+      const code = this.rt.erasing ? "tenant_erasing" : "tenant_erased";
+      return { ok: false, error: new LessorError(code, { retryAfterSeconds: 5 }).toWire() };
+    }
+    const record = await this.auth.resolve(tenantId).catch(() => null);
+    return this.counted(this.rotation.supply(tenantId, user ?? record?.roleName ?? "", password, actor));
   }
 
   /** Migrates the tenant's database to `targetVersion` (see migrate.ts). */

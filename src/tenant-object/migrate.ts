@@ -9,6 +9,7 @@ import { type ControlPlane, withControlPlane } from "../control-plane/index.ts";
 import { tenants } from "../control-plane/schema.ts";
 import { migrationFinished, migrationStarted } from "../core/lifecycle.ts";
 import { postgresErrorBody } from "../core/neon-protocol.ts";
+import { isTransientFailure } from "../core/transient.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
@@ -84,6 +85,20 @@ export class SchemaMigration {
       }
       const version = error instanceof MigrationError ? error.version : null;
       const cause = error instanceof MigrationError ? error.cause : error;
+      if (!(cause instanceof DeadlineExceeded) && isTransientFailure(cause)) {
+        // Not the migration's fault (a killed backend, a restarted host, a cut network): its step
+        // rolled back, and the campaign runs it again after a backoff. Steps that committed are in
+        // the database's own ledger, so nothing is applied twice.
+        logEvent("warn", "tenant_migration_interrupted", {
+          tenant: tenantId,
+          version,
+          failure: describeFailure(cause),
+        });
+        if (reached !== null && reached !== record.schemaVersion) {
+          await this.recordSchemaVersion(record, reached).catch(() => undefined);
+        }
+        return { outcome: "skipped", reason: "interrupted" };
+      }
       const summary =
         cause instanceof DeadlineExceeded
           ? `migration ${cause.message} (LESSOR_MIGRATION_TIMEOUT_MS); its step rolled back`

@@ -22,6 +22,7 @@ import {
   beginStart,
   classifyStartFailure,
   type FailureReason,
+  leaseOverdueAfterMs,
   retired,
   startFailed,
   startRefused,
@@ -30,12 +31,14 @@ import {
 } from "../core/lifecycle.ts";
 import { poolApplicationName } from "../core/names.ts";
 import { restartJitterMs } from "../core/placement.ts";
+import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
-import { type ConnectionTarget, openPool, terminateAndWait } from "../postgres/index.ts";
+import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
+import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
@@ -43,6 +46,8 @@ import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
 export interface LiveLease {
+  /** The lease's entry in the pool's registry: releasing it a second time changes nothing. */
+  id: number;
   generation: number;
   pool: Pool;
   /** The database the pool connects to (a cancel request goes there too). */
@@ -51,6 +56,26 @@ export interface LiveLease {
 
 /** Who a connection is logged in as: the tenant role, or the tenant's end-user login role. */
 export type ConnectionKind = "tenant" | "jwt";
+
+/** What a lease is for: one `/sql` request, or a session lease (`/v1/leases`). */
+export type LeaseKind = "sql" | "session";
+
+/**
+ * A lease the pool counts. The count is the registry's size, so a lease released twice (or never
+ * taken) cannot move it; one held past `overdueAt`, which nothing legitimate does, is reclaimed
+ * (`reclaimOverdueLeases`) so a lost release cannot keep a generation from ever going idle.
+ */
+interface HeldLease {
+  kind: LeaseKind;
+  generation: number;
+  since: number;
+  overdueAt: number;
+  /** Ends whatever still uses the lease (cuts its connection) when it is reclaimed. */
+  abandon: (() => void) | null;
+}
+
+/** A repair the pool made to its own accounting, for the host's repair counters. */
+export type PoolRepair = "lease_reclaimed" | "close_forced";
 
 /** Where the pool keeps its last use for the next instance of the object (kv). */
 const lastUsedKey = "lastUsed";
@@ -80,7 +105,9 @@ export class TenantPool {
   /** Generations whose connections are still closing (their budget is not yet released). */
   private readonly closing = new Set<number>();
   private starting: Promise<void> | null = null;
-  private leaseCount = 0;
+  /** The leases of the current generation (and of generations stopped while leased). */
+  private held = new Map<number, HeldLease>();
+  private nextLeaseId = 1;
   private idleSince: number | null = null;
   private lastUsed: number | null = null;
   private lastUsedPersisted: number | null = null;
@@ -91,7 +118,12 @@ export class TenantPool {
    * The generation a credential rotation replaced: it serves only the leases it held at the switch
    * (session leases, `/sql` in flight) and stops when the last one ends (docs/adr/013).
    */
-  private retiring: { pool: Pool; jwtPool: Pool | null; generation: number; leases: number } | null = null;
+  private retiring: {
+    pool: Pool;
+    jwtPool: Pool | null;
+    generation: number;
+    leases: Map<number, HeldLease>;
+  } | null = null;
 
   /** The tenant role's credential and the host-admin work done with it (repair, fence, terminate). */
   readonly credentials: TenantCredentials;
@@ -109,6 +141,8 @@ export class TenantPool {
       credentialChange: () => Promise<unknown> | null;
       /** A retiring generation stopped: its credential's guard key may go. */
       onRetired: (generation: number) => void;
+      /** The pool repaired its own accounting (counted on the host's budget, logged as an event). */
+      onRepair: (repair: PoolRepair, count: number) => void;
     },
   ) {
     this.credentials = new TenantCredentials(rt);
@@ -118,7 +152,7 @@ export class TenantPool {
   }
 
   get leases(): number {
-    return this.leaseCount;
+    return this.held.size;
   }
 
   get lastUsedAt(): number | null {
@@ -193,7 +227,7 @@ export class TenantPool {
 
   /** The retiring generation and the leases it still holds (for status). */
   get retiringStatus(): { generation: number; leases: number } | null {
-    return this.retiring ? { generation: this.retiring.generation, leases: this.retiring.leases } : null;
+    return this.retiring ? { generation: this.retiring.generation, leases: this.retiring.leases.size } : null;
   }
 
   /** Whether `generation` is still closing its connections. */
@@ -204,7 +238,7 @@ export class TenantPool {
   // ── Leases ─────────────────────────────────────────────────────────────────────────────────────
 
   /** A lease on a ready generation, starting one (once, however many ask) if there is none. */
-  async acquire(record: TenantRecord): Promise<LiveLease> {
+  async acquire(record: TenantRecord, kind: LeaseKind = "sql"): Promise<LiveLease> {
     // Bounded: each pass returns, throws, or waits on something that itself settles.
     for (let attempt = 0; attempt < 4; attempt++) {
       // An erase closed the gate (maybe while this request waited behind a start): no new lease.
@@ -213,10 +247,18 @@ export class TenantPool {
       switch (decision.kind) {
         case "use": {
           if (!this.pool || !this.poolTarget || this.poolGeneration !== this.rt.lifecycle.generation) break;
-          this.leaseCount++;
+          const id = this.nextLeaseId++;
+          const now = Date.now();
+          this.held.set(id, {
+            kind,
+            generation: this.poolGeneration,
+            since: now,
+            overdueAt: now + leaseOverdueAfterMs(kind, this.rt.config),
+            abandon: null,
+          });
           this.idleSince = null;
           this.touch();
-          return { generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
+          return { id, generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":
         case "join_start": {
@@ -245,10 +287,7 @@ export class TenantPool {
           if (decision.reason === "misconfigured") {
             throw new LessorError("misconfigured", { internal: "start failed (misconfigured); backing off" });
           }
-          throw new LessorError("tenant_starting_failed", {
-            internal: `start failed (${decision.reason}); backing off`,
-            retryAfterSeconds: decision.retryAfterMs / 1000,
-          });
+          throw startRefusal(record, decision.reason, decision.retryAfterMs / 1000);
         case "refuse_draining":
           throw new LessorError("tenant_draining", { retryAfterSeconds: 1 });
       }
@@ -259,16 +298,73 @@ export class TenantPool {
     });
   }
 
-  /** Ends a lease of `generation` (the current one's, or the retiring one's). */
-  release(generation: number): void {
+  /**
+   * What ends the work of `lease` if it is ever reclaimed as overdue (its connection, cut): whoever
+   * waits on that work then fails and releases, instead of waiting for ever.
+   */
+  onAbandon(lease: LiveLease, abandon: () => void): void {
+    const held = this.held.get(lease.id) ?? this.retiring?.leases.get(lease.id);
+    if (held) held.abandon = abandon;
+  }
+
+  /** Ends a lease (of the current generation, or of the retiring one). A second release is a no-op. */
+  release(lease: Pick<LiveLease, "id">): void {
     const old = this.retiring;
-    if (old && old.generation === generation) {
-      old.leases--;
-      if (old.leases <= 0) this.rt.ctx.waitUntil(this.retire(old));
+    if (old?.leases.delete(lease.id)) {
+      if (old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
       return;
     }
-    this.leaseCount--;
-    if (this.leaseCount > 0) return;
+    if (this.held.delete(lease.id)) this.afterRelease();
+  }
+
+  /**
+   * Reclaims every lease held past its bound, which nothing legitimate does (a `/sql` request is
+   * bounded by its checkout wait and statement bound, a session lease by its lifetime): a lease
+   * whose release was lost would otherwise keep its generation from ever going idle, its pool from
+   * ever stopping, and its budget from ever coming back. Each is logged as an event and counted.
+   * Says how many were reclaimed.
+   */
+  reclaimOverdueLeases(now: number): number {
+    let reclaimed = 0;
+    const sweep = (leases: Map<number, HeldLease>) => {
+      for (const [id, lease] of leases) {
+        if (lease.overdueAt > now) continue;
+        leases.delete(id);
+        reclaimed++;
+        logEvent("error", "lease_reclaimed", {
+          tenant: this.rt.tenantId,
+          generation: lease.generation,
+          kind: lease.kind,
+          heldMs: now - lease.since,
+        });
+        this.rt.note(
+          `lease_reclaimed: a ${lease.kind} lease of generation ${lease.generation} held ${now - lease.since} ms`,
+        );
+        try {
+          lease.abandon?.();
+        } catch {
+          // Its connection is already gone.
+        }
+      }
+    };
+    const old = this.retiring;
+    if (old) {
+      sweep(old.leases);
+      if (old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
+    }
+    const before = this.held.size;
+    sweep(this.held);
+    if (before > 0 && this.held.size === 0) this.afterRelease();
+    if (reclaimed > 0) {
+      this.hooks.onRepair("lease_reclaimed", reclaimed);
+      this.flushEventsSoon();
+    }
+    return reclaimed;
+  }
+
+  /** The current generation's last lease may have gone: it becomes idle, and whoever waits learns it. */
+  private afterRelease(): void {
+    if (this.held.size > 0) return;
     this.idleSince = Date.now();
     if (this.budgetWaitsForIdle) {
       this.budgetWaitsForIdle = false;
@@ -285,9 +381,9 @@ export class TenantPool {
 
   /** Resolves true once no lease is held, or with whether none is held after `timeoutMs`. */
   waitForNoLeases(timeoutMs: number): Promise<boolean> {
-    if (this.leaseCount === 0) return Promise.resolve(true);
+    if (this.held.size === 0) return Promise.resolve(true);
     return new Promise((resolve) => {
-      const timer = setTimeout(() => resolve(this.leaseCount === 0), timeoutMs);
+      const timer = setTimeout(() => resolve(this.held.size === 0), timeoutMs);
       this.leasesDrained.push(() => {
         clearTimeout(timer);
         resolve(true);
@@ -528,9 +624,17 @@ export class TenantPool {
       throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
     }
     if (!admitted.granted) {
-      const why = admitted.closed ? "tenant_erasing" : admitted.unfit ? "host_unfit" : "capacity_saturated";
+      const why = admitted.closed
+        ? "tenant_erasing"
+        : admitted.unfit
+          ? "host_unfit"
+          : admitted.tunnel
+            ? `tunnel_${admitted.tunnel}`
+            : "capacity_saturated";
       rt.apply(startRefused(rt.lifecycle), why);
       if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+      // The tenant's own tunnel is full, or its breaker is open: only tenants behind it see this.
+      if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
       if (admitted.unfit) {
         throw new LessorError("host_unfit", {
           internal: admitted.unfit,
@@ -553,10 +657,12 @@ export class TenantPool {
       this.idleSince = Date.now();
       rt.usage.poolStarts++;
       rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
+      // The tunnel carried a start: its breaker closes.
+      if (record.adopted) await budget.recordTunnelOutcome(record.host, "ok").catch(() => undefined);
       await budget.confirm(record.host, record.tenantId, generation, this.report());
       await rt.ensureAlarm(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
     } catch (error) {
-      if (pool) await pool.end().catch(() => undefined);
+      if (pool) await endPool(pool);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
       throw await this.startFailed(error);
     }
@@ -576,22 +682,32 @@ export class TenantPool {
       rt.apply(startRefused(rt.lifecycle), error.code);
       return error;
     }
-    const reason: FailureReason = classifyStartFailure(error);
-    logEvent(reason === "misconfigured" ? "error" : "warn", "pool_start_failed", {
-      tenant: rt.record?.tenantId,
-      generation: rt.lifecycle.generation,
-      reason,
-      failure: describeFailure(error),
-    });
+    const record = rt.record;
+    const reason: FailureReason = adoptedFailure(record, error, classifyStartFailure(error));
+    logEvent(
+      reason === "misconfigured" || reason === "credential_revoked" ? "error" : "warn",
+      "pool_start_failed",
+      {
+        tenant: record?.tenantId,
+        generation: rt.lifecycle.generation,
+        reason,
+        failure: describeFailure(error),
+      },
+    );
+    // A customer's tunnel learns what the start found out about it (core/tunnel.ts).
+    const fault = tunnelFaultOf(reason);
+    if (record?.adopted) {
+      await rt
+        .budget(record.host)
+        .recordTunnelOutcome(record.host, fault ?? "ok")
+        .catch(() => undefined);
+    }
     rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
     await rt.ensureAlarm(Date.now() + 1_000);
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
     // Retrying will not help until the operator fixes the configuration: say so.
     if (reason === "misconfigured" && error instanceof LessorError) return error;
-    return new LessorError("tenant_starting_failed", {
-      internal: `start failed (${reason})`,
-      retryAfterSeconds: (retryAt - Date.now()) / 1000,
-    });
+    return startRefusal(record, reason, (retryAt - Date.now()) / 1000);
   }
 
   /**
@@ -608,7 +724,7 @@ export class TenantPool {
     try {
       await pool.query("SELECT 1");
     } catch (error) {
-      await pool.end().catch(() => undefined);
+      await endPool(pool);
       throw error;
     }
     return { pool, target: credential.target, jwtCredential };
@@ -621,7 +737,7 @@ export class TenantPool {
    */
   switchTo(prepared: PreparedGeneration, generation: number): void {
     const old = this.pool
-      ? { pool: this.pool, jwtPool: this.jwtPool, generation: this.poolGeneration, leases: this.leaseCount }
+      ? { pool: this.pool, jwtPool: this.jwtPool, generation: this.poolGeneration, leases: this.held }
       : null;
     // The new generation opens its own end-user pool on first use, under the new credential's
     // derived login password and claims key (src/tenant-object/credentials.ts `changePassword`).
@@ -631,11 +747,11 @@ export class TenantPool {
     this.pool = prepared.pool;
     this.poolGeneration = generation;
     this.poolTarget = prepared.target;
-    this.leaseCount = 0;
+    this.held = new Map();
     this.idleSince = Date.now();
     this.lastUsed = Date.now();
     this.retiring = old;
-    if (old && old.leases <= 0) this.rt.ctx.waitUntil(this.retire(old));
+    if (old && old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
     // Whoever waited for the old generation's leases (a drain) now watches the new one's.
     for (const wake of this.leasesDrained.splice(0)) wake();
   }
@@ -646,7 +762,7 @@ export class TenantPool {
     this.retiring = null;
     this.closing.add(old.generation);
     try {
-      await Promise.all([old.pool.end().catch(() => undefined), old.jwtPool?.end().catch(() => undefined)]);
+      await this.closePools(old.generation, old.pool, old.jwtPool);
     } finally {
       this.closing.delete(old.generation);
     }
@@ -697,7 +813,7 @@ export class TenantPool {
     rt.apply(stopped(rt.lifecycle, generation), "drained");
     this.persistLastUsed();
     try {
-      await Promise.all([pool.end().catch(() => undefined), jwtPool?.end().catch(() => undefined)]);
+      await this.closePools(generation, pool, jwtPool);
     } finally {
       this.closing.delete(generation);
     }
@@ -710,13 +826,32 @@ export class TenantPool {
     }
   }
 
+  /**
+   * Closes a generation's pools, bounded (`endPool`): a connection that does not come back within
+   * the bound is cut, so a generation never stays `closing` (holding its budget) for ever. A forced
+   * close is logged as an event and counted.
+   */
+  private async closePools(generation: number, pool: Pool, jwtPool: Pool | null): Promise<void> {
+    const outcomes = await Promise.all([endPool(pool), jwtPool ? endPool(jwtPool) : "ended"]);
+    if (!outcomes.includes("forced")) return;
+    logEvent("warn", "pool_close_forced", { tenant: this.rt.tenantId, generation });
+    this.rt.note(`pool_close_forced: generation ${generation} did not close within the bound`);
+    this.hooks.onRepair("close_forced", 1);
+    this.flushEventsSoon();
+  }
+
+  /** A repair's event reaches the control plane soon rather than at the next heartbeat. */
+  private flushEventsSoon(): void {
+    this.rt.ctx.waitUntil(this.rt.ensureAlarm(Date.now() + 1_000).catch(() => undefined));
+  }
+
   // ── Budget ─────────────────────────────────────────────────────────────────────────────────────
 
   /** What the budget needs to know to choose eviction victims. */
   report(): PoolReport {
     return {
-      leases: this.leaseCount,
-      idleSince: this.leaseCount === 0 ? this.idleSince : null,
+      leases: this.held.size,
+      idleSince: this.held.size === 0 ? this.idleSince : null,
       pinned: this.rt.pinned,
       migrating: this.rt.lifecycle.migrating,
     };
@@ -748,6 +883,44 @@ export class CredentialMoved extends Error {
   constructor() {
     super("the credential moved to a new generation during checkout");
   }
+}
+
+/**
+ * What a failed start of a customer's database says, beyond the driver's error: a credential the
+ * server refused is one its customer revoked or changed (Lessor owns no role there to repair), and
+ * a lost `CONNECT` likewise. Any other tenant's reason stays as classified.
+ */
+function adoptedFailure(record: TenantRecord | null, error: unknown, reason: FailureReason): FailureReason {
+  if (!record?.adopted) return reason;
+  const code = (error as { code?: unknown }).code;
+  if (reason === "auth_failed" || code === "42501") return "credential_revoked";
+  return reason;
+}
+
+/**
+ * The answer to a start that failed (or is backing off after one): on a customer's database a
+ * refused credential (`credential_revoked`) and a tunnel that is slow or down (`tunnel_unavailable`)
+ * are told apart from everything else (`tenant_starting_failed`).
+ */
+function startRefusal(
+  record: TenantRecord | null,
+  reason: FailureReason,
+  retryAfterSeconds: number,
+): LessorError {
+  if (record?.adopted) {
+    if (reason === "credential_revoked") {
+      return new LessorError("credential_revoked", {
+        internal: "the customer's database refused the credential",
+        retryAfterSeconds,
+      });
+    }
+    const fault = tunnelFaultOf(reason);
+    if (fault) return tunnelUnavailable(fault, retryAfterSeconds);
+  }
+  return new LessorError("tenant_starting_failed", {
+    internal: `start failed (${reason})`,
+    retryAfterSeconds,
+  });
 }
 
 function sleep(ms: number): Promise<void> {

@@ -13,16 +13,22 @@ import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { encodeResult } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
-import { backendPid } from "../postgres/index.ts";
+import { backendPid, cutConnection } from "../postgres/index.ts";
 import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
-import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
+import {
+  isConnectionFatal,
+  isIdleOutsideTransaction,
+  markEndedOnPurpose,
+  resetConnection,
+} from "./connection-state.ts";
 import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
 import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
 import { type ConnectionKind, CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
+import { tenantHooksForTests } from "./test-hooks.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 
 /** Sets an end user's claims, their MAC and the configured role, for the transaction only. */
@@ -65,8 +71,12 @@ export class TenantQueries {
         });
       }
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
+        // A customer's database changes only through a campaign that includes it, never on demand.
         throw new LessorError("schema_too_old", {
-          publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
+          publicMessage: record.adopted
+            ? `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}. The database is its customer's: Lessor migrates it only in a campaign that includes customers' databases.`
+            : `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
+          ...(record.adopted ? { details: { database: "adopted" } } : {}),
         });
       }
       let results: RawResult[];
@@ -137,12 +147,18 @@ export class TenantQueries {
       this.auth.refuseIfDisabled();
       client = await this.pool.checkout(lease, kind);
     } catch (error) {
-      this.endLease(lease.generation, leasedAt);
+      this.endLease(lease, leasedAt);
       throw error;
     }
+    // A lease reclaimed as overdue (its work never settled) cuts the connection it ran on.
+    this.pool.onAbandon(lease, () => {
+      markEndedOnPurpose(client);
+      cutConnection(client);
+    });
     const watchdog = new StatementWatchdog(this.rt, this.pool.credentials, record, lease.target, client);
     const budget = new ResponseBudget(this.rt.config.maxResponseBytes, request.output);
     let broken: Error | undefined;
+    let reset: Promise<Error | undefined> | null = null;
     watchdog.arm();
     try {
       if (endUser) prelude = await this.preludeFor(client, endUser);
@@ -150,7 +166,9 @@ export class TenantQueries {
         { tenantId: record.tenantId, generation: lease.generation, leaseId: "sql" },
         () => {
           requireTenantScope(record.tenantId);
-          return executeSqlRequest(client, request, budget, watchdog.onOverrun, prelude);
+          return executeSqlRequest(client, request, budget, watchdog.onOverrun, prelude, (done) => {
+            reset = done;
+          });
         },
       );
     } catch (error) {
@@ -160,40 +178,62 @@ export class TenantQueries {
         broken = error instanceof Error ? error : new Error("query failed");
         throw new LessorError("connection_lost", { internal: "connection failed mid-query", cause: error });
       }
+      // Its clean-up ran statements after the pipelined reset: the connection is not reused.
+      if (error instanceof LessorError && error.code === "prepared_transaction_refused") {
+        broken = new Error("a prepared transaction was rolled back on it");
+      }
       throw error;
     } finally {
       watchdog.disarm();
       this.giveBack(
         client,
         watchdog.connectionSuspect ? (broken ?? new Error("statement stopped")) : broken,
-        lease.generation,
+        lease,
         leasedAt,
+        reset,
       );
     }
   }
 
   /**
    * Ends the lease with the answer, and returns the connection after it: a broken one is destroyed,
-   * a sound one is reset first, off the caller's path. A stop that comes meanwhile waits for it:
-   * the pool ends only once every connection is back, and only then is the budget released.
+   * a sound one once it is reset, off the caller's path: the reset that rode in the statement's
+   * flight (`reset`), or one sent now. A stop that comes meanwhile waits for it: the pool ends only
+   * once every connection is back, and only then is the budget released.
    */
   private giveBack(
     client: PoolClient,
     broken: Error | undefined,
-    generation: number,
+    lease: LiveLease,
     leasedAt: number,
+    reset: Promise<Error | undefined> | null,
   ): void {
-    this.endLease(generation, leasedAt);
+    this.endLease(lease, leasedAt);
     if (broken) {
       markEndedOnPurpose(client);
       client.release(broken);
       return;
     }
-    this.rt.ctx.waitUntil(resetConnection(client).then((failed) => client.release(failed)));
+    this.rt.ctx.waitUntil(this.resetAndReturn(client, reset));
   }
 
-  private endLease(generation: number, leasedAt: number): void {
+  private async resetAndReturn(
+    client: PoolClient,
+    pipelined: Promise<Error | undefined> | null,
+  ): Promise<void> {
+    if (tenantHooksForTests.beforeReturn) await tenantHooksForTests.beforeReturn(this.rt.tenantId, client);
+    if (pipelined === null) {
+      client.release(await resetConnection(client));
+      return;
+    }
+    const failed = await pipelined;
+    client.release(
+      failed ?? (isIdleOutsideTransaction(client) ? undefined : new Error("reset left a transaction open")),
+    );
+  }
+
+  private endLease(lease: LiveLease, leasedAt: number): void {
     this.rt.usage.leaseMs += Date.now() - leasedAt;
-    this.pool.release(generation);
+    this.pool.release(lease);
   }
 }

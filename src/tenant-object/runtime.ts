@@ -31,6 +31,9 @@ export interface EraseGate {
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
 export const heartbeatMs = 30_000;
 
+/** The longest an answered request's usage waits before it is saved (one write per interval at most). */
+export const usageSaveIntervalMs = 1_000;
+
 /** The `kv` key of the usage counted since the last stage (see `TenantRuntime.saveUsage`). */
 const unstagedUsageKey = "usage";
 
@@ -42,12 +45,14 @@ export class TenantRuntime {
   pinned = false;
   /**
    * Usage since the last stage into the durable usage outbox (the alarm stages it). Saved to storage
-   * before every answer leaves the object (`saveUsage`), so an object killed between two heartbeats
-   * loses none of what it answered for.
+   * at most once per `usageSaveIntervalMs` after it changes (`noteUsage`), never per request: an
+   * object killed between two heartbeats loses at most that interval's counts.
    */
   usage: UsageCounters = { ...zeroUsage };
   /** What storage holds under the unstaged-usage key, as JSON: a save that changes nothing writes nothing. */
   private savedUsage = JSON.stringify(zeroUsage);
+  /** The save `noteUsage` scheduled, if one is pending. */
+  private usageSave: ReturnType<typeof setTimeout> | null = null;
   /** Session leases reclaimed because their owner went away (for status). */
   reclaimedLeases = 0;
   /**
@@ -124,17 +129,34 @@ export class TenantRuntime {
   }
 
   /**
-   * Saves the usage counted since the last stage. The object's RPC methods call it before they
-   * answer: the write commits before the answer leaves the object (the output gate), so whatever a
-   * caller saw succeed is counted even if the object is killed next (a deploy, a crash, an
-   * eviction). The next instance restores it (`restoreUsage`) and its heartbeat flushes it.
+   * Usage changed (a request was counted): it is saved within `usageSaveIntervalMs`, off the request
+   * path, in one write however many requests it covers (Durable Object storage bills each row
+   * written, and a write on the request path holds its answer behind the output gate). An object
+   * killed in between loses at most that interval's counts (docs/adr/019-usage-saved-in-batches.md).
+   */
+  noteUsage(): void {
+    if (this.usageSave !== null) return;
+    this.usageSave = setTimeout(() => {
+      this.usageSave = null;
+      this.saveUsage();
+    }, usageSaveIntervalMs);
+  }
+
+  /**
+   * Saves the usage counted since the last stage, now (the heartbeat, and `noteUsage`'s timer). The
+   * next instance restores it (`restoreUsage`) and its heartbeat flushes it.
    */
   saveUsage(): void {
+    if (this.usageSave !== null) {
+      clearTimeout(this.usageSave);
+      this.usageSave = null;
+    }
     if (!this.storage.isOpen) return;
     const now = JSON.stringify(this.usage);
     if (now === this.savedUsage) return;
     this.storage.write(unstagedUsageKey, this.usage);
     this.savedUsage = now;
+    tenantHooksForTests.onUsageSaved?.(this.tenantId, this.usage.queries);
   }
 
   /** Loads the usage a previous instance saved but did not stage; whether there is any. */

@@ -27,7 +27,7 @@ import { asLessorError, sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
 import { ResponseBudget, runStatement } from "./execute.ts";
-import type { TenantPool } from "./pool.ts";
+import type { LiveLease, TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 
@@ -39,6 +39,8 @@ export interface Session {
   /** The key the lease was opened with: revoking it ends the lease. */
   keyId: string;
   client: PoolClient;
+  /** The pool's lease this session holds (released once, when the session ends). */
+  lease: LiveLease;
   generation: number;
   target: ConnectionTarget;
   ttlMs: number;
@@ -83,13 +85,13 @@ export class SessionLeases {
       }
       this.opening++;
       counted = true;
-      const lease = await this.pool.acquire(record);
+      const lease = await this.pool.acquire(record, "session");
       let client: PoolClient;
       try {
         this.auth.refuseIfDisabled();
         client = await this.pool.checkout(lease);
       } catch (error) {
-        this.pool.release(lease.generation);
+        this.pool.release(lease);
         throw error;
       }
       const token = `${sessionTokenPrefix}${tenantId}_${randomHex(24)}`;
@@ -100,6 +102,7 @@ export class SessionLeases {
         tokenHash,
         keyId: proof.keyId,
         client,
+        lease,
         generation: lease.generation,
         target: lease.target,
         ttlMs: ttl,
@@ -109,6 +112,8 @@ export class SessionLeases {
         busy: false,
       };
       this.sessions.set(tokenHash, session);
+      // Reclaimed as overdue (its alarm never ended it): the session ends as a lost one.
+      this.pool.onAbandon(lease, () => this.end(session, new Error("lease reclaimed"), "lost"));
       this.rt.storage.rememberSessionToken(tokenHash, lease.generation, session.expiresAt);
       await this.rt.ensureAlarm(session.expiresAt);
       return {
@@ -272,7 +277,7 @@ export class SessionLeases {
     if (remember === "lost") this.rt.storage.markSessionToken(session.tokenHash, "lost");
     markEndedOnPurpose(session.client);
     session.client.release(destroyWith);
-    this.pool.release(session.generation);
+    this.pool.release(session.lease);
   }
 
   /**
@@ -292,7 +297,7 @@ export class SessionLeases {
       () => resetConnection(session.client),
     );
     session.client.release(broken);
-    this.pool.release(session.generation);
+    this.pool.release(session.lease);
   }
 
   /**

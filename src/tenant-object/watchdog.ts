@@ -132,7 +132,7 @@ export class StatementWatchdog {
     for (const [attempt, delayMs] of [0, ...terminateRetryDelaysMs].entries()) {
       if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
       try {
-        const outcome = await this.credentials.terminate(this.record, pid);
+        const outcome = await this.credentials.terminate(this.record, pid, this.target);
         if (outcome !== "still_running") {
           logEvent("warn", "statement_terminated", { tenant, outcome, attempts: attempt + 1 });
           return;

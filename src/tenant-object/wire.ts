@@ -324,7 +324,7 @@ class WireConnection {
           const { lease, client } = await this.lease();
           room.learnParameters(client);
           client.release();
-          room.pool.release(lease.generation);
+          room.pool.release(lease);
         } catch {
           // Greeted with the fallback below.
         }
@@ -369,7 +369,7 @@ class WireConnection {
         this.room.learnParameters(client);
         return { lease, client };
       } catch (error) {
-        this.room.pool.release(lease.generation);
+        this.room.pool.release(lease);
         if (!(error instanceof CredentialMoved) || attempt > 0) throw error;
       }
     }
@@ -502,7 +502,7 @@ class WireConnection {
     this.acquiring = false;
     if (this.closed) {
       leased.client.release();
-      this.room.pool.release(leased.lease.generation);
+      this.room.pool.release(leased.lease);
       return;
     }
     this.attach(leased.lease, leased.client);
@@ -695,9 +695,9 @@ class WireConnection {
     noteTransactionStatus(held.client, held.flight.status);
     const { client } = held;
     const room = this.room;
-    room.pool.release(held.lease.generation);
+    room.pool.release(held.lease);
     this.rt.usage.leaseMs += Date.now() - held.leasedAt;
-    this.rt.saveUsage();
+    this.rt.noteUsage();
     if (closed || held.suspect) {
       markEndedOnPurpose(client);
       const ended = closed ? Promise.resolve() : terminateAndWait(client);

@@ -4,6 +4,7 @@
  */
 import { env, runInDurableObject } from "cloudflare:test";
 import { describe, expect, it, vi } from "vitest";
+import { provisioningHooksForTests } from "../../src/provisioning/test-hooks.ts";
 import {
   admin,
   asSuperuser,
@@ -289,5 +290,54 @@ describe("faults", () => {
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
     expect(await countBackends(`lessor:${tenant.role}:`)).toBe(0);
+  });
+
+  describe("a create cut by a transient fault (issue 32)", () => {
+    /** Blocks the faulty host's proxy when the create's database is made; unblocks after `mendAfterMs` (never if null). */
+    function breakAtDatabaseClosed(tenantId: string, mendAfterMs: number | null): { reached: () => number } {
+      let reached = 0;
+      provisioningHooksForTests.onStep = async (event) => {
+        if (event.tenantId !== tenantId || event.step !== "database_closed") return;
+        reached++;
+        if (reached > 1) return;
+        await proxy("block");
+        if (mendAfterMs !== null) setTimeout(() => void proxy("unblock"), mendAfterMs);
+      };
+      return { reached: () => reached };
+    }
+
+    it("runs its steps again within the request and answers 201", async () => {
+      const id = uniqueTenantId("prov-retry");
+      const fault = breakAtDatabaseClosed(id, 400);
+      try {
+        const created = await admin("/v1/tenants", { method: "POST", json: { id, host: "faulty" } });
+        expect(created.status).toBe(201);
+        // The fault landed: the steps ran again after the refused connection.
+        expect(fault.reached()).toBeGreaterThanOrEqual(2);
+        const { key } = await created.json<{ key: string }>();
+        expect(key).toMatch(/^lsk_/);
+      } finally {
+        provisioningHooksForTests.onStep = undefined;
+        await proxy("unblock");
+      }
+    });
+
+    it("answers 503 provisioning_interrupted with Retry-After when the fault outlasts the bound, and the same create resumes", async () => {
+      const id = uniqueTenantId("prov-cut");
+      const fault = breakAtDatabaseClosed(id, null);
+      try {
+        const cut = await admin("/v1/tenants", { method: "POST", json: { id, host: "faulty" } });
+        expect(cut.status).toBe(503);
+        expect(Number(cut.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
+        expect(await cut.json()).toMatchObject({ code: "provisioning_interrupted" });
+        // The fault landed after the database was made; every later attempt met it at its first step.
+        expect(fault.reached()).toBe(1);
+      } finally {
+        provisioningHooksForTests.onStep = undefined;
+        await proxy("unblock");
+      }
+      const resumed = await admin("/v1/tenants", { method: "POST", json: { id, host: "faulty" } });
+      expect(resumed.status).toBe(201);
+    });
   });
 });

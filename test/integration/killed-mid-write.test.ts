@@ -302,12 +302,29 @@ describe("the object killed mid-write", () => {
     });
   }
 
-  it("usage the object counted before it was killed is not lost (found by the chaos soak)", async () => {
+  it("usage the object counted and saved before it was killed is not lost (found by the chaos soak)", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-usage"), { tier: "free" });
     const sql = sqlFor(tenant);
-    await sql`SELECT 1 AS n`;
-    await sql`SELECT g FROM generate_series(1, 3) g`;
-    await expect(sql`SELECT 1 / 0`).rejects.toThrow();
+    const saves: number[] = [];
+    tenantHooksForTests.onUsageSaved = (id, queries) => {
+      if (id === tenant.id) saves.push(queries);
+    };
+    try {
+      await sql`SELECT 1 AS n`;
+      await sql`SELECT g FROM generate_series(1, 3) g`;
+      await expect(sql`SELECT 1 / 0`).rejects.toThrow();
+      await Promise.all(Array.from({ length: 12 }, () => sql`SELECT 1 AS n`));
+      // All 15 answered requests saved, in batches: far fewer writes than requests.
+      expect(
+        await pollUntil(
+          () => Promise.resolve(saves.at(-1) ?? 0),
+          (queries) => queries === 15,
+        ),
+      ).toBe(15);
+      expect(saves.length).toBeLessThan(12);
+    } finally {
+      tenantHooksForTests.onUsageSaved = undefined;
+    }
     // Killed before its heartbeat moved the counts to the durable outbox.
     await killObject(tenant);
     // The next instance's heartbeat flushes what the dead one answered for.
@@ -315,7 +332,7 @@ describe("the object killed mid-write", () => {
     const response = await admin(`/v1/tenants/${tenant.id}/usage`);
     expect(response.status).toBe(200);
     const { usage } = await response.json<{ usage: Record<string, number> }>();
-    expect(usage).toMatchObject({ queries: 3, errors: 1, rowsReturned: 4, poolStarts: 1 });
+    expect(usage).toMatchObject({ queries: 15, errors: 1, rowsReturned: 16, poolStarts: 1 });
   });
 
   it("a migration killed with its object gives its maintenance slot back at the next reconcile (found by the chaos soak)", async () => {
@@ -350,6 +367,45 @@ describe("the object killed mid-write", () => {
     await env.BUDGETS.getByName(host).reconcile(host, 0);
     expect(await migrateSlots()).toBe(0);
   });
+  it("a migration whose backend is killed mid-step is interrupted, not failed, and runs again (issue 32)", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-mig-be"), { tier: "free" });
+    await asSuperuser(async (client) => {
+      await client.query("ALTER TABLE notes DROP CONSTRAINT IF EXISTS notes_slug_unique");
+      await client.query("ALTER TABLE notes DROP COLUMN IF EXISTS slug");
+      await client.query("DELETE FROM lessor.schema_migrations WHERE version > 1");
+    }, tenant.database);
+    const outcome = await asSuperuser(async (locker) => {
+      await locker.query("BEGIN");
+      await locker.query("LOCK TABLE notes IN ACCESS EXCLUSIVE MODE");
+      const migration = env.TENANTS.getByName(tenant.id).migrate(tenant.id, 2, 1_000);
+      // The step waits behind the lock; its backend is killed there, as the soak's faults do.
+      const killed = await pollUntil(
+        () =>
+          asSuperuser(async (client) => {
+            const { rows } = await client.query(
+              `SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
+                WHERE application_name = $1 AND wait_event_type = 'Lock'`,
+              [`lessor:${tenant.role}:migrate`],
+            );
+            return rows.length;
+          }),
+        (n) => n > 0,
+        { attempts: 80, intervalMs: 100 },
+      );
+      expect(killed).toBe(1);
+      const answered = await migration;
+      await locker.query("ROLLBACK");
+      return answered;
+    }, tenant.database);
+    // Not the migration's fault: skipped as interrupted (the campaign runs it again), never failed.
+    expect(outcome).toEqual({ outcome: "skipped", reason: "interrupted" });
+    expect(await env.TENANTS.getByName(tenant.id).migrate(tenant.id, 2, 1_000)).toMatchObject({
+      outcome: "migrated",
+      toVersion: 2,
+      applied: [2],
+    });
+  });
+
   it("a request in flight when its object is killed answers 503 object_unavailable with Retry-After, not 500 (found by the chaos soak)", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-answer"), { tier: "free" });
     await sqlFor(tenant)`SELECT 1`;

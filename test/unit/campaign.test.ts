@@ -43,7 +43,17 @@ describe("parseCampaignSpec", () => {
         drainTimeoutMs: campaignDefaults.drainTimeoutMs,
         stabilityWindowMs: campaignDefaults.stabilityWindowMs,
         tenants: null,
+        adopted: "skip",
       },
+    });
+  });
+
+  it("skips customers' databases unless told to include them", () => {
+    const included = parse({ toVersion: 2, adopted: "include" });
+    expect(included.ok && included.spec.adopted).toBe("include");
+    expect(parse({ toVersion: 2, adopted: "all" })).toEqual({
+      ok: false,
+      problem: 'adopted must be "skip" or "include".',
     });
   });
 
@@ -348,6 +358,25 @@ describe("resultOfAttempt", () => {
       fromVersion: null,
       toVersion: 3,
       applied: [],
+    });
+  });
+
+  it("runs a migration a transient fault interrupted again after a growing backoff, and never fails it", () => {
+    expect(resultOfAttempt({ outcome: "skipped", reason: "interrupted" }, 1, now, 3)).toEqual({
+      state: "skipped",
+      reason: "interrupted",
+      retryAt: now + 5_000,
+    });
+    expect(resultOfAttempt({ outcome: "skipped", reason: "interrupted" }, 3, now, 3)).toEqual({
+      state: "skipped",
+      reason: "interrupted",
+      retryAt: now + 20_000,
+    });
+    // Past maxAttempts, still retried (capped at two minutes): a fault is not the tenant's.
+    expect(resultOfAttempt({ outcome: "skipped", reason: "interrupted" }, 50, now, 3)).toEqual({
+      state: "skipped",
+      reason: "interrupted",
+      retryAt: now + 120_000,
     });
   });
 

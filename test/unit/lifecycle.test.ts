@@ -9,6 +9,8 @@ import {
   idleDecision,
   initialLifecycle,
   type Lifecycle,
+  leaseOverdueAfterMs,
+  leaseOverdueMarginMs,
   type PoolState,
   recoverAfterRestart,
   skipGeneration,
@@ -282,5 +284,15 @@ describe("classifyStartFailure", () => {
     ["a string", "unknown"],
   ])("classifies %j as %s", (error, reason) => {
     expect(classifyStartFailure(error)).toBe(reason);
+  });
+});
+
+describe("leaseOverdueAfterMs", () => {
+  const bounds = { statementTimeoutMs: 30_000, leaseMaxLifetimeMs: 3_600_000 };
+  it("lies past everything that legitimately holds a lease, by the margin", () => {
+    expect(leaseOverdueAfterMs("sql", bounds)).toBe(30_000 + leaseOverdueMarginMs);
+    expect(leaseOverdueAfterMs("session", bounds)).toBe(3_600_000 + leaseOverdueMarginMs);
+    // The margin covers a checkout wait (10 s) and a cancel's and a cut's grace (2 s each).
+    expect(leaseOverdueMarginMs).toBeGreaterThan(10_000 + 2_000 + 2_000);
   });
 });

@@ -40,8 +40,7 @@ import {
   type WireError,
 } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import { type WireOpen, wireOpenHeader } from "../tenant-object/wire.ts";
-import { cancelRefreshMs, cancelShardOf } from "../wire-cancel-object/index.ts";
+import { cancelRefreshMs, cancelShardOf, type WireOpen, wireOpenHeader } from "../rpc/wire.ts";
 import { countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import type { AppContext, AppEnv } from "./context.ts";
 

@@ -38,6 +38,7 @@ import type {
   TenantRuntimeStatus,
   Verdict,
 } from "../rpc/tenant.ts";
+import { parseWireOpen, wireOpenHeader } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import { TenantAuth } from "./auth.ts";
 import { TenantDrain } from "./drain.ts";
@@ -49,7 +50,7 @@ import { TenantQueries } from "./query.ts";
 import { CredentialRotation } from "./rotation.ts";
 import { type EraseGate, TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
-import { parseWireOpen, WireConnections, wireOpenHeader } from "./wire.ts";
+import { WireConnections } from "./wire.ts";
 
 export class TenantObject extends DurableObject<Env> {
   private readonly rt: TenantRuntime;

@@ -43,7 +43,8 @@ import {
 import { LessorError, postgresFieldsOf } from "../errors/index.ts";
 import { logEventSampled } from "../log/index.ts";
 import { sendCancel, serverParameters, terminateAndWait } from "../postgres/index.ts";
-import type { KeyProof, TenantRecord } from "../rpc/tenant.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
+import type { WireOpen } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { markEndedOnPurpose, noteTransactionStatus, resetConnection } from "./connection-state.ts";
@@ -52,42 +53,6 @@ import { CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
 import { StatementWatchdog } from "./watchdog.ts";
-
-/** What the edge hands the object with a wire connection (header `Lessor-Wire`). */
-export interface WireOpen {
-  tenantId: string;
-  proof: KeyProof;
-  mode: PoolMode;
-  applicationName: string;
-  /** The cancel key the client is given (BackendKeyData). */
-  pid: number;
-  secret: number;
-}
-
-/** The header that carries a `WireOpen` from the edge to the object. */
-export const wireOpenHeader = "Lessor-Wire";
-
-/** Reads a `WireOpen` from the edge's header; null if it is not one. */
-export function parseWireOpen(raw: string | null): WireOpen | null {
-  if (raw === null) return null;
-  try {
-    const value = JSON.parse(raw) as Partial<WireOpen>;
-    if (
-      typeof value.tenantId !== "string" ||
-      typeof value.proof?.keyId !== "string" ||
-      typeof value.proof.keyHash !== "string" ||
-      (value.mode !== "transaction" && value.mode !== "session") ||
-      typeof value.applicationName !== "string" ||
-      !Number.isInteger(value.pid) ||
-      !Number.isInteger(value.secret)
-    ) {
-      return null;
-    }
-    return value as WireOpen;
-  } catch {
-    return null;
-  }
-}
 
 /** Where the object keeps the server's parameters for the greetings of its next instances (kv). */
 const parametersKey = "wireParameters";

@@ -10,20 +10,10 @@
  * Postgres allows of any cancel. Nothing here is a secret: a process id alone cancels nothing.
  */
 import { DurableObject } from "cloudflare:workers";
-
-/** How many registry objects the process ids are spread over. */
-export const cancelShards = 32;
-
-/** How often a live connection registers its key again. */
-export const cancelRefreshMs = 60_000;
+import { cancelRefreshMs } from "../rpc/wire.ts";
 
 /** An entry older than this with no refresh is forgotten (its connection's edge is gone). */
 const entryLifetimeMs = 3 * cancelRefreshMs;
-
-/** The registry object a process id belongs to. */
-export function cancelShardOf(pid: number): string {
-  return `cancel-${(pid >>> 0) % cancelShards}`;
-}
 
 export class WireCancelObject extends DurableObject<Env> {
   private readonly entries = new Map<number, { tenantId: string; at: number }>();

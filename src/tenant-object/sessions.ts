@@ -55,6 +55,8 @@ export class SessionLeases {
   private readonly sessions = new Map<string, Session>();
   /** Opens in flight: counted against the limit before their awaits, so concurrent opens cannot overshoot. */
   private opening = 0;
+  /** Wire connections in session mode (src/tenant-object/wire.ts): session leases of their own kind. */
+  private wireHeld = 0;
 
   constructor(
     private readonly rt: TenantRuntime,
@@ -78,7 +80,7 @@ export class SessionLeases {
       const record = await this.auth.authenticate(tenantId, proof);
       const ttl = Math.min(Math.max(1_000, Math.floor(ttlMs)), this.rt.config.leaseMaxTtlMs);
       // Checked and counted with no await in between: the limit holds under concurrency.
-      if (this.sessions.size + this.opening >= record.poolSize) {
+      if (this.sessions.size + this.opening + this.wireHeld >= record.poolSize) {
         throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
       }
       this.opening++;
@@ -125,6 +127,21 @@ export class SessionLeases {
     } finally {
       if (counted) this.opening--;
     }
+  }
+
+  /**
+   * Counts a session-mode wire connection against the same limit as session leases (the pool size),
+   * or refuses it with `lease_limit`; `releaseForWire` gives the slot back.
+   */
+  holdForWire(record: TenantRecord): void {
+    if (this.sessions.size + this.opening + this.wireHeld >= record.poolSize) {
+      throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
+    }
+    this.wireHeld++;
+  }
+
+  releaseForWire(): void {
+    this.wireHeld = Math.max(0, this.wireHeld - 1);
   }
 
   /** Runs one statement on a session lease's pinned connection, extending its TTL. */

@@ -31,6 +31,15 @@ export interface Allocation {
   leases: number;
   pinned: boolean;
   migrating: boolean;
+  /**
+   * Adaptive admission (src/core/adaptive.ts): the fewest connections the pool keeps, or null for a
+   * pool of fixed size (never shrunk). Absent on ledgers written before adaptive admission: fixed.
+   */
+  floor?: number | null;
+  /** The size the pool started at (grown and shrunk are counted against it). */
+  startSize?: number;
+  /** Most leases in use at once in the pool's last bucket of observation, as last reported. */
+  recentPeak?: number | null;
 }
 
 /** Connections pools may hold in total. */
@@ -106,6 +115,62 @@ export function planEviction(
     victims.push(candidate);
     shortfall -= candidate.size;
     if (shortfall <= 0) return victims;
+  }
+  return null;
+}
+
+/**
+ * Idle connections an adaptive pool could give back now, as last reported: down to its floor, the
+ * leases it holds and its recent peak (the same bound the pool applies: core/adaptive.ts
+ * `targetSize` under pressure). A fixed pool, or one starting, draining, pinned or migrating, gives
+ * back none. The pool re-checks when asked, so a stale report can only make it give back less.
+ */
+export function shrinkableConnections(a: Allocation): number {
+  if (a.floor === null || a.floor === undefined) return 0;
+  if (a.phase !== "allocated" || a.pinned || a.migrating) return 0;
+  return Math.max(0, a.size - Math.max(a.floor, a.leases, a.recentPeak ?? 0));
+}
+
+/** One step of a reclaim: take idle connections back from a pool, or evict it whole. */
+export type ReclaimStep =
+  | { kind: "shrink"; allocation: Allocation; take: number }
+  | { kind: "evict"; allocation: Allocation };
+
+/**
+ * How to make room for `size` connections: first idle connections taken back from under-used
+ * adaptive pools (the most idle first), then, only if `allowEviction` and shrinking is not enough,
+ * whole idle pools evicted (least recently used first, as `planEviction`). Returns [] when it fits
+ * already, null when even all of that would not make room. A growth never evicts: its caller
+ * passes `allowEviction: false`.
+ */
+export function planReclaim(
+  allocations: readonly Allocation[],
+  limits: BudgetLimits,
+  size: number,
+  options: { excludeTenant?: string; allowEviction: boolean },
+): ReclaimStep[] | null {
+  const draining = allocations.filter((a) => a.phase === "draining").reduce((sum, a) => sum + a.size, 0);
+  let shortfall = usedConnections(allocations) + size - poolCapacity(limits) - draining;
+  if (shortfall <= 0) return [];
+  const steps: ReclaimStep[] = [];
+  const shrinkers = allocations
+    .filter((a) => a.tenantId !== options.excludeTenant && shrinkableConnections(a) > 0)
+    .toSorted((a, b) => shrinkableConnections(b) - shrinkableConnections(a) || (a.idleSince ?? 0) - (b.idleSince ?? 0));
+  for (const allocation of shrinkers) {
+    const take = Math.min(shortfall, shrinkableConnections(allocation));
+    steps.push({ kind: "shrink", allocation, take });
+    shortfall -= take;
+    if (shortfall <= 0) return steps;
+  }
+  if (!options.allowEviction) return null;
+  for (const candidate of evictionCandidates(allocations, options.excludeTenant)) {
+    // A pool planned to shrink frees only the rest of it when evicted instead.
+    const planned = steps.findIndex((s) => s.allocation === candidate);
+    const already = planned >= 0 ? (steps[planned] as { take: number }).take : 0;
+    if (planned >= 0) steps.splice(planned, 1);
+    steps.push({ kind: "evict", allocation: candidate });
+    shortfall -= candidate.size - already;
+    if (shortfall <= 0) return steps;
   }
   return null;
 }

@@ -307,7 +307,7 @@ describe("shrinkableConnections and planReclaim", () => {
       "evict:fixed",
     ]);
     // An eviction of a pool planned to shrink frees only the rest of it.
-    const most = planReclaim(full, limits, 11, { allowEviction: true });
+    const most = planReclaim(full, limits, 13, { allowEviction: true });
     expect(most?.map((s) => `${s.kind}:${s.allocation.tenantId}`)).toEqual([
       "shrink:some",
       "evict:fixed",

@@ -31,6 +31,18 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       reserve: status.reserve,
       leases: status.leases,
     }),
+    kv("pooled", {
+      adaptive: status.adaptive?.enabled ? "on" : "off",
+      in_use: status.pooled?.inUse ?? 0,
+      idle: status.pooled?.idle ?? 0,
+      grown: status.pooled?.grown ?? 0,
+      shrunk: status.pooled?.shrunk ?? 0,
+      growths: status.adaptive?.growths ?? 0,
+      growths_refused: status.adaptive?.growthsRefused ?? 0,
+      shrinks: status.adaptive?.shrinks ?? 0,
+      reclaim_shrinks: status.adaptive?.reclaimShrinks ?? 0,
+      evictions: status.evictions,
+    }),
     kv("maintenance", {
       in_use: status.maintenance?.inUse ?? 0,
       reserve: status.reserve,
@@ -112,10 +124,17 @@ export function register(program: Command, ctx: CommandContext): void {
 Output, per host:
   repos host=local ready=8 starting=1 draining=1 failed=2
   connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  pooled adaptive=on in_use=7 idle=38 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16
   maintenance in_use=1 reserve=4 waiting=0
   capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
   warning="…"   (what the host allows that is weaker than ideal; missing=… remedy=… if it cannot run Lessor)
   eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5   (up to 5, least recently used first)
+
+  pooled: allocated pools' connections in use (leases, as last reported) against idle; connections
+  grown past and shrunk below pools' start sizes now; and since the ledger was created, connections
+  added by growths, growths refused, connections pools gave back on their own (shrinks) and taken
+  back for a waiting start or growth (reclaim_shrinks), pools evicted (adaptive admission:
+  docs/capacity.md).
 
   ready/starting/draining and the connections come from the host's BudgetObject ledger;
   budget is connections minus reserve (what pools may hold). failed is not in the ledger (a failed

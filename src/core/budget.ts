@@ -155,7 +155,10 @@ export function planReclaim(
   const steps: ReclaimStep[] = [];
   const shrinkers = allocations
     .filter((a) => a.tenantId !== options.excludeTenant && shrinkableConnections(a) > 0)
-    .toSorted((a, b) => shrinkableConnections(b) - shrinkableConnections(a) || (a.idleSince ?? 0) - (b.idleSince ?? 0));
+    .toSorted(
+      (a, b) =>
+        shrinkableConnections(b) - shrinkableConnections(a) || (a.idleSince ?? 0) - (b.idleSince ?? 0),
+    );
   for (const allocation of shrinkers) {
     const take = Math.min(shortfall, shrinkableConnections(allocation));
     steps.push({ kind: "shrink", allocation, take });

@@ -167,7 +167,9 @@ describe("targetSize (the size policy)", () => {
         expect(target).toBeGreaterThanOrEqual(Math.min(input.floor, input.max));
         expect(target).toBeGreaterThanOrEqual(Math.min(input.observed.inUse, input.size));
         expect(target).toBeLessThanOrEqual(input.size + input.growthStep);
-        expect(target).toBeGreaterThanOrEqual(lowestSize(input.size, input.observed.inUse, input.floor, input.max));
+        expect(target).toBeGreaterThanOrEqual(
+          lowestSize(input.size, input.observed.inUse, input.floor, input.max),
+        );
       }),
     );
   });
@@ -206,7 +208,15 @@ describe("targetSize (the size policy)", () => {
 
   it("under pressure, gives back what the last bucket did not use", () => {
     const observed = { ...idle(), coveredMs: 1_000, peak: 4, recentPeak: 1, inUse: 1 };
-    const input = { size: 5, waiting: 0, observed, floor: 1, max: 6, growthStep: 1, pressure: { waiting: 1 } };
+    const input = {
+      size: 5,
+      waiting: 0,
+      observed,
+      floor: 1,
+      max: 6,
+      growthStep: 1,
+      pressure: { waiting: 1 },
+    };
     expect(targetSize(input)).toEqual({ target: 1, reason: "shrink_pressure" });
     expect(targetSize({ ...input, pressure: { waiting: 0 } })).toEqual({ target: 5, reason: "hold" });
   });

@@ -762,6 +762,9 @@ export class TenantPool implements SizedPool {
       rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
       await budget.confirm(record.host, record.tenantId, generation, this.report());
       await rt.ensureAlarm(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
+      // An adaptive pool above its floor is reviewed once a window has passed (sizing.ts).
+      const review = this.sizing.nextReviewAt();
+      if (review !== null) await rt.ensureAlarm(review);
     } catch (error) {
       if (pool) await endPool(pool);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);

@@ -33,6 +33,7 @@ import { logEvent, logEventSampled } from "../log/index.ts";
 import type { PoolReport, ShrinkOutcome } from "../rpc/budget.ts";
 import type { PoolSizeStatus, TenantRecord } from "../rpc/tenant.ts";
 import type { TenantRuntime } from "./runtime.ts";
+import { type GrowStep, tenantHooksForTests } from "./test-hooks.ts";
 
 /** What the room needs of the pool: its allowance, and the two ways to change it. */
 export interface SizedPool {
@@ -187,10 +188,15 @@ export class PoolSizing {
         });
         return;
       }
+      await this.step(record.tenantId, "granted");
       // The generation ended meanwhile: its allocation (grown with it) is released as it stops.
       if (!this.pool.isOpen || this.pool.openGeneration !== generation) return;
       this.pool.raiseAllowance(result.by);
       restartObservation(usage, Date.now());
+      await this.step(record.tenantId, "applied");
+      // The grown size is reviewed once a window at it has passed (the heartbeat alone is 30 s).
+      const review = this.nextReviewAt();
+      if (review !== null) await this.rt.ensureAlarm(review);
       logEventSampled("info", "pool_grown", record.tenantId, {
         tenant: record.tenantId,
         generation,
@@ -198,6 +204,20 @@ export class PoolSizing {
       });
       if (this.pool.waitingCheckouts() === 0) return;
     }
+  }
+
+  private async step(tenantId: string, step: GrowStep): Promise<void> {
+    const hook = tenantHooksForTests.onGrowStep;
+    if (hook) await hook({ tenantId, step, abortObject: (why) => this.rt.ctx.abort(why) });
+  }
+
+  /** When the pool's size should next be reviewed: once a window at its size has passed, if above its floor. */
+  nextReviewAt(): number | null {
+    const record = this.rt.record;
+    const usage = this.usage;
+    if (!record || !usage || !this.pool.isOpen) return null;
+    if (this.pool.allowance <= this.bounds(record).floor) return null;
+    return Math.max(usage.since + usage.bucketMs * usageBuckets + 100, Date.now() + usage.bucketMs);
   }
 
   private decide(usage: UsageRecord, pressure: HostPressure): SizeDecision {
@@ -255,10 +275,7 @@ export class PoolSizing {
           );
       }
     }
-    const floor = this.bounds(record).floor;
-    if (this.pool.allowance <= floor || !this.usage) return null;
-    // When the window at this size completes, or a bucket from now if it already has.
-    return Math.max(this.usage.since + usage.bucketMs * usageBuckets + 100, now + usage.bucketMs);
+    return this.nextReviewAt();
   }
 
   /**

@@ -41,7 +41,7 @@ import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
-import { setDriverPoolMax } from "./driver-pool.ts";
+import { driverPoolMax, setDriverPoolMax } from "./driver-pool.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 import { PoolSizing, type SizedPool } from "./sizing.ts";
@@ -520,8 +520,10 @@ export class TenantPool implements SizedPool {
         }
         continue;
       }
+      const returned = this.capacityReturned(deadline);
+      // Queued now: the pool's growth sees this checkout waiting.
       this.sizing.onQueued();
-      if (!(await this.capacityReturned(deadline))) {
+      if (!(await returned)) {
         this.sizing.onRefusal();
         throw new LessorError("lease_timeout", {
           internal: "no connection of the shared capacity came back",
@@ -546,14 +548,18 @@ export class TenantPool implements SizedPool {
   }
 
   private async checkoutFrom(pool: Pool): Promise<PoolClient> {
-    // Every connection of the current generation in use: the checkout waits, and the pool may grow.
     const current = pool === this.pool || (pool === this.jwtPool && pool !== null);
-    const queued = current && pool.idleCount - this.claimsOn(pool) <= 0 && pool.totalCount >= this.poolMax;
     const queuedAt = Date.now();
-    if (queued) this.sizing.onQueued();
     try {
       const generation = pool === this.pool ? this.poolGeneration : (this.retiring?.generation ?? -1);
-      const client = await pool.connect();
+      const connecting = pool.connect();
+      // connect() has queued the checkout or opened a connection, synchronously: more checkouts now
+      // wait than idle connections and room for new ones can serve, so this one waits for a release,
+      // and the pool may grow.
+      const queued =
+        current && pool.waitingCount > pool.idleCount + Math.max(0, driverPoolMax(pool) - pool.totalCount);
+      if (queued) this.sizing.onQueued();
+      const client = await connecting;
       if (queued) this.sizing.onWait(Date.now() - queuedAt);
       trackTransactionStatus(client, (error) => this.onPoolError(generation, error));
       return client;

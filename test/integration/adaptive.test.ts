@@ -101,6 +101,8 @@ async function poolSize(tenant: CreatedTenant): Promise<number | null> {
 }
 
 interface Samples {
+  /** Connections allowed past the budget: a credential rotation's overlap (the rotation reserve, ADR 013). */
+  overlap: number;
   count: number;
   maxLedger: number;
   violations: string[];
@@ -114,8 +116,9 @@ function classifyBackend({ user, app }: { user: string; app: string }): BackendC
 }
 
 /** Samples the ledger every ~50 ms until stopped, and counts Postgres's backends exactly (server log). */
-async function startSampler(): Promise<{ stop: () => Promise<Samples> }> {
+async function startSampler(overlap = 0): Promise<{ stop: () => Promise<Samples> }> {
   const samples: Samples = {
+    overlap,
     count: 0,
     maxLedger: 0,
     violations: [],
@@ -129,9 +132,9 @@ async function startSampler(): Promise<{ stop: () => Promise<Samples> }> {
       const used = ledgerUsed(status);
       samples.count++;
       samples.maxLedger = Math.max(samples.maxLedger, used);
-      if (used > poolCapacity) {
+      if (used > poolCapacity + overlap) {
         samples.violations.push(
-          `ledger ${used} > ${poolCapacity}: allocated ${status.allocated} reserved ${status.reserved} draining ${status.draining}`,
+          `ledger ${used} > ${poolCapacity} + ${overlap}: allocated ${status.allocated} reserved ${status.reserved} draining ${status.draining}`,
         );
       }
       await sleep(50);
@@ -156,11 +159,15 @@ async function startSampler(): Promise<{ stop: () => Promise<Samples> }> {
 function expectWithinBudget(samples: Samples): void {
   expect(samples.violations).toEqual([]);
   expect(samples.count).toBeGreaterThan(0);
-  expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity);
+  expect(samples.maxLedger).toBeLessThanOrEqual(poolCapacity + samples.overlap);
   const { peaks } = samples;
-  expect(peaks.pool, `pooled backends at once: ${JSON.stringify(peaks)}`).toBeLessThanOrEqual(poolCapacity);
+  expect(peaks.pool, `pooled backends at once: ${JSON.stringify(peaks)}`).toBeLessThanOrEqual(
+    poolCapacity + samples.overlap,
+  );
   expect(peaks.maintenance, `maintenance backends: ${JSON.stringify(peaks)}`).toBeLessThanOrEqual(reserve);
-  expect(peaks.total, `backends at once: ${JSON.stringify(peaks)}`).toBeLessThanOrEqual(connections);
+  expect(peaks.total, `backends at once: ${JSON.stringify(peaks)}`).toBeLessThanOrEqual(
+    connections + samples.overlap,
+  );
 }
 
 /** Backends of one tenant's pools Postgres has now. */
@@ -511,7 +518,9 @@ describe("adaptive admission", () => {
   it("rotation and erase hold with pools of changing size", async () => {
     const tenant = await newTenant("rotate", "elastic");
     withWindow(tenant, 6_000);
-    const sampler = await startSampler();
+    // A rotation's new generation overlaps the old one within the host's rotation reserve (ADR 013:
+    // 6 here, the largest tier's maximum): the one excess the budget documents.
+    const sampler = await startSampler(6);
     let samples: Samples;
     try {
       expect((await burst(tenant, 24, 8, 0.2)).flatMap(problemsOf)).toEqual([]);
@@ -525,7 +534,7 @@ describe("adaptive admission", () => {
 
       // A rotation admits the new generation at the size the pool holds now, and it serves at it.
       const rotated = await admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" });
-      expect(rotated.status).toBe(200);
+      expect(rotated.status).toBe(202);
       const after = await runtime(tenant);
       expect(after.generation).toBeGreaterThan(from);
       expect(after.pool?.size).toBe(size);
@@ -558,7 +567,9 @@ describe("adaptive admission", () => {
       // Grow it again, then erase it while grown: nothing of it stays in the ledger or on the host.
       expect((await burst(tenant, 12, 6, 0.2)).flatMap(problemsOf)).toEqual([]);
       expect((await poolSize(tenant)) ?? 0).toBeGreaterThan(1);
-      const erased = await admin(`/v1/tenants/${tenant.id}?confirm=${tenant.id}&force=true`, { method: "DELETE" });
+      const erased = await admin(`/v1/tenants/${tenant.id}?confirm=${tenant.id}&force=true`, {
+        method: "DELETE",
+      });
       expect([200, 202]).toContain(erased.status);
       const gone = await pollUntil(
         () => ledgerRows(tenant),

@@ -1,5 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config/index.ts";
 import {
   lowestSize,
   newUsageRecord,
@@ -21,6 +22,7 @@ import {
   shrinkableConnections,
   usedConnections,
 } from "../../src/core/budget.ts";
+import { LessorError } from "../../src/errors/index.ts";
 
 const windowMs = 60_000;
 
@@ -366,6 +368,85 @@ describe("shrinkableConnections and planReclaim", () => {
           expect(freed + draining).toBeGreaterThanOrEqual(size);
         },
       ),
+    );
+  });
+});
+
+describe("configuration of adaptive admission", () => {
+  function fakeEnv(budgets: unknown, poolSizes: unknown = { free: 2, standard: 5 }): Env {
+    const vars = {
+      LESSOR_POOL_SIZES: JSON.stringify(poolSizes),
+      LESSOR_BUDGETS: JSON.stringify(budgets),
+      LESSOR_HOSTS: JSON.stringify({ main: "postgres://admin:s3cret-pw@127.0.0.1:5432/postgres" }),
+      LESSOR_ADMIN_KEY: "unit-admin",
+      LESSOR_SEAL_KEY: "unit-seal",
+      LESSOR_KEY_MAC_KEYS: btoa(String.fromCharCode(...new Uint8Array(32).fill(5))),
+    };
+    return vars as unknown as Env;
+  }
+
+  function refusal(env: Env): string {
+    try {
+      loadConfig(env);
+    } catch (error) {
+      if (error instanceof LessorError) {
+        expect(error.code).toBe("misconfigured");
+        return error.message;
+      }
+      throw error;
+    }
+    throw new Error("loadConfig accepted the configuration");
+  }
+
+  it("is off unless a host's budget turns it on, with the defaults or its own settings", () => {
+    const off = loadConfig(fakeEnv({ main: { connections: 20 } }));
+    expect(off.hosts.get("main")?.adaptive).toBeNull();
+    const defaults = loadConfig(fakeEnv({ main: { connections: 20, adaptive: true } }));
+    expect(defaults.hosts.get("main")?.adaptive).toEqual({ floor: 1, growthStep: 1, windowMs: 60_000 });
+    const own = loadConfig(fakeEnv({ "*": { connections: 20, adaptive: { floor: 2, windowMs: 5_000 } } }));
+    expect(own.hosts.get("main")?.adaptive).toEqual({ floor: 2, growthStep: 1, windowMs: 5_000 });
+    expect(
+      loadConfig(fakeEnv({ main: { connections: 20, adaptive: false } })).hosts.get("main")?.adaptive,
+    ).toBeNull();
+  });
+
+  it("reads a tier as a size, or as a size and a maximum", () => {
+    const config = loadConfig(
+      fakeEnv({ main: { connections: 20 } }, { free: 2, elastic: { size: 1, max: 6 } }),
+    );
+    expect(config.poolSizes.get("free")).toBe(2);
+    expect(config.poolStartSizes.get("free")).toBe(2);
+    expect(config.poolSizes.get("elastic")).toBe(6);
+    expect(config.poolStartSizes.get("elastic")).toBe(1);
+    // `max` defaults to `size`.
+    const same = loadConfig(fakeEnv({ main: { connections: 20 } }, { standard: { size: 3 } }));
+    expect(same.poolSizes.get("standard")).toBe(3);
+  });
+
+  it("refuses bad settings with a message that names the setting and the problem", () => {
+    const budget = (adaptive: unknown) => fakeEnv({ main: { connections: 20, adaptive } });
+    expect(refusal(budget("yes"))).toMatch(/LESSOR_BUDGETS: host main: adaptive must be true, false, or/);
+    expect(refusal(budget({ floor: 0 }))).toMatch(/adaptive\.floor must be a whole number from 1 to 6/);
+    expect(refusal(budget({ floor: 7 }))).toMatch(/adaptive\.floor must be a whole number from 1 to 6/);
+    expect(refusal(budget({ growthStep: 1.5 }))).toMatch(/adaptive\.growthStep must be a whole number/);
+    expect(refusal(budget({ windowMs: 10 }))).toMatch(/adaptive\.windowMs must be a whole number from 1000/);
+    expect(refusal(budget({ window: 1000 }))).toMatch(/adaptive has an unknown field \(window\)/);
+    expect(refusal(fakeEnv({ main: { connections: 20, adaptiv: true } }))).toMatch(
+      /LESSOR_BUDGETS: host main has unknown fields \(adaptiv\)/,
+    );
+    const tiers = (poolSizes: unknown) => fakeEnv({ main: { connections: 20 } }, poolSizes);
+    expect(refusal(tiers({ a: "big" }))).toMatch(/LESSOR_POOL_SIZES: tier a must be a pool size, or/);
+    expect(refusal(tiers({ a: { size: 3, max: 2 } }))).toMatch(
+      /tier a: max \(2\) is smaller than size \(3\)/,
+    );
+    expect(refusal(tiers({ a: { size: 1, max: 7 } }))).toMatch(
+      /tier a: max must be a whole number from 1 to 6/,
+    );
+    expect(refusal(tiers({ a: { max: 4 } }))).toMatch(/tier a: size must be a whole number/);
+    expect(refusal(tiers({ a: { size: 1, maximum: 4 } }))).toMatch(/tier a has unknown fields \(maximum\)/);
+    // A budget must still hold the largest tier's maximum.
+    expect(refusal(fakeEnv({ main: { connections: 6, reserve: 2 } }, { a: { size: 1, max: 6 } }))).toMatch(
+      /smaller than the largest pool \(6\)/,
     );
   });
 });

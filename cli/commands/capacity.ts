@@ -106,7 +106,8 @@ export function evictionLines(report: EvictionReport): string[] {
       size: p.size,
       idle: formatDuration(p.idleMs),
     };
-    if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
+    if (p.verdict === "shrink") lines.push(kv("shrink", { order: p.order, ...facts, take: p.take }));
+    else if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
     else if (p.verdict === "eligible_not_needed") lines.push(kv("eligible_not_needed", facts));
     else lines.push(kv("not_eligible", { ...facts, reason: p.reason, leases: p.leases }));
   }
@@ -182,7 +183,10 @@ Output, per host:
   eligible_not_needed tenant=t-120 generation=2 size=5 idle=12m
   not_eligible tenant=t-007 generation=9 size=5 idle=- reason=leased leases=2
 
-  outcome: fits (no eviction needed), evicts (the evict lines make room), saturated (evicting every
+  shrink order=1 tenant=t-042 generation=3 size=6 idle=- take=4   (adaptive hosts: idle connections taken back)
+
+  outcome: fits (no eviction needed), shrinks (taking idle connections back from adaptive pools makes
+  room), evicts (with the evict lines, they make room; shrinks come first), saturated (evicting every
   eligible pool would not: the start would wait, then get 503 capacity_saturated).
   reason: starting, draining, pinned, migrating, leased, or not_idle (in use, no idle time reported).
   Nothing is evicted: this reads the ledger with the same functions a real admission uses.`,

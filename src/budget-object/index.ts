@@ -431,7 +431,8 @@ export class BudgetObject extends DurableObject<Env> {
         pinned: p.allocation.pinned,
         migrating: p.allocation.migrating,
         verdict: p.verdict,
-        order: p.verdict === "evict" ? p.order : null,
+        order: p.verdict === "evict" || p.verdict === "shrink" ? p.order : null,
+        take: p.verdict === "shrink" ? p.take : null,
         reason: p.verdict === "not_eligible" ? p.reason : null,
       })),
     };

@@ -202,6 +202,7 @@ export type NotEvictableReason = "starting" | "draining" | "pinned" | "migrating
 /** One pool in an eviction dry run. */
 export type EvictionVerdict =
   | { allocation: Allocation; verdict: "evict"; order: number }
+  | { allocation: Allocation; verdict: "shrink"; order: number; take: number }
   | { allocation: Allocation; verdict: "eligible_not_needed" }
   | { allocation: Allocation; verdict: "not_eligible"; reason: NotEvictableReason };
 
@@ -213,11 +214,12 @@ export interface EvictionDryRun {
   used: number;
   /** Connections of draining pools: on their way back, so the admission does not evict for them. */
   draining: number;
-  /** `fits`: no eviction needed; `evicts`: the victims in `pools` with verdict `evict` make room;
+  /** `fits`: no eviction needed; `shrinks`: idle connections taken back from adaptive pools (verdict
+   * `shrink`) make room; `evicts`: with the victims in `pools` with verdict `evict`, they do;
    * `saturated`: even evicting every eligible pool would not, so the start would wait, then be refused. */
-  outcome: "fits" | "evicts" | "saturated";
-  /** Every pool holding capacity: victims first (in eviction order), then eligible pools not
-   * needed, then the rest with the reason each one may not be evicted. */
+  outcome: "fits" | "shrinks" | "evicts" | "saturated";
+  /** Every pool holding capacity: the reclaim's steps first (shrinks, then victims, in order), then
+   * eligible pools not needed, then the rest with the reason each one may not be evicted. */
   pools: EvictionVerdict[];
 }
 
@@ -237,36 +239,44 @@ export function notEvictableReason(a: Allocation): NotEvictableReason | null {
 }
 
 /**
- * The eviction dry run behind `lessorctl evict --dry-run`: the victims `planEviction` would pick
- * for an admission of `size` (by a tenant holding nothing on the host), in order, and for every
- * other pool why it is spared. It uses the same functions as a real admission, so the report
- * cannot drift from what the BudgetObject does.
+ * The eviction dry run behind `lessorctl evict --dry-run`: the steps `planReclaim` would take for
+ * an admission of `size` (by a tenant holding nothing on the host), in order — idle connections
+ * taken back from adaptive pools, then victims evicted — and for every other pool why it is spared.
+ * It uses the same functions as a real admission, so the report cannot drift from what the
+ * BudgetObject does. On a host of fixed pools the steps are `planEviction`'s victims.
  */
 export function evictionDryRun(
   allocations: readonly Allocation[],
   limits: BudgetLimits,
   size: number,
 ): EvictionDryRun {
-  const plan = planEviction(allocations, limits, size);
-  const victims = plan ?? [];
-  const victimKeys = new Set(victims.map((a) => `${a.tenantId}:${a.generation}`));
+  const plan = planReclaim(allocations, limits, size, { allowEviction: true });
+  const steps = plan ?? [];
+  const key = (a: Allocation) => `${a.tenantId}:${a.generation}`;
+  const planned = new Set(steps.map((s) => key(s.allocation)));
   const candidates = evictionCandidates(allocations);
   const pools: EvictionVerdict[] = [
-    ...victims.map((allocation, index) => ({ allocation, verdict: "evict" as const, order: index + 1 })),
+    ...steps.map(
+      (step, index): EvictionVerdict =>
+        step.kind === "evict"
+          ? { allocation: step.allocation, verdict: "evict", order: index + 1 }
+          : { allocation: step.allocation, verdict: "shrink", order: index + 1, take: step.take },
+    ),
     ...candidates
-      .filter((a) => !victimKeys.has(`${a.tenantId}:${a.generation}`))
+      .filter((a) => !planned.has(key(a)))
       .map((allocation) => ({ allocation, verdict: "eligible_not_needed" as const })),
   ];
   for (const allocation of allocations) {
     const reason = notEvictableReason(allocation);
-    if (reason) pools.push({ allocation, verdict: "not_eligible", reason });
+    if (reason && !planned.has(key(allocation))) pools.push({ allocation, verdict: "not_eligible", reason });
   }
+  const evicts = steps.some((s) => s.kind === "evict");
   return {
     size,
     poolCapacity: poolCapacity(limits),
     used: usedConnections(allocations),
     draining: allocations.filter((a) => a.phase === "draining").reduce((sum, a) => sum + a.size, 0),
-    outcome: plan === null ? "saturated" : plan.length === 0 ? "fits" : "evicts",
+    outcome: plan === null ? "saturated" : evicts ? "evicts" : steps.length > 0 ? "shrinks" : "fits",
     pools,
   };
 }

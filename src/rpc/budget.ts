@@ -151,9 +151,11 @@ export interface DryRunPool {
   leases: number;
   pinned: boolean;
   migrating: boolean;
-  verdict: "evict" | "eligible_not_needed" | "not_eligible";
-  /** For `evict`: 1 for the first victim. */
+  verdict: "shrink" | "evict" | "eligible_not_needed" | "not_eligible";
+  /** For `shrink` and `evict`: 1 for the first step of the reclaim. */
   order: number | null;
+  /** For `shrink`: idle connections taken back from the pool (absent from an older BudgetObject). */
+  take?: number | null;
   /** For `not_eligible`. */
   reason: NotEvictableReason | null;
 }

@@ -17,6 +17,7 @@ import {
 import {
   type Allocation,
   type BudgetLimits,
+  evictionDryRun,
   planReclaim,
   poolCapacity,
   shrinkableConnections,
@@ -448,5 +449,31 @@ describe("configuration of adaptive admission", () => {
     expect(refusal(fakeEnv({ main: { connections: 6, reserve: 2 } }, { a: { size: 1, max: 6 } }))).toMatch(
       /smaller than the largest pool \(6\)/,
     );
+  });
+});
+
+describe("the eviction dry run on an adaptive host", () => {
+  it("reports the shrinks a real admission would make before any eviction", () => {
+    const held = [
+      pool("idle", { size: 6, idleSince: 500 }),
+      pool("busy", { size: 5, leases: 5, recentPeak: 5, idleSince: null }),
+      pool("fixed", { size: 5, floor: null, idleSince: 100 }),
+    ];
+    const budget = { connections: usedConnections(held) + 2, reserve: 2 };
+    const small = evictionDryRun(held, budget, 3);
+    expect(small.outcome).toBe("shrinks");
+    expect(small.pools[0]).toMatchObject({
+      verdict: "shrink",
+      order: 1,
+      take: 3,
+      allocation: { tenantId: "idle" },
+    });
+    expect(small.pools.filter((p) => p.verdict === "evict")).toEqual([]);
+    const big = evictionDryRun(held, budget, 8);
+    expect(big.outcome).toBe("evicts");
+    expect(
+      big.pools.filter((p) => p.verdict === "shrink" || p.verdict === "evict").map((p) => p.verdict),
+    ).toEqual(["shrink", "evict"]);
+    expect(evictionDryRun(held, budget, 20).outcome).toBe("saturated");
   });
 });

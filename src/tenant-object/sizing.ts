@@ -32,7 +32,7 @@ import { describeFailure } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
 import type { PoolReport, ShrinkOutcome } from "../rpc/budget.ts";
 import type { PoolSizeStatus, TenantRecord } from "../rpc/tenant.ts";
-import type { TenantRuntime } from "./runtime.ts";
+import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 import { type GrowStep, tenantHooksForTests } from "./test-hooks.ts";
 
 /** What the room needs of the pool: its allowance, and the two ways to change it. */
@@ -217,7 +217,10 @@ export class PoolSizing {
     const usage = this.usage;
     if (!record || !usage || !this.pool.isOpen) return null;
     if (this.pool.allowance <= this.bounds(record).floor) return null;
-    return Math.max(usage.since + usage.bucketMs * usageBuckets + 100, Date.now() + usage.bucketMs);
+    // When the window at this size completes; once it has, every half window (the heartbeat's 30 s
+    // at the default window), so a pool busy at its size is not woken more often than that.
+    const windowMs = usage.bucketMs * usageBuckets;
+    return Math.max(usage.since + windowMs + 100, Date.now() + windowMs / 2);
   }
 
   private decide(usage: UsageRecord, pressure: HostPressure): SizeDecision {
@@ -336,7 +339,9 @@ export class PoolSizing {
       this.kept.mean === summary.mean &&
       this.kept.waits === summary.waits &&
       this.kept.refusals === summary.refusals;
-    if (same || !this.rt.storage.isOpen) return;
+    // One write per heartbeat interval at most, whatever the review cadence.
+    const recent = this.kept !== null && summary.at - this.kept.at < heartbeatMs;
+    if (same || recent || !this.rt.storage.isOpen) return;
     this.rt.storage.write(observedKey, summary);
     this.kept = summary;
   }

@@ -29,7 +29,15 @@ const secondHalf = [
   "rotation",
   "jwt",
   "mass-restart",
+  "tunnels",
 ].map((file) => `test/integration/${file}.test.ts`);
+
+/** The bindings whose value a global setup provided. */
+function definedOnly(bindings: Record<string, string | undefined>): Record<string, string> {
+  return Object.fromEntries(
+    Object.entries(bindings).filter((entry): entry is [string, string] => entry[1] !== undefined),
+  );
+}
 
 /** A project whose tests run inside workerd against the real Postgres its global setup starts. */
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {
@@ -85,6 +93,14 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
             TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
             TEST_PG_SERVER_LOG: inject("pgServerLog"),
+            // The customer's server behind a tunnel (test/customer-server.ts), in the half that has one.
+            ...definedOnly({
+              LESSOR_TUNNELS: inject("tunnelsJson"),
+              TEST_CUSTOMER_PG_SUPERUSER_URL: inject("customerPgSuperuserUrl"),
+              TEST_TUNNEL_PROXY: inject("tunnelProxy"),
+              TEST_TUNNEL_PROXY_CONTROL_URL: inject("tunnelProxyControlUrl"),
+              TEST_CUSTOMER_PG_SERVER_LOG: inject("customerPgServerLog"),
+            }),
           },
         },
       })),

@@ -31,6 +31,7 @@ import {
   requestTimeoutMs,
   runLoad,
 } from "./load.ts";
+import { priceModel, priceTable } from "./price.ts";
 import {
   buildWorker,
   type CpuGroups,
@@ -51,6 +52,8 @@ import { type ProfileSummary, profileWhile, SourceMap, summarise as summarisePro
 import {
   type AdmissionResult,
   admissionTable,
+  contendedCores,
+  find,
   judgeTargets,
   type Measurement,
   measurementsTable,
@@ -66,6 +69,7 @@ import {
   type Target,
   targetsTable,
   topFunctionsTable,
+  verdictLine,
 } from "./report.ts";
 
 // ── Settings ─────────────────────────────────────────────────────────────────────────────────────
@@ -297,6 +301,8 @@ function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement 
     cpuMsPerRequest: perRequest,
     coresBusy: busy / elapsedS,
     otherCoresBusy: Math.max(0, (cpu.machine - busy) / elapsedS),
+    loadavg1: loadavg()[0] ?? 0,
+    contended: Math.max(0, (cpu.machine - busy) / elapsedS) > contendedCores,
   };
 }
 
@@ -1213,6 +1219,24 @@ async function main(): Promise<number> {
 
   const allRatios = ratios(measurements);
   const targets: Target[] = judgeTargets(allRatios, stormResult);
+  const lessorC8 = find(measurements, {
+    path: "lessor",
+    route: "direct",
+    query: "select1",
+    concurrency: 8,
+    transport: "light",
+    logLevel: "info",
+  });
+  const median = (values: readonly number[] | undefined) => {
+    const sorted = [...(values ?? [])].sort((a, b) => a - b);
+    return sorted.length === 0 ? 0 : (sorted[Math.floor(sorted.length / 2)] ?? 0);
+  };
+  const price = priceModel({
+    cpuMsPerRequest: lessorC8?.cpuMsPerRequest.workerdWorker ?? 0,
+    coldStartCpuMs: median(stormResult.singleColdCpuMs?.workerdWorker),
+    coldStartPostgresCpuMs: median(stormResult.singleColdCpuMs?.postgres),
+  });
+  const verdict = verdictLine(targets, measurements);
   const errors =
     measurements.reduce((n, m) => n + m.errors, 0) +
     stormResult.errors +
@@ -1276,6 +1300,8 @@ async function main(): Promise<number> {
     profiles,
     admission: admissionResult,
     targets,
+    verdict,
+    price,
     errors,
   };
 
@@ -1311,9 +1337,15 @@ async function main(): Promise<number> {
     ...(profiles.lessor
       ? ["Lessor's hottest functions (self time):", "", topFunctionsTable(profiles.lessor), ""]
       : []),
+    "## What it costs (bench/price.ts)",
+    "",
+    priceTable(price),
+    "",
     "## Targets (reported, not asserted)",
     "",
     targetsTable(targets),
+    "",
+    verdict,
     "",
   ].join("\n");
   console.log(markdown);

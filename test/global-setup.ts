@@ -8,6 +8,7 @@ import pg from "pg";
 import type { TestProject } from "vitest/node";
 import { localAdminRole, providerGroup } from "../local/host-setup.ts";
 import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
+import { type CustomerServer, startCustomerServer } from "./customer-server.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
@@ -20,6 +21,12 @@ declare module "vitest" {
     proxyControlUrl: string;
     jwksServerUrl: string;
     pgServerLog: string;
+    /** The customer's server behind a tunnel (test/customer-server.ts), where a half asks for it. */
+    tunnelsJson?: string;
+    customerPgSuperuserUrl?: string;
+    tunnelProxy?: string;
+    tunnelProxyControlUrl?: string;
+    customerPgServerLog?: string;
   }
 }
 
@@ -27,16 +34,29 @@ declare module "vitest" {
  * A setup/teardown pair with a stack of its own: each vitest project that calls this gets its own
  * Postgres (the Postgres-restart project stops and starts its cluster without touching the others).
  */
-export function localStackSetup(name: string, options: { controlPlaneAddress?: string } = {}) {
+export function localStackSetup(
+  name: string,
+  options: { controlPlaneAddress?: string; customerServer?: boolean } = {},
+) {
   let stack: LocalStack | undefined;
   let jwks: JwksServer | undefined;
+  let customer: CustomerServer | undefined;
   return {
     setup: async (project: TestProject) => {
       stack = await startTestStack(project, name, options.controlPlaneAddress);
       jwks = await startJwksServer();
       project.provide("jwksServerUrl", jwks.url);
+      if (options.customerServer) {
+        customer = await startCustomerServer(name);
+        project.provide("tunnelsJson", customer.tunnelsJson);
+        project.provide("customerPgSuperuserUrl", customer.superuserUrl);
+        project.provide("tunnelProxy", customer.tunnelProxy);
+        project.provide("tunnelProxyControlUrl", customer.tunnelProxyControlUrl);
+        project.provide("customerPgServerLog", customer.serverLog);
+      }
     },
     teardown: async () => {
+      await customer?.stop();
       await jwks?.close();
       await stack?.stop();
     },

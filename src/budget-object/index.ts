@@ -17,7 +17,7 @@
  * The host's maintenance reserve is its own room (maintenance.ts), over the same ledger.
  */
 import { DurableObject } from "cloudflare:workers";
-import { type DatabaseHost, loadConfig } from "../config/index.ts";
+import { type BudgetSubject, budgetSubject, loadConfig } from "../config/index.ts";
 import {
   type Allocation,
   type AllocationPhase,
@@ -30,6 +30,13 @@ import {
   shrinkableConnections,
 } from "../core/budget.ts";
 import { describeMissing, type HostReport } from "../core/host-capabilities.ts";
+import {
+  initialTunnelHealth,
+  type TunnelHealth,
+  type TunnelOutcome,
+  tunnelAdmission,
+  tunnelOutcome,
+} from "../core/tunnel.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type {
@@ -44,6 +51,7 @@ import type {
   PoolReport,
   RepairKind,
   ShrinkOutcome,
+  TunnelStatus,
 } from "../rpc/budget.ts";
 import { repairKinds } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
@@ -78,6 +86,11 @@ export class BudgetObject extends DurableObject<Env> {
   /** The host's maintenance reserve (maintenance.ts). */
   private readonly maintenance = new MaintenanceSlots(this.env, () => this.ledger, maxWaiters);
   private reclaiming: Promise<void> | null = null;
+  /**
+   * A tunnel's health (core/tunnel.ts): in memory, learnt again from the next starts after a
+   * restart. Unused for a host.
+   */
+  private tunnelHealth: TunnelHealth = initialTunnelHealth;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -110,6 +123,14 @@ export class BudgetObject extends DurableObject<Env> {
     if (this.ledger.isClosed(tenantId))
       return { granted: false, retryAfterMs: 5_000, waited: false, closed: true };
     if (this.ledger.find(tenantId, generation)) return { granted: true };
+    // A tunnel that failed twice in a row refuses its starts at once until its cool-down passes.
+    if (host.tunnel) {
+      const breaker = tunnelAdmission(this.tunnelHealth, Date.now());
+      if (breaker.kind === "refuse") {
+        this.ledger.bump("tunnel_refused");
+        return { granted: false, retryAfterMs: breaker.retryAfterMs, waited: false, tunnel: breaker.fault };
+      }
+    }
     // A host whose admin cannot do what Lessor needs runs no new pool (src/core/host-capabilities.ts).
     const report = this.ledger.hostReport(hostName);
     if (report && !report.verdict.fit) {
@@ -128,14 +149,14 @@ export class BudgetObject extends DurableObject<Env> {
     }
     if (this.waiters.full) {
       this.ledger.bump("saturations");
-      return { granted: false, retryAfterMs: 1_000, waited: false };
+      return saturated(host, false);
     }
     const result = this.waiters.wait(
       { kind: "start", tenantId, generation, size, floor: adaptiveFloor },
       budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
       () => {
         this.ledger.bump("saturations");
-        return { granted: false, retryAfterMs: 1_000, waited: true };
+        return saturated(host, true);
       },
     );
     this.kickReclaim(host);
@@ -217,14 +238,14 @@ export class BudgetObject extends DurableObject<Env> {
     }
     if (waitMs <= 0 || this.rotationWaiters.full) {
       this.ledger.bump("rotations_refused");
-      return { granted: false, retryAfterMs: 1_000, waited: false };
+      return saturated(host, false);
     }
     return this.rotationWaiters.wait(
       { kind: "start", tenantId, generation, size, floor: adaptiveFloor },
       waitMs,
       () => {
         this.ledger.bump("rotations_refused");
-        return { granted: false, retryAfterMs: 1_000, waited: true };
+        return saturated(host, true);
       },
     ) as Promise<AdmitResult>;
   }
@@ -327,6 +348,25 @@ export class BudgetObject extends DurableObject<Env> {
     }
   }
 
+  /**
+   * What a connection attempt through this tunnel taught (a pool start, the attach probe): it
+   * carried us to the server (`ok`, even if the server then refused the credential), or it timed out
+   * (`slow`) or was refused or cut (`down`). Two failures in a row open the breaker (core/tunnel.ts).
+   */
+  async recordTunnelOutcome(name: string, outcome: TunnelOutcome): Promise<void> {
+    if (!this.host(name).tunnel) return;
+    const before = this.tunnelHealth;
+    this.tunnelHealth = tunnelOutcome(before, outcome, Date.now(), Math.random());
+    if (outcome !== "ok") this.ledger.bump(outcome === "slow" ? "tunnel_slow" : "tunnel_down");
+    if (before.state !== this.tunnelHealth.state) {
+      logEvent(outcome === "ok" ? "info" : "warn", "tunnel_health", {
+        tunnel: name,
+        state: this.tunnelHealth.state,
+        failures: this.tunnelHealth.consecutiveFailures,
+      });
+    }
+  }
+
   /** The maintenance connection is closed. Idempotent. */
   async releaseMaintenance(hostName: string, leaseId: string): Promise<void> {
     this.maintenance.release(this.host(hostName), leaseId);
@@ -383,7 +423,8 @@ export class BudgetObject extends DurableObject<Env> {
         reclaimShrinks: this.ledger.counter("reclaim_shrinks"),
       },
       maintenance: this.maintenance.status(),
-      capabilities: this.ledger.hostReport(hostName),
+      capabilities: host.tunnel ? null : this.ledger.hostReport(hostName),
+      tunnel: host.tunnel ? this.tunnelStatus(host) : null,
       reconciled: {
         allocationsReleased: this.ledger.counter("allocations_released"),
         orphansTerminated: this.ledger.counter("orphans_terminated"),
@@ -400,6 +441,24 @@ export class BudgetObject extends DurableObject<Env> {
           leases: a.leases,
           pinned: a.pinned,
         })),
+    };
+  }
+
+  /** A tunnel's health and what it refused, for `GET /v1/capacity`. */
+  private tunnelStatus(subject: BudgetSubject): TunnelStatus {
+    const health = this.tunnelHealth;
+    const iso = (at: number | null) => (at === null ? null : new Date(at).toISOString());
+    const now = Date.now();
+    return {
+      name: subject.tunnel?.name ?? subject.name,
+      health: health.state,
+      breaker: tunnelAdmission(health, now).kind === "refuse" ? "open" : "closed",
+      consecutiveFailures: health.consecutiveFailures,
+      openUntil: health.openUntil !== null && health.openUntil > now ? iso(health.openUntil) : null,
+      lastOkAt: iso(health.lastOkAt),
+      lastFailureAt: iso(health.lastFailureAt),
+      failures: { slow: this.ledger.counter("tunnel_slow"), down: this.ledger.counter("tunnel_down") },
+      refusedByBreaker: this.ledger.counter("tunnel_refused"),
     };
   }
 
@@ -498,7 +557,7 @@ export class BudgetObject extends DurableObject<Env> {
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────
 
   /** Grants waiters in FIFO order while the head fits, then reclaims for the rest. */
-  private serveWaiters(host: DatabaseHost): void {
+  private serveWaiters(host: BudgetSubject): void {
     this.rotationWaiters.serveWhile((head) =>
       rotationFits(this.ledger.rows(), host.budget, head.size)
         ? this.reserveFor(head, "rotations_admitted")
@@ -509,7 +568,7 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /** Grants waiters in FIFO order while the head fits. Never starts a reclaim (reclaim calls it). */
-  private grantFitting(host: DatabaseHost): void {
+  private grantFitting(host: BudgetSubject): void {
     this.waiters.serveWhile((head) => {
       if (head.kind === "grow") {
         // The pool stopped (or was evicted) while its growth waited: nothing to grow.
@@ -534,7 +593,7 @@ export class BudgetObject extends DurableObject<Env> {
     return { granted: true };
   }
 
-  private kickReclaim(host: DatabaseHost): void {
+  private kickReclaim(host: BudgetSubject): void {
     this.reclaiming ??= this.reclaim(host).finally(() => {
       this.reclaiming = null;
     });
@@ -546,7 +605,7 @@ export class BudgetObject extends DurableObject<Env> {
    * recently used idle pools asked to drain. Each pool decides atomically and never gives up a lease
    * in use; a refusal just moves on to the next. A growth nothing can serve leaves the line refused.
    */
-  private async reclaim(host: DatabaseHost): Promise<void> {
+  private async reclaim(host: BudgetSubject): Promise<void> {
     const refused = new Set<string>();
     for (let pass = 0; pass < maxVictimsPerPass && this.waiters.length > 0; pass++) {
       this.grantFitting(host);
@@ -626,12 +685,13 @@ export class BudgetObject extends DurableObject<Env> {
     this.grantFitting(host);
   }
 
-  // ── Hosts ──────────────────────────────────────────────────────────────────────────────────────
+  // ── Hosts and tunnels ──────────────────────────────────────────────────────────────────────────
 
-  private host(hostName: string): DatabaseHost {
-    const host = loadConfig(this.env).hosts.get(hostName);
-    if (!host) throw new Error(`unknown host ${hostName}`);
-    return host;
+  /** The host, or the customer's tunnel (`tunnel:<name>`), this object budgets. */
+  private host(hostName: string): BudgetSubject {
+    const subject = budgetSubject(loadConfig(this.env), hostName);
+    if (!subject) throw new Error(`unknown host or tunnel ${hostName}`);
+    return subject;
   }
 }
 
@@ -650,5 +710,18 @@ function pooledConnections(allocations: readonly Allocation[]): CapacityStatus["
     grown: allocations.reduce((n, a) => n + Math.max(0, a.size - (a.startSize ?? a.size)), 0),
     shrunk: allocations.reduce((n, a) => n + Math.max(0, (a.startSize ?? a.size) - a.size), 0),
     adaptivePools: allocations.filter((a) => a.floor !== null && a.floor !== undefined).length,
+  };
+}
+
+/**
+ * A start or rotation that found no room: on a host `capacity_saturated`, on a tunnel
+ * `tunnel_unavailable` (full), which only the tenants behind it ever see.
+ */
+function saturated(subject: BudgetSubject, waited: boolean): AdmitResult {
+  return {
+    granted: false,
+    retryAfterMs: 1_000,
+    waited,
+    ...(subject.tunnel ? { tunnel: "full" as const } : {}),
   };
 }

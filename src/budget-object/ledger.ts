@@ -39,6 +39,10 @@ export type CounterName =
   | "growths_refused"
   | "shrinks"
   | "reclaim_shrinks"
+  /** A tunnel's failed connects (slow: timed out; down: refused or cut), and starts its breaker refused. */
+  | "tunnel_slow"
+  | "tunnel_down"
+  | "tunnel_refused"
   | RepairKind;
 
 /** A maintenance connection's slot of the reserve. */

@@ -11,6 +11,7 @@ import {
   impliedHostKind,
   isPoolerHostname,
 } from "../core/host-capabilities.ts";
+import { tunnelBudgetName } from "../core/tunnel.ts";
 import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
 
@@ -34,6 +35,54 @@ export interface DatabaseHost {
   adaptive: AdaptivePolicy | null;
 }
 
+/**
+ * A customer's tunnel (docs/adr/018-customer-databases-behind-tunnels.md): the WebSocket proxy at
+ * its end, in the customer's network, through which Lessor reaches databases it did not create;
+ * and the connections it may carry, budgeted by a BudgetObject of its own (`tunnel:<name>`).
+ */
+export interface Tunnel {
+  name: string;
+  /** `tunnel:<name>`: its BudgetObject's name, and the `host` of every tenant behind it. */
+  budgetName: string;
+  /** The proxy's address without a scheme (`pg.example.com`, `127.0.0.1:9000/path`). */
+  proxy: string;
+  /** `wss://` (always, but on loopback). */
+  secure: boolean;
+  /** `connections`: the tunnel's capacity; `reserve`: its maintenance share; no rotation overlap beyond it. */
+  budget: BudgetLimits;
+  /** A connect through the tunnel that has not finished its handshake by then fails as `slow`. */
+  connectTimeoutMs: number;
+  locationHint: LocationHint | null;
+}
+
+/** What a BudgetObject budgets: a database host, or a customer's tunnel. */
+export interface BudgetSubject {
+  name: string;
+  budget: BudgetLimits;
+  locationHint: LocationHint | null;
+  /** Set for a tunnel's budget. */
+  tunnel: Tunnel | null;
+  /** Adaptive admission (docs/adr/022): a host's setting; a tunnel's pools keep their size. */
+  adaptive: AdaptivePolicy | null;
+}
+
+/** The host or tunnel a budget name names, or null. */
+export function budgetSubject(config: LessorConfig, name: string): BudgetSubject | null {
+  const host = config.hosts.get(name);
+  if (host)
+    return {
+      name,
+      budget: host.budget,
+      locationHint: host.locationHint,
+      tunnel: null,
+      adaptive: host.adaptive,
+    };
+  const tunnel = config.tunnelsByBudgetName.get(name);
+  if (tunnel)
+    return { name, budget: tunnel.budget, locationHint: tunnel.locationHint, tunnel, adaptive: null };
+  return null;
+}
+
 /** Cloudflare's Durable Object location hints (developers.cloudflare.com, "Data location"). */
 export const locationHints = ["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"] as const;
 export type LocationHint = (typeof locationHints)[number];
@@ -52,6 +101,10 @@ export interface LessorConfig {
   defaultTier: string;
   hosts: ReadonlyMap<string, DatabaseHost>;
   defaultHost: string;
+  /** Customers' tunnels by name (`LESSOR_TUNNELS`); none by default. */
+  tunnels: ReadonlyMap<string, Tunnel>;
+  /** The same tunnels by budget name (`tunnel:<name>`). */
+  tunnelsByBudgetName: ReadonlyMap<string, Tunnel>;
   wsProxy: string | null;
   /** How long a pool start waits for budget before `capacity_saturated`. */
   admissionWaitMs: number;
@@ -250,6 +303,69 @@ function adaptivePolicy(host: string, raw: unknown): AdaptivePolicy | null {
   return policy;
 }
 
+/** Tunnel fields `LESSOR_TUNNELS` knows. */
+const tunnelFields = ["proxy", "capacity", "reserve", "connectTimeoutMs", "locationHint"];
+
+/**
+ * `LESSOR_TUNNELS`: `{"<name>": {"proxy": "wss://…", "capacity": n, "reserve"?: 1,
+ * "connectTimeoutMs"?: 5000, "locationHint"?: "weur"}}`. A proxy is reached over TLS (`wss://`)
+ * unless it is on this machine's loopback (local runs and tests).
+ */
+function parseTunnels(raw: string | undefined, hostNames: ReadonlySet<string>): Tunnel[] {
+  if (raw === undefined || raw.trim() === "") return [];
+  const tunnels: Tunnel[] = [];
+  for (const [name, entry] of Object.entries(jsonObject("LESSOR_TUNNELS", raw))) {
+    if (!/^[a-z0-9][a-z0-9-]{0,39}$/.test(name)) fail("LESSOR_TUNNELS", "tunnel names are lowercase slugs");
+    if (hostNames.has(name)) fail("LESSOR_TUNNELS", `tunnel ${name} has a host's name; give it its own`);
+    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+      fail("LESSOR_TUNNELS", `tunnel ${name} needs an object with "proxy" and "capacity"`);
+    }
+    const fields = entry as Record<string, unknown>;
+    const unknown = Object.keys(fields).filter((key) => !tunnelFields.includes(key));
+    if (unknown.length > 0) {
+      fail(
+        "LESSOR_TUNNELS",
+        `tunnel ${name} has unknown fields (${unknown.join(", ")}); known: ${tunnelFields.join(", ")}`,
+      );
+    }
+    const { proxy, capacity, reserve = 1, connectTimeoutMs = 5_000, locationHint: hint } = fields;
+    if (typeof proxy !== "string" || proxy === "") {
+      fail("LESSOR_TUNNELS", `tunnel ${name} needs "proxy", the address of the WebSocket proxy at its end`);
+    }
+    const scheme = /^(wss|ws):\/\//.exec(proxy)?.[1] ?? null;
+    const address = proxy.replace(/^wss?:\/\//, "").replace(/\/+$/, "");
+    const loopback = isLoopbackAddress(address);
+    // Credentials and tenant data cross it: TLS, but to this machine's loopback (local runs, tests).
+    if (scheme === "ws" && !loopback) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: the proxy must be reached over TLS (wss://…)`);
+    }
+    const budget = { connections: Number(capacity), reserve: Number(reserve), rotationReserve: 0 };
+    if (!Number.isInteger(budget.connections) || budget.connections < 2) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: capacity must be a whole number of connections, at least 2`);
+    }
+    if (!Number.isInteger(budget.reserve) || budget.reserve < 1 || budget.reserve >= budget.connections) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: reserve must be at least 1 and below capacity`);
+    }
+    const timeout = Number(connectTimeoutMs);
+    if (!Number.isInteger(timeout) || timeout < 100 || timeout > 60_000) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: connectTimeoutMs must be from 100 to 60000`);
+    }
+    if (hint !== undefined && !(locationHints as readonly unknown[]).includes(hint)) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: locationHint must be one of ${locationHints.join(", ")}`);
+    }
+    tunnels.push({
+      name,
+      budgetName: tunnelBudgetName(name),
+      proxy: address,
+      secure: scheme === "wss" || (scheme === null && !loopback),
+      budget,
+      connectTimeoutMs: timeout,
+      locationHint: (hint as LocationHint | undefined) ?? null,
+    });
+  }
+  return tunnels;
+}
+
 /** Reads and validates the configuration. */
 export function loadConfig(env: Env): LessorConfig {
   const cached = cache.get(env);
@@ -336,6 +452,7 @@ export function loadConfig(env: Env): LessorConfig {
   }
   const defaultHost = [...hosts.keys()][0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
+  const tunnels = parseTunnels(vars.LESSOR_TUNNELS, new Set(hosts.keys()));
   const keyMacRing = parseKeyMacRing(env.LESSOR_KEY_MAC_KEYS);
   if ("problem" in keyMacRing) fail("LESSOR_KEY_MAC_KEYS", keyMacRing.problem);
 
@@ -347,6 +464,8 @@ export function loadConfig(env: Env): LessorConfig {
     defaultTier,
     hosts,
     defaultHost,
+    tunnels: new Map(tunnels.map((t) => [t.name, t])),
+    tunnelsByBudgetName: new Map(tunnels.map((t) => [t.budgetName, t])),
     wsProxy,
     admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),

@@ -80,7 +80,14 @@ export interface CampaignSpec {
   stabilityWindowMs: number;
   /** Limit the campaign to these tenants; null is the whole fleet. */
   tenants: string[] | null;
+  /**
+   * Customers' databases (adopted, docs/customer-databases.md): `skip` (the default) leaves them out
+   * and counts them; `include` migrates them like every other tenant (the customer asked for it).
+   */
+  adopted: AdoptedPolicy;
 }
+
+export type AdoptedPolicy = "skip" | "include";
 
 /** The fields a campaign request may carry; anything else is refused, so a typo is never ignored. */
 const campaignFields = [
@@ -93,6 +100,7 @@ const campaignFields = [
   "drainTimeoutMs",
   "stabilityWindowMs",
   "tenants",
+  "adopted",
 ] as const;
 
 /** An integer in [min, max], refused with `message`. */
@@ -187,6 +195,7 @@ export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: un
             v.minLength(1, "tenants, when given, must name at least one tenant."),
           ),
         ),
+        adopted: v.optional(v.picklist(["skip", "include"], 'adopted must be "skip" or "include".'), "skip"),
       },
       (issue) => {
         const key = issue.path?.[0]?.key;
@@ -214,6 +223,7 @@ export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: un
         drainTimeoutMs: body.drainTimeoutMs,
         stabilityWindowMs: body.stabilityWindowMs,
         tenants: body.tenants ?? null,
+        adopted: body.adopted,
       }),
     ),
   );

@@ -175,6 +175,33 @@ export const errorCatalog = {
     message: "The tenant's pool is starting; retry shortly.",
     retryable: true,
   },
+  tunnel_unavailable: {
+    status: 503,
+    message:
+      "The tenant's database is reached through its own tunnel, which is full, too slow or down right now; only tenants behind that tunnel are affected. Retry after Retry-After.",
+    retryable: true,
+  },
+  credential_revoked: {
+    status: 503,
+    message:
+      "The tenant's database refused Lessor's credential (revoked or changed by the database's owner); an operator must supply a new one (PUT /v1/tenants/:id/credentials). Retrying will not help until then.",
+    retryable: true,
+  },
+  credential_rejected: {
+    status: 409,
+    message:
+      "The database refused the credential that was supplied; nothing changed, the current one stays in use. Check the user and password, and that the role may connect.",
+  },
+  attach_refused: {
+    status: 409,
+    message: "The database cannot be attached; the answer says why. Nothing was kept.",
+  },
+  unknown_tunnel: { status: 400, message: "No tunnel with that name is configured (LESSOR_TUNNELS)." },
+  adopted_database: {
+    status: 409,
+    message:
+      "This tenant's database belongs to its customer, who manages it: Lessor creates nothing there, so this operation does not apply.",
+  },
   capacity_saturated: {
     status: 503,
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",

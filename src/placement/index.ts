@@ -3,18 +3,18 @@
  * host's BudgetObject near the host, a tenant's object near its host when provisioning creates it,
  * the control plane's shards near the control-plane database.
  */
-import { loadConfig } from "../config/index.ts";
+import { budgetSubject, loadConfig } from "../config/index.ts";
 import { placementOptions } from "../core/placement.ts";
 
-/** The BudgetObject of `host`, placed near it. */
+/** The BudgetObject of `host` (a host, or a customer's tunnel: `tunnel:<name>`), placed near it. */
 export function budgetObject(env: Env, host: string) {
-  const hint = loadConfig(env).hosts.get(host)?.locationHint ?? null;
+  const hint = budgetSubject(loadConfig(env), host)?.locationHint ?? null;
   return env.BUDGETS.getByName(host, placementOptions(hint));
 }
 
-/** A tenant's object, placed near `host` if this call creates it (provisioning's first call does). */
+/** A tenant's object, placed near `host` (or its tunnel) if this call creates it (provisioning's first call does). */
 export function tenantObjectNear(env: Env, tenantId: string, host: string) {
-  const hint = loadConfig(env).hosts.get(host)?.locationHint ?? null;
+  const hint = budgetSubject(loadConfig(env), host)?.locationHint ?? null;
   return env.TENANTS.getByName(tenantId, placementOptions(hint));
 }
 

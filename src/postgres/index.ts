@@ -50,6 +50,38 @@ export interface ConnectionTarget {
   user: string;
   password: string;
   database: string;
+  /** A customer's database: reached through its tunnel, not the deployment's own way. */
+  route?: TunnelRoute;
+}
+
+/**
+ * How a connection reaches a database behind a customer's tunnel: the WebSocket proxy at the
+ * tunnel's end (Neon's wsproxy protocol, `/v2?address=host:port`), over TLS unless on loopback, with
+ * the tunnel's own connect bound (docs/adr/018-customer-databases-behind-tunnels.md).
+ */
+export interface TunnelRoute {
+  proxy: string;
+  secure: boolean;
+  connectTimeoutMs: number;
+}
+
+/** The driver's connect bound for a connection to `target` (a tunnel's own, or the default). */
+function connectTimeoutOf(target: { route?: TunnelRoute }): number {
+  return target.route?.connectTimeoutMs ?? 10_000;
+}
+
+/**
+ * Points one driver client at a customer's tunnel: its own socket settings, which outrank the
+ * isolate's (`LESSOR_WS_PROXY` stays the way to every host). Nothing else changes for the client.
+ */
+function routeClient(client: Client, route: TunnelRoute | undefined): void {
+  if (!route) return;
+  const socket = client.neonConfig;
+  socket.wsProxy = (host, port) => `${route.proxy}/v2?address=${host}:${port}`;
+  socket.useSecureWebSocket = route.secure;
+  // SCRAM against an ordinary Postgres: no pipelined password, no pipelined TLS.
+  socket.pipelineConnect = false;
+  socket.pipelineTLS = false;
 }
 
 /**
@@ -65,8 +97,13 @@ export interface SessionLimits {
 export interface TenantConnectionOptions {
   applicationName: string;
   limits: SessionLimits;
-  /** Mints the one-time login token each new connection presents to the tenant database's guard. */
-  loginToken: () => Promise<string>;
+  /**
+   * Mints the one-time login token each new connection presents to the tenant database's guard;
+   * null for a customer's database, which has no guard of Lessor's.
+   */
+  loginToken: (() => Promise<string>) | null;
+  /** A customer's database: its tunnel. */
+  route?: TunnelRoute;
   /** More pinned settings (a migration pins its `search_path`). */
   extraSettings?: readonly string[];
 }
@@ -162,17 +199,73 @@ export class SettlingClient extends Client {
   }
 }
 
+/**
+ * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
+ * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
+ * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
+ * keep going to it, and the client sends nothing else.
+ */
+export interface PhasedSubmittable {
+  phasesLeft: number;
+  handleReadyForQuery(connection: unknown): void;
+  handleError(error: unknown, connection: unknown): void;
+}
+
+interface DriverClientInternals {
+  activeQuery: Partial<PhasedSubmittable> | null;
+  connection: unknown;
+}
+
+type MessageHandler = (this: Client, message: unknown) => void;
+const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
+  ._handleReadyForQuery;
+const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
+  ._handleErrorMessage;
+
+/**
+ * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
+ * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
+ * it attaches to the connection, so a subclass's prototype carrying them is enough.
+ */
+const phasedHandlers = {
+  _handleReadyForQuery(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.phasesLeft--;
+      active.handleReadyForQuery?.(internals.connection);
+      return;
+    }
+    baseHandleReadyForQuery.call(this, message);
+  },
+  _handleErrorMessage(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.handleError?.(message, internals.connection);
+      return;
+    }
+    baseHandleErrorMessage.call(this, message);
+  },
+};
+
 /** A driver `Client` class whose connections carry a fresh login token and the session limits. */
 function tenantClientClass(options: TenantConnectionOptions): typeof SettlingClient {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
-  return class TenantClient extends SettlingClient {
+  const mintToken = options.loginToken;
+  const TenantClient = class TenantClient extends SettlingClient {
     private loginToken = "";
+
+    constructor(config?: ConstructorParameters<typeof Client>[0]) {
+      super(config);
+      routeClient(this, options.route);
+    }
 
     override connect(): Promise<void>;
     override connect(callback: (err?: Error) => void): void;
     override connect(callback?: (err?: Error) => void): Promise<void> | void {
       opened.tenant++;
-      const minted = options.loginToken().then((token) => {
+      const minted = (mintToken ? mintToken() : Promise.resolve("")).then((token) => {
         this.loginToken = token;
       });
       if (!callback) return minted.then(() => super.connect());
@@ -188,11 +281,13 @@ function tenantClientClass(options: TenantConnectionOptions): typeof SettlingCli
       conf.options = startupOptions([
         ...tenantSessionSettings(options.limits),
         ...(options.extraSettings ?? []),
-        `lessor.login=${this.loginToken}`,
+        ...(mintToken ? [`lessor.login=${this.loginToken}`] : []),
       ]);
       return conf;
     };
   };
+  Object.assign(TenantClient.prototype, phasedHandlers);
+  return TenantClient;
 }
 
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */
@@ -202,16 +297,17 @@ export function openPool(
   options: TenantConnectionOptions & { max: number; onError: (error: Error, client?: object) => void },
 ): Pool {
   configureDriver(config);
+  const { route, ...address } = target;
   const pool = new Pool({
-    ...target,
+    ...address,
     max: options.max,
     // A pooled connection lives as long as its generation; the TenantObject decides when it ends.
     idleTimeoutMillis: 0,
-    connectionTimeoutMillis: 10_000,
+    connectionTimeoutMillis: connectTimeoutOf(target),
     application_name: options.applicationName,
   });
   // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
-  pool.Client = tenantClientClass(options);
+  pool.Client = tenantClientClass({ ...options, ...(route ? { route } : {}) });
   pool.on("error", options.onError);
   return pool;
 }
@@ -325,12 +421,13 @@ export function withTenantConnection<T>(
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
   configureDriver(config);
-  const TenantClient = tenantClientClass(options);
+  const { route, ...address } = target;
+  const TenantClient = tenantClientClass({ ...options, ...(route ? { route } : {}) });
   return withClient(
     new TenantClient({
-      ...target,
+      ...address,
       application_name: options.applicationName,
-      connectionTimeoutMillis: 10_000,
+      connectionTimeoutMillis: connectTimeoutOf(target),
     }),
     work,
   );
@@ -383,6 +480,35 @@ export function withPrivilegedConnection<T>(
   );
 }
 
+/**
+ * Runs `work` on a fresh connection to a customer's database as the role the customer issued,
+ * through its tunnel, pinned like every privileged connection (`privilegedSessionSettings`: only
+ * `pg_catalog` resolves names, whatever the customer's database or role settings say) and cancelled
+ * at `deadlineMs`; always closed. For what Lessor does there outside a pool: the attach probe,
+ * proving a supplied credential, changing its own password, ending one of its own backends.
+ */
+export function withCustomerConnection<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  applicationName: string,
+  deadlineMs: number,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  configureDriver(config);
+  opened.tenant++;
+  const { route, ...address } = target;
+  const client = new SettlingClient({
+    ...address,
+    application_name: applicationName,
+    connectionTimeoutMillis: connectTimeoutOf(target),
+    options: startupOptions(privilegedSessionSettings(deadlineMs)),
+  });
+  routeClient(client, route);
+  return withClient(client, (connected) =>
+    underDeadline(config, target, connected, deadlineMs, () => work(connected)),
+  );
+}
+
 interface Cancellable {
   activeQuery?: unknown;
   processID?: number | null;
@@ -404,6 +530,8 @@ export function sendCancel(config: LessorConfig, target: ConnectionTarget, clien
     user: target.user,
     database: target.database,
   });
+  // A customer's database is reached through its tunnel, its cancel too.
+  routeClient(canceller, target.route);
   canceller.on("error", () => undefined);
   (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(
     "error",

@@ -2,6 +2,7 @@
 import type { AdaptivePolicy } from "../core/adaptive.ts";
 import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
+import type { TunnelFault } from "../core/tunnel.ts";
 
 export type AdmitResult =
   | { granted: true }
@@ -13,6 +14,8 @@ export type AdmitResult =
       closed?: true;
       /** The host cannot run Lessor (its admin lacks a capability): what is missing. */
       unfit?: string;
+      /** A customer's tunnel refused: no room in it, or its breaker is open after it was slow or down. */
+      tunnel?: TunnelFault;
     };
 
 /** A request for one maintenance connection from the host's reserve. */
@@ -123,8 +126,10 @@ export interface CapacityStatus {
   };
   /** Maintenance connections (migrations, provisioning, admin) holding or waiting for the reserve. */
   maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
-  /** The host's kind and what its admin role can do, as last probed (null before the first probe). */
+  /** The host's kind and what its admin role can do, as last probed (null before the first probe, and for a tunnel). */
   capabilities: HostReport | null;
+  /** For a customer's tunnel (`host` is then `tunnel:<name>`): its health and breaker; null for a host. */
+  tunnel?: TunnelStatus | null;
   /** What reconcile and the pools have repaired since the ledger was created (monotonic counters). */
   reconciled: Record<RepairKind, number> & {
     allocationsReleased: number;
@@ -139,6 +144,23 @@ export interface CapacityStatus {
     leases: number;
     pinned: boolean;
   }[];
+}
+
+/** A customer's tunnel as its BudgetObject sees it (docs/customer-databases.md). */
+export interface TunnelStatus {
+  name: string;
+  /** `up`, or the kind of the last failed connect (`slow`: timed out; `down`: refused or cut). */
+  health: "up" | "slow" | "down";
+  /** `open`: starts behind the tunnel are refused at once (`tunnel_unavailable`) until `openUntil`. */
+  breaker: "open" | "closed";
+  consecutiveFailures: number;
+  openUntil: string | null;
+  lastOkAt: string | null;
+  lastFailureAt: string | null;
+  /** Failed connects since the ledger was created, by kind. */
+  failures: { slow: number; down: number };
+  /** Starts the open breaker refused since the ledger was created. */
+  refusedByBreaker: number;
 }
 
 /** One pool of an eviction dry run, as it crosses RPC (idle time relative to the object's clock). */

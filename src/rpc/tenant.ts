@@ -2,6 +2,7 @@
  * What crosses RPC between the Worker (routes, cron jobs, campaigns) and a TenantObject. Both sides
  * import these shapes from here, so no lower layer imports a Durable Object's module.
  */
+import type { CredentialPolicy } from "../core/adoption.ts";
 import type { TenantJwt } from "../core/jwt-config.ts";
 import type { PostgresErrorBody } from "../core/neon-protocol.ts";
 import type { WireError } from "../errors/index.ts";
@@ -42,6 +43,20 @@ export interface TenantRecord {
   schemaVersion: number;
   /** End-user JWT mode (docs/adr/012-end-user-jwts.md); null: a Bearer token is refused. */
   jwt: TenantJwt | null;
+  /**
+   * A customer's database Lessor did not create, behind a tunnel (docs/adr/018): then `host` is the
+   * tunnel's budget name, `databaseName` and `roleName` the customer's. Absent or null: a database
+   * Lessor created on one of its hosts.
+   */
+  adopted?: AdoptedPlacement | null;
+}
+
+/** Where an adopted database is, as its tunnel reaches it, and who changes its credential. */
+export interface AdoptedPlacement {
+  tunnel: string;
+  hostname: string;
+  port: number;
+  credentials: CredentialPolicy;
 }
 
 /** The runtime half of `GET /v1/tenants/:id`. */
@@ -152,7 +167,12 @@ export type EraseStatus =
       attempts: number;
       lastError: string | null;
     }
-  | { state: "erased"; erasedAt: string };
+  | {
+      state: "erased";
+      erasedAt: string;
+      /** Present for a customer's database: the erase detached it (never dropped) and forgot its credential. */
+      database?: "detached";
+    };
 
 /** The answer of an erase request or resume. */
 export type EraseAnswer = { ok: true; status: EraseStatus } | { ok: false; error: WireError };

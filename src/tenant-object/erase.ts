@@ -26,6 +26,7 @@ import {
 import {
   advanceErase,
   commitErase,
+  detachAdoptedDatabase,
   type EraseJob,
   eraseCampaignRows,
   eraseCredentials,
@@ -443,8 +444,16 @@ export class TenantErase {
     return { generation, poolsStopped: wasOpen ? 1 : 0, allocationsReleased: released };
   }
 
-  /** `database`: the provider removes the database and the role (idempotent). */
+  /**
+   * `database`: the provider removes the database and the role (idempotent). A customer's database
+   * is detached instead: Lessor never connects there to drop anything; where it is goes from the
+   * catalog, audited (its credential goes at the next stage).
+   */
   private async database(job: EraseJob): Promise<Record<string, number>> {
+    if (job.detached) {
+      const detached = await this.onControlPlane((db) => detachAdoptedDatabase(db, job));
+      return { databases: 0, roles: 0, ...detached };
+    }
     if (job.databaseName === null || job.roleName === null) return { databases: 0, roles: 0 };
     const removed: DatabaseRemoval = await this.provider.remove({
       tenantId: job.tenantId,
@@ -488,7 +497,11 @@ function addCounts(before: Record<string, number>, now: Record<string, number>):
 
 function statusOf(job: EraseJob): EraseStatus {
   if (job.state === "erased") {
-    return { state: "erased", erasedAt: (job.erasedAt ?? job.updatedAt).toISOString() };
+    return {
+      state: "erased",
+      erasedAt: (job.erasedAt ?? job.updatedAt).toISOString(),
+      ...(job.detached ? { database: "detached" as const } : {}),
+    };
   }
   return {
     state: "erasing",

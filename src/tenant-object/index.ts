@@ -296,6 +296,24 @@ export class TenantObject extends DurableObject<Env> {
     return this.counted(this.rotation.rotate(tenantId));
   }
 
+  /**
+   * Moves a customer's database to a credential its customer supplied, through overlapping
+   * generations (see rotation.ts `supply`); `user` null keeps the role.
+   */
+  async supplyCredential(
+    tenantId: string,
+    user: string | null,
+    password: string,
+    actor: string,
+  ): Promise<RotateOutcome> {
+    if (this.rt.erase !== null) {
+      const code = this.rt.erasing ? "tenant_erasing" : "tenant_erased";
+      return { ok: false, error: new LessorError(code, { retryAfterSeconds: 5 }).toWire() };
+    }
+    const record = await this.auth.resolve(tenantId).catch(() => null);
+    return this.counted(this.rotation.supply(tenantId, user ?? record?.roleName ?? "", password, actor));
+  }
+
   /** Migrates the tenant's database to `targetVersion` (see migrate.ts). */
   migrate(tenantId: string, targetVersion: number, drainTimeoutMs: number): Promise<MigrateOutcome> {
     return this.migration.migrate(tenantId, targetVersion, drainTimeoutMs);

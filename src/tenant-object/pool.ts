@@ -33,12 +33,14 @@ import {
 } from "../core/lifecycle.ts";
 import { poolApplicationName } from "../core/names.ts";
 import { restartJitterMs } from "../core/placement.ts";
+import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
 import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
+import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { driverPoolMax, setDriverPoolMax } from "./driver-pool.ts";
@@ -372,10 +374,7 @@ export class TenantPool implements SizedPool {
           if (decision.reason === "misconfigured") {
             throw new LessorError("misconfigured", { internal: "start failed (misconfigured); backing off" });
           }
-          throw new LessorError("tenant_starting_failed", {
-            internal: `start failed (${decision.reason}); backing off`,
-            retryAfterSeconds: decision.retryAfterMs / 1000,
-          });
+          throw startRefusal(record, decision.reason, decision.retryAfterMs / 1000);
         case "refuse_draining":
           throw new LessorError("tenant_draining", { retryAfterSeconds: 1 });
       }
@@ -740,9 +739,17 @@ export class TenantPool implements SizedPool {
       throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
     }
     if (!admitted.granted) {
-      const why = admitted.closed ? "tenant_erasing" : admitted.unfit ? "host_unfit" : "capacity_saturated";
+      const why = admitted.closed
+        ? "tenant_erasing"
+        : admitted.unfit
+          ? "host_unfit"
+          : admitted.tunnel
+            ? `tunnel_${admitted.tunnel}`
+            : "capacity_saturated";
       rt.apply(startRefused(rt.lifecycle), why);
       if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+      // The tenant's own tunnel is full, or its breaker is open: only tenants behind it see this.
+      if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
       if (admitted.unfit) {
         throw new LessorError("host_unfit", {
           internal: admitted.unfit,
@@ -766,6 +773,8 @@ export class TenantPool implements SizedPool {
       this.idleSince = Date.now();
       rt.usage.poolStarts++;
       rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
+      // The tunnel carried a start: its breaker closes.
+      if (record.adopted) await budget.recordTunnelOutcome(record.host, "ok").catch(() => undefined);
       await budget.confirm(record.host, record.tenantId, generation, this.report());
       await rt.ensureAlarm(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
       // An adaptive pool above its floor is reviewed once a window has passed (sizing.ts).
@@ -792,22 +801,32 @@ export class TenantPool implements SizedPool {
       rt.apply(startRefused(rt.lifecycle), error.code);
       return error;
     }
-    const reason: FailureReason = classifyStartFailure(error);
-    logEvent(reason === "misconfigured" ? "error" : "warn", "pool_start_failed", {
-      tenant: rt.record?.tenantId,
-      generation: rt.lifecycle.generation,
-      reason,
-      failure: describeFailure(error),
-    });
+    const record = rt.record;
+    const reason: FailureReason = adoptedFailure(record, error, classifyStartFailure(error));
+    logEvent(
+      reason === "misconfigured" || reason === "credential_revoked" ? "error" : "warn",
+      "pool_start_failed",
+      {
+        tenant: record?.tenantId,
+        generation: rt.lifecycle.generation,
+        reason,
+        failure: describeFailure(error),
+      },
+    );
+    // A customer's tunnel learns what the start found out about it (core/tunnel.ts).
+    const fault = tunnelFaultOf(reason);
+    if (record?.adopted) {
+      await rt
+        .budget(record.host)
+        .recordTunnelOutcome(record.host, fault ?? "ok")
+        .catch(() => undefined);
+    }
     rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
     await rt.ensureAlarm(Date.now() + 1_000);
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
     // Retrying will not help until the operator fixes the configuration: say so.
     if (reason === "misconfigured" && error instanceof LessorError) return error;
-    return new LessorError("tenant_starting_failed", {
-      internal: `start failed (${reason})`,
-      retryAfterSeconds: (retryAt - Date.now()) / 1000,
-    });
+    return startRefusal(record, reason, (retryAt - Date.now()) / 1000);
   }
 
   /**
@@ -928,6 +947,7 @@ export class TenantPool implements SizedPool {
       await this.closePools(generation, pool, jwtPool);
     } finally {
       this.closing.delete(generation);
+      rt.deadlines.quiesce();
     }
     // Only now are the connections closed; releasing is idempotent (an evicting budget releases too).
     if (rt.record) {
@@ -1000,6 +1020,44 @@ export class CredentialMoved extends Error {
   constructor() {
     super("the credential moved to a new generation during checkout");
   }
+}
+
+/**
+ * What a failed start of a customer's database says, beyond the driver's error: a credential the
+ * server refused is one its customer revoked or changed (Lessor owns no role there to repair), and
+ * a lost `CONNECT` likewise. Any other tenant's reason stays as classified.
+ */
+function adoptedFailure(record: TenantRecord | null, error: unknown, reason: FailureReason): FailureReason {
+  if (!record?.adopted) return reason;
+  const code = (error as { code?: unknown }).code;
+  if (reason === "auth_failed" || code === "42501") return "credential_revoked";
+  return reason;
+}
+
+/**
+ * The answer to a start that failed (or is backing off after one): on a customer's database a
+ * refused credential (`credential_revoked`) and a tunnel that is slow or down (`tunnel_unavailable`)
+ * are told apart from everything else (`tenant_starting_failed`).
+ */
+function startRefusal(
+  record: TenantRecord | null,
+  reason: FailureReason,
+  retryAfterSeconds: number,
+): LessorError {
+  if (record?.adopted) {
+    if (reason === "credential_revoked") {
+      return new LessorError("credential_revoked", {
+        internal: "the customer's database refused the credential",
+        retryAfterSeconds,
+      });
+    }
+    const fault = tunnelFaultOf(reason);
+    if (fault) return tunnelUnavailable(fault, retryAfterSeconds);
+  }
+  return new LessorError("tenant_starting_failed", {
+    internal: `start failed (${reason})`,
+    retryAfterSeconds,
+  });
 }
 
 function sleep(ms: number): Promise<void> {

@@ -43,10 +43,11 @@ export interface TenantHooksForTests {
   /** The usage counted so far (`queries` of it) was saved to the object's storage (runtime.ts `saveUsage`). */
   onUsageSaved?: (tenantId: string, queries: number) => void;
   /**
-   * A `/sql` request answered and ended its lease; its connection (`client`) is about to be reset
-   * and returned to the pool. A test holds it here to land a fault in that window.
+   * A `/sql` request answered and ended its lease; its connection (`client`) is about to be
+   * returned to the pool, once its reset (pipelined in the statement's flight, or sent now) has
+   * run. A test holds it here to land a fault in that window.
    */
-  beforeReset?: (tenantId: string, client: object) => Promise<void>;
+  beforeReturn?: (tenantId: string, client: object) => Promise<void>;
   /** Settings that replace the configuration's for one tenant's object, read at each use. */
   config?: (tenantId: string) => Partial<LessorConfig> | undefined;
 }

@@ -27,7 +27,7 @@ const cancelGraceMs = 2_000;
 export class StatementWatchdog {
   private timedOut = false;
   private suspect = false;
-  private deadline: ReturnType<typeof setTimeout> | undefined;
+  private unwatch: (() => void) | null = null;
   private grace: ReturnType<typeof setTimeout> | undefined;
 
   constructor(
@@ -52,7 +52,9 @@ export class StatementWatchdog {
 
   /** Starts the clock: the statement (or the whole `/sql` transaction) must end within the bound. */
   arm(): void {
-    this.deadline = setTimeout(() => this.timeout(), this.rt.config.statementTimeoutMs);
+    this.unwatch = this.rt.deadlines.watch(Date.now() + this.rt.config.statementTimeoutMs, () =>
+      this.timeout(),
+    );
   }
 
   private timeout(): void {
@@ -68,8 +70,9 @@ export class StatementWatchdog {
   }
 
   disarm(): void {
-    clearTimeout(this.deadline);
-    clearTimeout(this.grace);
+    this.unwatch?.();
+    this.unwatch = null;
+    if (this.grace !== undefined) clearTimeout(this.grace);
   }
 
   /** Whether the connection must be destroyed rather than returned (a cancel was sent at it). */
@@ -107,7 +110,7 @@ export class StatementWatchdog {
     for (const [attempt, delayMs] of [0, ...terminateRetryDelaysMs].entries()) {
       if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
       try {
-        const outcome = await this.credentials.terminate(this.record, pid);
+        const outcome = await this.credentials.terminate(this.record, pid, this.target);
         if (outcome !== "still_running") {
           logEvent("warn", "statement_terminated", { tenant, outcome, attempts: attempt + 1 });
           return;

@@ -150,6 +150,57 @@ describe("lessorctl capacity", () => {
     expect(run.stdout.filter((l) => l.startsWith("repos"))).toHaveLength(1);
   });
 
+  it("shows each customer tunnel beside the hosts, with its health, and filters by --tunnel", async () => {
+    const tunnel: CapacityStatus = {
+      ...capacity,
+      host: "tunnel:acme-net",
+      budget: 8,
+      reserve: 1,
+      rotationReserve: 0,
+      poolCapacity: 7,
+      allocated: 2,
+      reserved: 0,
+      draining: 0,
+      pools: { reserved: 0, allocated: 1, draining: 0 },
+      maintenance: { inUse: 0, waiting: 0, byPurpose: {} },
+      capabilities: null,
+      waiters: 0,
+      leases: 1,
+      candidates: [],
+      tunnel: {
+        name: "acme-net",
+        health: "slow",
+        breaker: "open",
+        consecutiveFailures: 2,
+        openUntil: "2026-12-01T10:00:02.000Z",
+        lastOkAt: null,
+        lastFailureAt: "2026-12-01T10:00:00.000Z",
+        failures: { slow: 2, down: 0 },
+        refusedByBreaker: 3,
+      },
+    };
+    const answers = {
+      "GET /v1/capacity": () => ({ hosts: [capacity], tunnels: [tunnel] }),
+      "GET /v1/fleet/failing": () => ({ ...failing, byHost: { local: 2, "tunnel:acme-net": 1 } }),
+    };
+    const run = await lessorctl(["capacity"], answers);
+    expect(run.code).toBe(0);
+    expect(run.stdout.slice(-4)).toEqual([
+      "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
+      "connections allocated=2 budget=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1",
+      "maintenance in_use=0 reserve=1 waiting=0",
+      "tunnel health=slow breaker=open failures_slow=2 failures_down=0 refused_by_breaker=3 last_failure=2026-12-01T10:00:00.000Z",
+    ]);
+    expect(run.stdout[0]).toBe("repos host=local ready=8 starting=1 draining=1 failed=2");
+    const only = await lessorctl(["capacity", "--tunnel", "acme-net"], answers);
+    expect(only.stdout.filter((l) => l.startsWith("repos"))).toEqual([
+      "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
+    ]);
+    const unknown = await lessorctl(["capacity", "--tunnel", "nowhere"], answers);
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr.join("\n")).toContain("unknown_tunnel");
+  });
+
   it("prints JSON with --json", async () => {
     const run = await lessorctl(["--json", "capacity"], {
       "GET /v1/capacity": () => ({ hosts: [capacity] }),

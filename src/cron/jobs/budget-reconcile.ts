@@ -17,7 +17,12 @@ export const budgetReconcileJob: CronJob = {
   async run(env) {
     const config = loadConfig(env);
     const hosts = [...config.hosts.values()];
-    const results = await Promise.all(
+    const results: {
+      checked: number;
+      released: number;
+      maintenanceExpired: number;
+      orphans: { terminated: number };
+    }[] = await Promise.all(
       hosts.map(async (host) => {
         const budget = budgetObject(env, host.name);
         const ledger = await budget.reconcile(host.name);
@@ -30,13 +35,32 @@ export const budgetReconcileJob: CronJob = {
         return { ...ledger, orphans };
       }),
     );
+    // Customers' tunnels: the ledger only (Lessor has no admin on a customer's server; a killed
+    // object's connections through a tunnel die with its sockets, and their backends with them).
+    for (const tunnel of config.tunnels.values()) {
+      const ledger = await budgetObject(env, tunnel.budgetName)
+        .reconcile(tunnel.budgetName)
+        .catch((error: unknown) => {
+          logEvent("warn", "tunnel_reconcile_failed", {
+            tunnel: tunnel.name,
+            failure: describeFailure(error),
+          });
+          return { checked: 0, released: 0, maintenanceExpired: 0 };
+        });
+      results.push({
+        checked: ledger.checked,
+        released: ledger.released,
+        maintenanceExpired: ledger.maintenanceExpired,
+        orphans: { terminated: 0 },
+      });
+    }
     const sum = (pick: (r: (typeof results)[number]) => number) => results.reduce((n, r) => n + pick(r), 0);
     const checked = sum((r) => r.checked);
     const released = sum((r) => r.released);
     const maintenanceExpired = sum((r) => r.maintenanceExpired);
     const orphansTerminated = sum((r) => r.orphans.terminated);
     return {
-      summary: `checked ${checked} allocations on ${hosts.length} hosts, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
+      summary: `checked ${checked} allocations on ${hosts.length} hosts${config.tunnels.size > 0 ? ` and ${config.tunnels.size} tunnels` : ""}, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
       fields: { hosts: hosts.length, checked, released, maintenanceExpired, orphansTerminated },
       level: released + maintenanceExpired + orphansTerminated > 0 ? "warn" : "info",
     };

@@ -592,6 +592,76 @@ describe("adaptive admission", () => {
   });
 });
 
+describe("the line: starts and growths in arrival order (the fairness rule)", () => {
+  // The host's BudgetObject alone, with ledger rows no object stands behind: every pool reports all
+  // its connections leased, so nothing can be shrunk or evicted and only the line decides.
+  const budget = () => env.BUDGETS.getByName(host);
+  const full = { leases: 5, idleSince: null, pinned: false, migrating: false, recentPeak: 5, size: 5 };
+  let ids: string[] = [];
+
+  async function fillHost(): Promise<{ a: string; b: string; c: string }> {
+    const tag = crypto.randomUUID().slice(0, 6);
+    const [a, b, c] = [
+      `${filePrefix}-line-a-${tag}`,
+      `${filePrefix}-line-b-${tag}`,
+      `${filePrefix}-line-c-${tag}`,
+    ];
+    ids = [a, b, c];
+    for (const id of [a, b]) {
+      expect(await budget().admit(host, id, 1, 5, 1)).toEqual({ granted: true });
+      await budget().confirm(host, id, 1, full);
+    }
+    expect(ledgerUsed(await capacity())).toBe(poolCapacity);
+    return { a, b, c };
+  }
+
+  afterEach(async () => {
+    for (const id of ids) await budget().releaseTenant(host, id);
+    ids = [];
+  });
+
+  it("a growth never jumps ahead of a start that waited first", async () => {
+    const { a, b, c } = await fillHost();
+    const start = budget().admit(host, c, 1, 5, 1);
+    await pollUntil(capacity, (s) => s.waiters === 1, { attempts: 40, intervalMs: 25 });
+    const growth = budget().grow(host, a, 1, 1, 6);
+    await pollUntil(capacity, (s) => s.waiters === 2, { attempts: 40, intervalMs: 25 });
+    // Room for five: the start, first in line, takes it; the growth finds nothing to take back.
+    await budget().release(host, b, 1);
+    expect(await start).toEqual({ granted: true });
+    expect(await growth).toMatchObject({ granted: false, reason: "saturated" });
+    expect(ledgerUsed(await capacity())).toBe(poolCapacity);
+  });
+
+  it("a growth that nothing can serve leaves the line at once and holds no start behind it", async () => {
+    const { a, b, c } = await fillHost();
+    const before = await capacity();
+    // Full, nothing idle to take back: the growth is refused at once, and leaves no one waiting.
+    expect(await budget().grow(host, a, 1, 1, 6)).toMatchObject({ granted: false, reason: "saturated" });
+    expect((await capacity()).waiters).toBe(0);
+    // A start that comes next waits only for room, and gets the first that frees.
+    const start = budget().admit(host, c, 1, 5, 1);
+    await pollUntil(capacity, (s) => s.waiters === 1, { attempts: 40, intervalMs: 25 });
+    await budget().release(host, b, 1);
+    expect(await start).toEqual({ granted: true });
+    const after = await capacity();
+    expect(after.adaptive.growthsRefused - before.adaptive.growthsRefused).toBe(1);
+    expect(after.adaptive.growths).toBe(before.adaptive.growths);
+    expect(ledgerUsed(after)).toBe(poolCapacity);
+  });
+
+  it("a growth never evicts a pool, and never passes the tier's maximum", async () => {
+    const { a, b } = await fillHost();
+    // Nothing waits and nothing fits: refused at once after the line finds nothing to take back.
+    expect(await budget().grow(host, a, 1, 1, 6)).toMatchObject({ granted: false, reason: "saturated" });
+    await budget().release(host, b, 1);
+    // Room now, but the tier's maximum bounds the step: 5 → 6, then nothing more.
+    expect(await budget().grow(host, a, 1, 3, 6)).toEqual({ granted: true, by: 1 });
+    expect(await budget().grow(host, a, 1, 1, 6)).toMatchObject({ granted: false, reason: "not_allocated" });
+    expect(ledgerUsed(await capacity())).toBe(6);
+  });
+});
+
 describe("a fixed host is unchanged", () => {
   it("an elastic tenant on a fixed host holds its size and never grows", async () => {
     const tenant = await createTenant(uniqueTenantId("adp-fixed"), { host: "local", tier: "elastic" });

@@ -13,6 +13,7 @@
  *   400,000 GB-s a month, at 128 MB per object, billed while the object is active or idle in memory
  *   but unable to hibernate (an object holding outbound WebSockets, a warm pool's, cannot).
  *   https://developers.cloudflare.com/durable-objects/platform/pricing/
+ *   SQLite-backed storage: $1.00 per million rows written beyond 50 million a month.
  * - Neon compute: $0.106 per CU-hour on the Launch plan ($0.222 on Scale); 1 CU is 1 vCPU and
  *   4 GB. A compute scales to zero after 5 minutes without active queries: idle pooled connections
  *   do not keep it awake, so a warm Lessor pool costs the host nothing until it queries.
@@ -31,6 +32,7 @@ export const prices = {
   objectRequestPerMillion: 0.15,
   objectGbSecondPerMillion: 12.5,
   objectMemoryGb: 0.125,
+  objectRowsWrittenPerMillion: 1.0,
   neonCuHour: 0.106,
   sources: {
     workers: "https://developers.cloudflare.com/workers/platform/pricing/",
@@ -44,6 +46,12 @@ const monthSeconds = 30.4375 * 86_400;
 /** How often a warm pool's object wakes: its heartbeat alarm, which also reports to the host's budget. */
 const heartbeatSeconds = 30;
 
+/**
+ * Rows the heartbeat's outbox flush writes for one start-and-stop cycle: its four lifecycle events
+ * (each marked, then deleted: 8) and its usage, staged once (inserted, marked, deleted: 3).
+ */
+export const outboxFlushRowsPerCycle = 11;
+
 export interface PriceInputs {
   /** Isolate CPU per warm `/sql` request (Worker and objects together), ms. */
   cpuMsPerRequest: number;
@@ -51,6 +59,11 @@ export interface PriceInputs {
   coldStartCpuMs: number;
   /** Postgres CPU of one cold start (the control plane's claim and the host's logins), ms. */
   coldStartPostgresCpuMs: number;
+  /**
+   * Rows a start and the stop after it write to the object's storage (measured), plus the rows the
+   * heartbeat's outbox flush writes for their lifecycle events and usage (`outboxFlushRowsPerCycle`).
+   */
+  coldStartStorageRows: number;
 }
 
 export interface PriceModel {
@@ -60,8 +73,8 @@ export interface PriceModel {
   perMillionRequests: { workerRequests: number; objectRequests: number; cpu: number; total: number };
   /** One pool kept warm for an hour: its object's duration, and its heartbeats (an alarm and a budget report each). */
   warmPoolHour: { duration: number; heartbeats: number; total: number };
-  /** One cold start beyond the request that caused it: objects' requests, CPU, Postgres CPU. */
-  coldStart: { objectRequests: number; cpu: number; postgres: number; total: number };
+  /** One cold start beyond the request that caused it (and the stop that ends it): objects' requests, storage rows, CPU, Postgres CPU. */
+  coldStart: { objectRequests: number; storage: number; cpu: number; postgres: number; total: number };
   /**
    * How long after its last request a warm pool costs what one cold start costs: the rent-or-buy
    * break-even (docs/adr/021-idle-timeout-from-price.md).
@@ -122,11 +135,12 @@ export function priceModel(inputs: PriceInputs): PriceModel {
   const neonCpuMs = prices.neonCuHour / 3_600_000;
   const coldStart = {
     objectRequests: (coldStartObjectRequests * prices.objectRequestPerMillion) / 1e6,
+    storage: (inputs.coldStartStorageRows * prices.objectRowsWrittenPerMillion) / 1e6,
     cpu: (inputs.coldStartCpuMs * prices.workerCpuMsPerMillion) / 1e6,
     postgres: inputs.coldStartPostgresCpuMs * neonCpuMs,
     total: 0,
   };
-  coldStart.total = coldStart.objectRequests + coldStart.cpu + coldStart.postgres;
+  coldStart.total = coldStart.objectRequests + coldStart.storage + coldStart.cpu + coldStart.postgres;
 
   const warmPerSecond = warmPoolHour.total / 3600;
   const breakEvenIdleSeconds = coldStart.total / warmPerSecond;
@@ -165,13 +179,13 @@ export function priceTable(model: PriceModel): string {
   const m = model;
   const lines = [
     `Prices read ${m.prices.readOn}: Workers ${usd(m.prices.workerRequestPerMillion)}/M requests and ${usd(m.prices.workerCpuMsPerMillion)}/M CPU ms; Durable Objects ${usd(m.prices.objectRequestPerMillion)}/M requests and ${usd(m.prices.objectGbSecondPerMillion)}/M GB-s at ${m.prices.objectMemoryGb * 1024} MB; Neon ${usd(m.prices.neonCuHour, 3)}/CU-hour (Launch).`,
-    `Measured in this run: ${m.inputs.cpuMsPerRequest.toFixed(2)} ms isolate CPU per warm request; a cold start ${m.inputs.coldStartCpuMs.toFixed(1)} ms isolate CPU and ${m.inputs.coldStartPostgresCpuMs.toFixed(1)} ms Postgres CPU.`,
+    `Measured in this run: ${m.inputs.cpuMsPerRequest.toFixed(2)} ms isolate CPU per warm request; a cold start ${m.inputs.coldStartCpuMs.toFixed(1)} ms isolate CPU, ${m.inputs.coldStartPostgresCpuMs.toFixed(1)} ms Postgres CPU and ${m.inputs.coldStartStorageRows} storage rows written with its stop (outbox flush included).`,
     "",
     "| what | price |",
     "| --- | --- |",
     `| 1,000,000 warm \`/sql\` requests | ${usd(m.perMillionRequests.total)} (Worker requests ${usd(m.perMillionRequests.workerRequests)}, object requests ${usd(m.perMillionRequests.objectRequests)}, CPU ${usd(m.perMillionRequests.cpu, 3)}) |`,
     `| one pool warm for an hour | ${usd(m.warmPoolHour.total, 5)} (duration ${usd(m.warmPoolHour.duration, 5)}, heartbeats ${usd(m.warmPoolHour.heartbeats, 5)}); ${usd(m.warmPoolHour.total * (monthSeconds / 3600))} a month |`,
-    `| one cold start | ${usd(m.coldStart.total, 7)} (object requests ${usd(m.coldStart.objectRequests, 7)}, CPU ${usd(m.coldStart.cpu, 7)}, Postgres ${usd(m.coldStart.postgres, 7)}) |`,
+    `| one cold start and its stop | ${usd(m.coldStart.total, 7)} (object requests ${usd(m.coldStart.objectRequests, 7)}, storage rows ${usd(m.coldStart.storage, 7)}, CPU ${usd(m.coldStart.cpu, 7)}, Postgres ${usd(m.coldStart.postgres, 7)}) |`,
     `| idle time at which a warm pool has cost one cold start | ${m.breakEvenIdleSeconds.toFixed(1)} s |`,
     "",
     "| fleet | warm share | requests / tenant / month | cold starts / tenant / month | Workers | object requests | warm pools | cold starts | month | per tenant |",

@@ -98,6 +98,8 @@ export interface StormResult {
   singleColdMedianMs: number;
   /** CPU ms each single cold start cost, by process group (measured from /proc around the request). */
   singleColdCpuMs?: { workerdWorker: number[]; postgres: number[]; wsProxy: number[] };
+  /** Rows the tenant object's storage wrote for each single cold start, and for stopping it again. */
+  singleColdStorageRows?: { start: number[]; stop: number[] };
   /** The same burst again, now that the pool is warm: what queueing alone costs. */
   warmBurst: {
     requests: number;

@@ -31,7 +31,7 @@ import {
   requestTimeoutMs,
   runLoad,
 } from "./load.ts";
-import { priceModel, priceTable } from "./price.ts";
+import { outboxFlushRowsPerCycle, priceModel, priceTable } from "./price.ts";
 import {
   buildWorker,
   type CpuGroups,
@@ -428,6 +428,8 @@ async function provision(
 interface Runtime {
   state: string;
   generation: number;
+  /** Rows the tenant object's storage wrote since its instance started. */
+  storageRowsWritten: number;
 }
 
 async function runtimeOf(base: string, adminKey: string, id: string): Promise<Runtime> {
@@ -436,7 +438,11 @@ async function runtimeOf(base: string, adminKey: string, id: string): Promise<Ru
   if (!runtime || typeof runtime.state !== "string" || typeof runtime.generation !== "number") {
     throw new Error(`GET /v1/tenants/${id} returned no runtime`);
   }
-  return { state: runtime.state, generation: runtime.generation };
+  return {
+    state: runtime.state,
+    generation: runtime.generation,
+    storageRowsWritten: typeof runtime.storageRowsWritten === "number" ? runtime.storageRowsWritten : 0,
+  };
 }
 
 // ── Superuser access to the bench's Postgres ─────────────────────────────────────────────────────
@@ -520,6 +526,8 @@ async function coldAndStorm(
   progress(`cold starts: ${cold.length} fresh tenants, one request each`);
   const singleColdMs: number[] = [];
   const singleColdCpu: CpuSample[] = [];
+  const rowsPerStart: number[] = [];
+  const rowsPerStop: number[] = [];
   for (const tenant of cold) {
     const before = await runtimeOf(base, adminKey, tenant.id);
     if (before.state !== "stopped" || before.generation !== 0) {
@@ -532,7 +540,17 @@ async function coldAndStorm(
     check("select1", await sql.query("SELECT 1 AS n"), 0);
     singleColdMs.push(performance.now() - begin);
     singleColdCpu.push(groups ? cpuDelta(cpuBefore, sampleCpu(groups)) : zeroCpu());
+    // What the start wrote to the object's storage, and what stopping the pool again writes (an
+    // operator drain of an idle pool takes the idle stop's path).
+    const started = await runtimeOf(base, adminKey, tenant.id);
+    rowsPerStart.push(started.storageRowsWritten - before.storageRowsWritten);
+    await admin(base, adminKey, `/v1/tenants/${tenant.id}/drain`, {});
+    const drained = await runtimeOf(base, adminKey, tenant.id);
+    rowsPerStop.push(drained.storageRowsWritten - started.storageRowsWritten);
   }
+  progress(
+    `  storage rows written: per start ${rowsPerStart.join(", ")}; per stop ${rowsPerStop.join(", ")}`,
+  );
   progress(`  single cold starts: ${singleColdMs.map((v) => v.toFixed(0)).join(", ")} ms`);
   const coldCpuMs = (pick: (cpu: CpuSample) => number) =>
     singleColdCpu.map((cpu) => Math.round(pick(cpu) * 1000));
@@ -622,6 +640,7 @@ async function coldAndStorm(
       postgres: coldCpuMs((c) => c.postgres),
       wsProxy: coldCpuMs((c) => c.wsProxy),
     },
+    singleColdStorageRows: { start: rowsPerStart, stop: rowsPerStop },
     warmBurst: {
       requests: stormSize,
       errors: warm.errors,
@@ -1235,6 +1254,10 @@ async function main(): Promise<number> {
     cpuMsPerRequest: lessorC8?.cpuMsPerRequest.workerdWorker ?? 0,
     coldStartCpuMs: median(stormResult.singleColdCpuMs?.workerdWorker),
     coldStartPostgresCpuMs: median(stormResult.singleColdCpuMs?.postgres),
+    coldStartStorageRows:
+      median(stormResult.singleColdStorageRows?.start) +
+      median(stormResult.singleColdStorageRows?.stop) +
+      outboxFlushRowsPerCycle,
   });
   const verdict = verdictLine(targets, measurements);
   const errors =

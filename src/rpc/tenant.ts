@@ -83,6 +83,8 @@ export interface TenantRuntimeStatus {
   rotatingTo: number | null;
   /** An erase holds the gate closed. */
   erasing: boolean;
+  /** Rows this object instance's storage has written since it started (Cloudflare bills rows written). */
+  storageRowsWritten: number;
   /** The pool's size against its floor and maximum, and what the object observed (adaptive admission). */
   pool: PoolSizeStatus | null;
 }

@@ -240,6 +240,7 @@ export class TenantObject extends DurableObject<Env> {
       retiring: this.pool.retiringStatus,
       rotatingTo: lc.rotatingTo,
       erasing: this.rt.erasing,
+      storageRowsWritten: this.rt.storage.rowsWritten,
       pool: this.pool.sizing.status(),
     };
   }

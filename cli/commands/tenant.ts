@@ -20,7 +20,8 @@ export function statusLine(tenant: PublicTenant, runtime: TenantRuntimeStatus): 
     tenant: tenant.id,
     generation: runtime.generation,
     state: runtime.state,
-    pool_size: runtime.pool?.size ?? runtime.poolSize,
+    // The pool's size now, or (no pool open) what a start reserves.
+    pool_size: runtime.pool ? (runtime.pool.size ?? runtime.pool.start) : runtime.poolSize,
     pool_floor: runtime.pool?.floor,
     pool_max: runtime.pool?.max ?? runtime.poolSize,
     peak: runtime.pool?.observed?.peak ?? runtime.pool?.lastObserved?.peak,

@@ -77,8 +77,10 @@ export class SessionLeases {
     try {
       const record = await this.auth.authenticate(tenantId, proof);
       const ttl = Math.min(Math.max(1_000, Math.floor(ttlMs)), this.rt.config.leaseMaxTtlMs);
-      // Checked and counted with no await in between: the limit holds under concurrency.
-      if (this.sessions.size + this.opening >= record.poolSize) {
+      // Checked and counted with no await in between: the limit holds under concurrency. The limit
+      // is the most connections the pool may hold: its tier's maximum on an adaptive host (it grows
+      // to hold them), its size on a fixed one.
+      if (this.sessions.size + this.opening >= this.pool.sizing.bounds(record).max) {
         throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
       }
       this.opening++;

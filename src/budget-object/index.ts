@@ -67,6 +67,8 @@ interface Waiter {
   size: number;
   /** A start's floor on an adaptive host; null for a fixed-size pool. */
   floor: number | null;
+  /** A growth's bound: the pool's tier's maximum (null for a start). */
+  max: number | null;
 }
 
 /** What a waiter is answered: a start's admission, or a growth's. */
@@ -152,7 +154,7 @@ export class BudgetObject extends DurableObject<Env> {
       return saturated(host, false);
     }
     const result = this.waiters.wait(
-      { kind: "start", tenantId, generation, size, floor: adaptiveFloor },
+      { kind: "start", tenantId, generation, size, floor: adaptiveFloor, max: null },
       budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
       () => {
         this.ledger.bump("saturations");
@@ -166,10 +168,11 @@ export class BudgetObject extends DurableObject<Env> {
   /**
    * Admits a growth of an allocated adaptive pool by `by` connections (never past `max`, its tier's
    * maximum): granted at once if it fits and nothing waits; otherwise it takes its place in the
-   * line starts wait in (FIFO: it never jumps ahead of a start that waited first, and starts that
-   * come later wait behind it). A growth is served by free room or by idle connections taken back
-   * from other pools, never by evicting a pool; when nothing can serve it, it leaves the line at
-   * once, refused, rather than hold the starts behind it.
+   * line starts wait in (FIFO: it never jumps ahead of a start that waited first, and while idle
+   * connections are taken back for it, starts that come later wait behind it). A growth is served by
+   * free room or by idle connections taken back from other pools, never by evicting a pool; when
+   * nothing can serve it, it leaves the line at once, refused, rather than hold the starts behind it
+   * (docs/adr/022, the fairness rule).
    */
   async grow(
     hostName: string,
@@ -195,7 +198,7 @@ export class BudgetObject extends DurableObject<Env> {
     };
     if (this.waiters.full) return refused("starts_waiting");
     const result = this.waiters.wait(
-      { kind: "grow", tenantId, generation, size: step, floor: null },
+      { kind: "grow", tenantId, generation, size: step, floor: null, max },
       budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
       () => refused("starts_waiting"),
     );
@@ -241,7 +244,7 @@ export class BudgetObject extends DurableObject<Env> {
       return saturated(host, false);
     }
     return this.rotationWaiters.wait(
-      { kind: "start", tenantId, generation, size, floor: adaptiveFloor },
+      { kind: "start", tenantId, generation, size, floor: adaptiveFloor, max: null },
       waitMs,
       () => {
         this.ledger.bump("rotations_refused");
@@ -573,12 +576,14 @@ export class BudgetObject extends DurableObject<Env> {
       if (head.kind === "grow") {
         // The pool stopped (or was evicted) while its growth waited: nothing to grow.
         const row = this.ledger.find(head.tenantId, head.generation);
-        if (row?.phase !== "allocated")
+        // The tier's maximum, again: the pool may have changed while its growth waited.
+        const step = row ? Math.min(head.size, (head.max ?? row.size) - row.size) : 0;
+        if (row?.phase !== "allocated" || step <= 0)
           return { granted: false, reason: "not_allocated", waiting: this.waiters.length - 1 };
-        if (!fits(this.ledger.rows(), host.budget, head.size)) return null;
-        this.ledger.resize(head.tenantId, head.generation, head.size);
-        this.ledger.bump("growths", head.size);
-        return { granted: true, by: head.size };
+        if (!fits(this.ledger.rows(), host.budget, step)) return null;
+        this.ledger.resize(head.tenantId, head.generation, step);
+        this.ledger.bump("growths", step);
+        return { granted: true, by: step };
       }
       return fits(this.ledger.rows(), host.budget, head.size) ? this.reserveFor(head, "admissions") : null;
     });

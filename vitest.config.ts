@@ -61,6 +61,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
               local: { connections: 300, reserve: 10 },
               small: { connections: 12, reserve: 2 },
               tiny: { connections: 12, reserve: 2 },
+              // Pools 10: the wire endpoint's budget storm (wire-budget.test.ts).
+              wire: { connections: 12, reserve: 2 },
               // Pools 10 + rotation reserve 5: exactly one standard pool may overlap.
               rot: { connections: 12, reserve: 2, rotationReserve: 5 },
               // Pools 7 + rotation reserve 1: a standard pool's rotation never fits, a free one's only after a release.

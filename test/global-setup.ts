@@ -108,6 +108,8 @@ async function startTestStack(
       small: admin,
       // Another small host, for the maintenance tests (each file's budgets are its own, but Postgres is shared).
       tiny: admin,
+      // The wire endpoint's budget storm (wire-budget.test.ts).
+      wire: admin,
       // Hosts for the rotation tests: one with a rotation reserve that fits an overlap, one without room.
       rot: admin,
       rotfull: admin,

@@ -60,8 +60,14 @@ export const campaignDefaults = {
   stabilityWindowMs: 15 * 60_000,
   /** Attempts before a tenant that keeps being skipped (leases held, unreachable) is given up on. */
   maxAttempts: 10,
-  /** A claim older than this is presumed dead (its runner was killed) and may be claimed again. */
-  claimTimeoutMs: 10 * 60_000,
+  /**
+   * A claim older than this is presumed dead (its runner was killed) and may be claimed again. A
+   * live tick records every claim within its own bound (30 s; a migration still running then is
+   * deferred, not left claimed), so two minutes is past any live one; a longer timeout only kept a
+   * killed tick's tenants off the host's migration cap (the chaos soak: two idle minutes, issue 32).
+   * Claiming again is safe: the database's ledger applies nothing twice.
+   */
+  claimTimeoutMs: 2 * 60_000,
 } as const;
 
 export type CanaryChoice =

@@ -29,18 +29,73 @@ export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>>
   return { ...opened };
 }
 
-/** Applies the WebSocket settings for this deployment (idempotent, per isolate). */
+/** The driver settings of one connection (the Neon driver's per-client `neonConfig`). */
+interface SocketSettings {
+  webSocketConstructor: unknown;
+  wsProxy: string | ((host: string, port: number | string) => string);
+  useSecureWebSocket: boolean;
+  pipelineTLS: boolean;
+  pipelineConnect: "password" | false;
+  forceDisablePgSSL: boolean;
+  coalesceWrites: boolean;
+}
+
+/**
+ * The driver settings for this deployment. Applied to every connection Lessor opens, one by one, so
+ * nothing else in the isolate that sets the driver's global `neonConfig` (an app's code, a test
+ * pointing `wsProxy` at Lessor's own wire endpoint) changes how Lessor reaches its databases.
+ */
+function socketSettings(config: LessorConfig): SocketSettings {
+  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
+  const webSocketConstructor = PromptCloseWebSocket;
+  if (config.wsProxy) {
+    const proxy = config.wsProxy;
+    return {
+      webSocketConstructor,
+      wsProxy: (host, port) => `${proxy}/v2?address=${host}:${port}`,
+      useSecureWebSocket: false,
+      pipelineTLS: false,
+      pipelineConnect: false,
+      forceDisablePgSSL: true,
+      coalesceWrites: true,
+    };
+  }
+  return {
+    webSocketConstructor,
+    wsProxy: (host) => `${host}/v2`,
+    useSecureWebSocket: true,
+    pipelineTLS: false,
+    pipelineConnect: "password",
+    forceDisablePgSSL: true,
+    coalesceWrites: true,
+  };
+}
+
+/**
+ * Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global
+ * one), then a customer's tunnel where it has one (`routeClient`).
+ */
+function configure<C extends Client>(client: C, config: LessorConfig, route?: TunnelRoute): C {
+  Object.assign((client as unknown as { neonConfig: object }).neonConfig, socketSettings(config));
+  routeClient(client, route);
+  return client;
+}
+
+/**
+ * Sets the driver's global defaults for this deployment (idempotent, per isolate). Lessor's own
+ * connections do not depend on it (each carries its settings); it is for code that uses the driver
+ * with its defaults in the same isolate (the tests' own connections).
+ */
 export function configureDriver(config: LessorConfig): void {
   if (configuredProxy === config.wsProxy) return;
   configuredProxy = config.wsProxy;
-  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
-  neonConfig.webSocketConstructor = PromptCloseWebSocket;
+  const settings = socketSettings(config);
+  neonConfig.webSocketConstructor = settings.webSocketConstructor as typeof WebSocket;
   if (config.wsProxy) {
-    const proxy = config.wsProxy;
-    neonConfig.wsProxy = (host, port) => `${proxy}/v2?address=${host}:${port}`;
-    neonConfig.useSecureWebSocket = false;
-    neonConfig.pipelineTLS = false;
-    neonConfig.pipelineConnect = false;
+    neonConfig.wsProxy = settings.wsProxy;
+    neonConfig.useSecureWebSocket = settings.useSecureWebSocket;
+    neonConfig.pipelineTLS = settings.pipelineTLS;
+    neonConfig.pipelineConnect = settings.pipelineConnect;
   }
 }
 
@@ -199,6 +254,33 @@ export class SettlingClient extends Client {
   }
 }
 
+/** A `SettlingClient` class whose connections carry this deployment's driver settings. */
+function configuredClientClass(config: LessorConfig): typeof SettlingClient {
+  return class ConfiguredClient extends SettlingClient {
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config);
+    }
+  };
+}
+
+const serverParametersOf = new WeakMap<object, Map<string, string>>();
+
+/**
+ * The parameters the server reported when the connection started (ParameterStatus: its version,
+ * encoding, date style, time zone, …), as a tenant connection recorded them; empty for any other.
+ */
+export function serverParameters(client: object): ReadonlyMap<string, string> {
+  return serverParametersOf.get(client) ?? new Map();
+}
+
+interface ParameterSource {
+  on(
+    event: "parameterStatus",
+    listener: (message: { parameterName: string; parameterValue: string }) => void,
+  ): void;
+}
+
 /**
  * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
  * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
@@ -249,16 +331,25 @@ const phasedHandlers = {
   },
 };
 
-/** A driver `Client` class whose connections carry a fresh login token and the session limits. */
-function tenantClientClass(options: TenantConnectionOptions): typeof SettlingClient {
+/**
+ * A driver `Client` class whose connections carry this deployment's driver settings (or their
+ * tunnel's), a fresh login token and the session limits, and record the parameters the server
+ * reports (the wire endpoint's greeting repeats them, src/tenant-object/wire.ts).
+ */
+function tenantClientClass(config: LessorConfig, options: TenantConnectionOptions): typeof SettlingClient {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
   const mintToken = options.loginToken;
   const TenantClient = class TenantClient extends SettlingClient {
     private loginToken = "";
 
-    constructor(config?: ConstructorParameters<typeof Client>[0]) {
-      super(config);
-      routeClient(this, options.route);
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config, options.route);
+      const parameters = new Map<string, string>();
+      serverParametersOf.set(this, parameters);
+      (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
+        parameters.set(message.parameterName, message.parameterValue);
+      });
     }
 
     override connect(): Promise<void>;
@@ -296,7 +387,6 @@ export function openPool(
   target: ConnectionTarget,
   options: TenantConnectionOptions & { max: number; onError: (error: Error, client?: object) => void },
 ): Pool {
-  configureDriver(config);
   const { route, ...address } = target;
   const pool = new Pool({
     ...address,
@@ -307,7 +397,7 @@ export function openPool(
     application_name: options.applicationName,
   });
   // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
-  pool.Client = tenantClientClass({ ...options, ...(route ? { route } : {}) });
+  pool.Client = tenantClientClass(config, { ...options, ...(route ? { route } : {}) });
   pool.on("error", options.onError);
   return pool;
 }
@@ -321,7 +411,6 @@ export function openControlPlanePool(
   connectionString: string,
   onError: (error: Error) => void,
 ): Pool {
-  configureDriver(config);
   const pool = new Pool({
     connectionString,
     max: config.controlPlanePoolSize,
@@ -329,7 +418,7 @@ export function openControlPlanePool(
     connectionTimeoutMillis: 10_000,
     application_name: "lessor-control-plane",
   });
-  pool.Client = SettlingClient;
+  pool.Client = configuredClientClass(config);
   pool.on("connect", () => {
     opened.control_plane++;
   });
@@ -420,9 +509,8 @@ export function withTenantConnection<T>(
   options: TenantConnectionOptions,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   const { route, ...address } = target;
-  const TenantClient = tenantClientClass({ ...options, ...(route ? { route } : {}) });
+  const TenantClient = tenantClientClass(config, { ...options, ...(route ? { route } : {}) });
   return withClient(
     new TenantClient({
       ...address,
@@ -444,14 +532,16 @@ export function withConnection<T>(
   applicationName: string,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.control_plane++;
   return withClient(
-    new SettlingClient({
-      connectionString,
-      application_name: applicationName,
-      connectionTimeoutMillis: 10_000,
-    }),
+    configure(
+      new SettlingClient({
+        connectionString,
+        application_name: applicationName,
+        connectionTimeoutMillis: 10_000,
+      }),
+      config,
+    ),
     work,
   );
 }
@@ -467,15 +557,17 @@ export function withPrivilegedConnection<T>(
   deadlineMs: number,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.host_admin++;
   return withClient(
-    new SettlingClient({
-      connectionString,
-      application_name: applicationName,
-      connectionTimeoutMillis: 10_000,
-      options: startupOptions(privilegedSessionSettings(deadlineMs)),
-    }),
+    configure(
+      new SettlingClient({
+        connectionString,
+        application_name: applicationName,
+        connectionTimeoutMillis: 10_000,
+        options: startupOptions(privilegedSessionSettings(deadlineMs)),
+      }),
+      config,
+    ),
     (client) => underDeadline(config, targetOfUrl(connectionString), client, deadlineMs, () => work(client)),
   );
 }
@@ -494,16 +586,18 @@ export function withCustomerConnection<T>(
   deadlineMs: number,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.tenant++;
   const { route, ...address } = target;
-  const client = new SettlingClient({
-    ...address,
-    application_name: applicationName,
-    connectionTimeoutMillis: connectTimeoutOf(target),
-    options: startupOptions(privilegedSessionSettings(deadlineMs)),
-  });
-  routeClient(client, route);
+  const client = configure(
+    new SettlingClient({
+      ...address,
+      application_name: applicationName,
+      connectionTimeoutMillis: connectTimeoutOf(target),
+      options: startupOptions(privilegedSessionSettings(deadlineMs)),
+    }),
+    config,
+    route,
+  );
   return withClient(client, (connected) =>
     underDeadline(config, target, connected, deadlineMs, () => work(connected)),
   );
@@ -512,32 +606,44 @@ export function withCustomerConnection<T>(
 interface Cancellable {
   activeQuery?: unknown;
   processID?: number | null;
+  secretKey?: number | null;
 }
 
 /**
  * Sends Postgres a CancelRequest for whatever `client` is running, on a short connection of its own
  * (a cancel is no login: it needs no password and no login token). Best effort: a cancel that
  * arrives after the statement finished may hit the next one, so the caller must not reuse the
- * connection afterwards.
+ * connection afterwards. By default only while the driver itself runs a query on it; `always`
+ * cancels whatever the backend runs (a connection whose traffic Lessor relays, src/tenant-object/wire.ts).
  */
-export function sendCancel(config: LessorConfig, target: ConnectionTarget, client: object): void {
-  configureDriver(config);
+export function sendCancel(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  client: object,
+  always = false,
+): void {
   const busy = client as unknown as Cancellable;
-  if (!busy.activeQuery || !busy.processID) return;
-  const canceller = new Client({
-    host: target.host,
-    port: target.port,
-    user: target.user,
-    database: target.database,
-  });
+  if ((!always && !busy.activeQuery) || !busy.processID) return;
   // A customer's database is reached through its tunnel, its cancel too.
-  routeClient(canceller, target.route);
+  const canceller = configure(
+    new Client({
+      host: target.host,
+      port: target.port,
+      user: target.user,
+      database: target.database,
+    }),
+    config,
+    target.route,
+  );
   canceller.on("error", () => undefined);
   (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(
     "error",
     () => undefined,
   );
-  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
+  // The driver cancels "the query the client runs"; a stand-in carries the backend's key either way.
+  const query = busy.activeQuery ?? {};
+  const running = { activeQuery: query, processID: busy.processID, secretKey: busy.secretKey };
+  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(running, query);
 }
 
 /**

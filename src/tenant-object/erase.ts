@@ -46,6 +46,7 @@ import type { TenantAuth } from "./auth.ts";
 import type { TenantPool } from "./pool.ts";
 import type { EraseGate, TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
+import type { WireConnections } from "./wire.ts";
 
 /** Claims older than this are dead, as the campaign runner presumes (core/campaign.ts). */
 const campaignClaimTimeoutMs = 10 * 60_000;
@@ -70,6 +71,7 @@ export class TenantErase {
     private readonly auth: TenantAuth,
     private readonly pool: TenantPool,
     private readonly sessions: SessionLeases,
+    private readonly wire: WireConnections,
   ) {
     this.provider = localPostgresProvider(rt.env, rt.config);
   }
@@ -417,6 +419,8 @@ export class TenantErase {
         this.sessions.end(session, new Error("tenant erased"), "lost");
         forcedSessions++;
       }
+      forcedSessions += this.wire.size;
+      this.wire.endAll(new LessorError("tenant_erasing", { retryAfterSeconds: 5 }));
       ended = await this.pool.waitForNoLeases(1_000);
       if (!ended && rt.record) {
         backendsEnded = await this.pool.credentials.fence(rt.record, "erase");
@@ -425,6 +429,8 @@ export class TenantErase {
       if (!ended) throw new Error(`${this.pool.leases} lease(s) would not end`);
       logEvent("warn", "erase_leases_forced", { tenant: rt.tenantId, forcedSessions, backendsEnded });
     }
+    // Wire connections between transactions hold no lease, but they end with the tenant too.
+    this.wire.endAll(new LessorError("tenant_erasing", { retryAfterSeconds: 5 }));
     return { leasesHeld: held, waitedMs: Date.now() - started, forcedSessions, backendsEnded };
   }
 

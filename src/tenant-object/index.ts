@@ -13,6 +13,7 @@
  *     sizing.ts     adaptive pool size: observed use, growth and shrink (the policy is core/adaptive.ts)
  *     query.ts      `/sql` on a pooled connection (execute.ts speaks the protocol)
  *     sessions.ts   session leases, TTL, reclaim
+ *     wire.ts       Postgres wire protocol connections (transaction and session mode)
  *     drain.ts      operator drain and budget eviction
  *     migrate.ts    schema migrations under the object
  *     rotation.ts   credential rotation through overlapping generations
@@ -38,6 +39,7 @@ import type {
   TenantRuntimeStatus,
   Verdict,
 } from "../rpc/tenant.ts";
+import { parseWireOpen, wireOpenHeader } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import { TenantAuth } from "./auth.ts";
 import { TenantDrain } from "./drain.ts";
@@ -49,6 +51,7 @@ import { TenantQueries } from "./query.ts";
 import { CredentialRotation } from "./rotation.ts";
 import { type EraseGate, TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
+import { WireConnections } from "./wire.ts";
 
 export class TenantObject extends DurableObject<Env> {
   private readonly rt: TenantRuntime;
@@ -56,6 +59,7 @@ export class TenantObject extends DurableObject<Env> {
   private readonly pool: TenantPool;
   private readonly queries: TenantQueries;
   private readonly sessions: SessionLeases;
+  private readonly wire: WireConnections;
   private readonly drains: TenantDrain;
   private readonly migration: SchemaMigration;
   private readonly rotation: CredentialRotation;
@@ -86,10 +90,11 @@ export class TenantObject extends DurableObject<Env> {
     });
     this.queries = new TenantQueries(rt, this.auth, this.pool);
     this.sessions = new SessionLeases(rt, this.auth, this.pool);
-    this.drains = new TenantDrain(rt, this.pool, this.sessions);
+    this.wire = new WireConnections(rt, this.auth, this.pool, this.sessions);
+    this.drains = new TenantDrain(rt, this.pool, this.sessions, this.wire);
     this.migration = new SchemaMigration(rt, this.auth, this.pool);
     this.rotation = new CredentialRotation(rt, this.auth, this.pool);
-    this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions);
+    this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions, this.wire);
     ctx.blockConcurrencyWhile(() => this.load());
   }
 
@@ -135,6 +140,8 @@ export class TenantObject extends DurableObject<Env> {
   async configure(record: TenantRecord): Promise<void> {
     await this.auth.install(record);
     this.sessions.endLeasesOfRemovedKeys(record);
+    this.wire.endForRemovedKeys(record);
+    if (record.status === "disabled") this.wire.endAll(new LessorError("tenant_disabled"));
   }
 
   /** Pins or unpins the pool: a pinned pool is never chosen as an eviction victim. */
@@ -190,6 +197,26 @@ export class TenantObject extends DurableObject<Env> {
 
   closeSession(tenantId: string, proof: KeyProof, token: string): Promise<Verdict> {
     return this.counted(this.sessions.close(tenantId, proof, token));
+  }
+
+  /**
+   * A wire connection the edge authenticated (src/routes/wire.ts): the key hash is checked here too,
+   * and the answer is the WebSocket its traffic crosses, or a JSON refusal (wire.ts).
+   */
+  override async fetch(request: Request): Promise<Response> {
+    const open = parseWireOpen(request.headers.get(wireOpenHeader));
+    if (!open || request.headers.get("Upgrade")?.toLowerCase() !== "websocket") {
+      return Response.json(
+        { error: new LessorError("not_found").toWire(), authenticated: false },
+        { status: 404 },
+      );
+    }
+    return this.counted(this.wire.accept(open));
+  }
+
+  /** A CancelRequest for the wire connection with this cancel key; true if a statement was cancelled. */
+  async cancelWire(pid: number, secret: number): Promise<boolean> {
+    return this.wire.cancel(pid, secret);
   }
 
   /**

@@ -48,7 +48,15 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
         miniflare: {
           bindings: {
             LESSOR_ADMIN_KEY: "test-admin-key",
-            LESSOR_POOL_SIZES: JSON.stringify({ free: 2, standard: 5, pro: 6, solo: 1 }),
+            // elastic: a pool of 2 on a fixed host; on an adaptive one it starts at 2 and moves from the
+            // host's floor up to 6 (adaptive.test.ts).
+            LESSOR_POOL_SIZES: JSON.stringify({
+              free: 2,
+              standard: 5,
+              pro: 6,
+              solo: 1,
+              elastic: { size: 2, max: 6 },
+            }),
             LESSOR_BUDGETS: JSON.stringify({
               local: { connections: 300, reserve: 10 },
               small: { connections: 12, reserve: 2 },
@@ -61,6 +69,13 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
               rotfull: { connections: 9, reserve: 2, rotationReserve: 1 },
               faulty: { connections: 100, reserve: 4 },
               silent: { connections: 20, reserve: 2 },
+              // Adaptive admission (adaptive.test.ts): pools share 10 and move between a floor of 1 and
+              // their tier's maximum; a window of 2 s so a test sees a pool shrink.
+              adaptive: {
+                connections: 12,
+                reserve: 2,
+                adaptive: { floor: 1, growthStep: 1, windowMs: 2_000 },
+              },
               // A fleet of 100 one-connection pools, restarted at once (mass-restart.test.ts).
               mass: { connections: 120, reserve: 10 },
               // The hosts of host-kinds.test.ts.

@@ -125,6 +125,8 @@ async function startTestStack(
       logged: { url: as("lessor_admin_logged"), locationHint: "weur" },
       // The mass restart's fleet (mass-restart.test.ts).
       mass: admin,
+      // Adaptive admission's host (adaptive.test.ts).
+      adaptive: admin,
     }),
   );
   project.provide("wsProxy", stack.wsProxy);

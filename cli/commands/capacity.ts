@@ -39,6 +39,8 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       reserve: status.reserve,
       leases: status.leases,
     }),
+    // A host's pools by use (adaptive admission); a tunnel's pools keep their size.
+    ...(tunnel ? [] : [pooledLine(status)]),
     kv("maintenance", {
       in_use: status.maintenance?.inUse ?? 0,
       reserve: status.reserve,
@@ -56,6 +58,22 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       }),
     ),
   ];
+}
+
+/** A host's pooled connections by use, and what adaptive admission did on it. */
+function pooledLine(status: CapacityStatus): string {
+  return kv("pooled", {
+    adaptive: status.adaptive?.enabled ? "on" : "off",
+    in_use: status.pooled?.inUse ?? 0,
+    idle: status.pooled?.idle ?? 0,
+    grown: status.pooled?.grown ?? 0,
+    shrunk: status.pooled?.shrunk ?? 0,
+    growths: status.adaptive?.growths ?? 0,
+    growths_refused: status.adaptive?.growthsRefused ?? 0,
+    shrinks: status.adaptive?.shrinks ?? 0,
+    reclaim_shrinks: status.adaptive?.reclaimShrinks ?? 0,
+    evictions: status.evictions,
+  });
 }
 
 /**
@@ -114,7 +132,8 @@ export function evictionLines(report: EvictionReport): string[] {
       size: p.size,
       idle: formatDuration(p.idleMs),
     };
-    if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
+    if (p.verdict === "shrink") lines.push(kv("shrink", { order: p.order, ...facts, take: p.take }));
+    else if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
     else if (p.verdict === "eligible_not_needed") lines.push(kv("eligible_not_needed", facts));
     else lines.push(kv("not_eligible", { ...facts, reason: p.reason, leases: p.leases }));
   }
@@ -135,10 +154,17 @@ export function register(program: Command, ctx: CommandContext): void {
 Output, per host:
   repos host=local ready=8 starting=1 draining=1 failed=2
   connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  pooled adaptive=on in_use=7 idle=38 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16
   maintenance in_use=1 reserve=4 waiting=0
   capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
   warning="…"   (what the host allows that is weaker than ideal; missing=… remedy=… if it cannot run Lessor)
   eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5   (up to 5, least recently used first)
+
+  pooled: allocated pools' connections in use (leases, as last reported) against idle; connections
+  grown past and shrunk below pools' start sizes now; and since the ledger was created, connections
+  added by growths, growths refused, connections pools gave back on their own (shrinks) and taken
+  back for a waiting start or growth (reclaim_shrinks), pools evicted (adaptive admission:
+  docs/capacity.md).
 
 Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every host:
   repos tunnel=acme-net ready=1 starting=0 draining=0 failed=0
@@ -206,7 +232,10 @@ Output, per host:
   eligible_not_needed tenant=t-120 generation=2 size=5 idle=12m
   not_eligible tenant=t-007 generation=9 size=5 idle=- reason=leased leases=2
 
-  outcome: fits (no eviction needed), evicts (the evict lines make room), saturated (evicting every
+  shrink order=1 tenant=t-042 generation=3 size=6 idle=- take=4   (adaptive hosts: idle connections taken back)
+
+  outcome: fits (no eviction needed), shrinks (taking idle connections back from adaptive pools makes
+  room), evicts (with the evict lines, they make room; shrinks come first), saturated (evicting every
   eligible pool would not: the start would wait, then get 503 capacity_saturated).
   reason: starting, draining, pinned, migrating, leased, or not_idle (in use, no idle time reported).
   Nothing is evicted: this reads the ledger with the same functions a real admission uses.`,

@@ -2,6 +2,7 @@
  * Typed configuration from the Worker's vars and secrets. Parsed once per isolate and per env
  * object; a bad value is a `misconfigured` error that names the setting, never its value.
  */
+import { type AdaptivePolicy, adaptiveBounds, defaultAdaptivePolicy } from "../core/adaptive.ts";
 import { type BudgetLimits, validateLimits } from "../core/budget.ts";
 import {
   type ContainmentLevel,
@@ -27,6 +28,11 @@ export interface DatabaseHost {
   containment: ContainmentLevel;
   /** Where Cloudflare should create the host's objects (a location hint), or null: near the first caller. */
   locationHint: LocationHint | null;
+  /**
+   * Adaptive admission on this host (docs/adr/022-adaptive-admission.md), or null: every pool holds
+   * its tier's size, as before. Off unless the host's budget says `"adaptive": true` (or settings).
+   */
+  adaptive: AdaptivePolicy | null;
 }
 
 /**
@@ -56,14 +62,24 @@ export interface BudgetSubject {
   locationHint: LocationHint | null;
   /** Set for a tunnel's budget. */
   tunnel: Tunnel | null;
+  /** Adaptive admission (docs/adr/022): a host's setting; a tunnel's pools keep their size. */
+  adaptive: AdaptivePolicy | null;
 }
 
 /** The host or tunnel a budget name names, or null. */
 export function budgetSubject(config: LessorConfig, name: string): BudgetSubject | null {
   const host = config.hosts.get(name);
-  if (host) return { name, budget: host.budget, locationHint: host.locationHint, tunnel: null };
+  if (host)
+    return {
+      name,
+      budget: host.budget,
+      locationHint: host.locationHint,
+      tunnel: null,
+      adaptive: host.adaptive,
+    };
   const tunnel = config.tunnelsByBudgetName.get(name);
-  if (tunnel) return { name, budget: tunnel.budget, locationHint: tunnel.locationHint, tunnel };
+  if (tunnel)
+    return { name, budget: tunnel.budget, locationHint: tunnel.locationHint, tunnel, adaptive: null };
   return null;
 }
 
@@ -74,7 +90,14 @@ export type LocationHint = (typeof locationHints)[number];
 export interface LessorConfig {
   idleTimeoutMs: number;
   maxBodyBytes: number;
+  /**
+   * Each tier's maximum pool size: a hard cap (the tenant role's `CONNECTION LIMIT` is this plus
+   * one). A fixed-size pool holds its tier's `poolStartSizes` entry, which is this unless the tier
+   * names a smaller `size`.
+   */
   poolSizes: ReadonlyMap<string, number>;
+  /** Each tier's size: what a pool holds on a fixed host, and what it starts with on an adaptive one. */
+  poolStartSizes: ReadonlyMap<string, number>;
   defaultTier: string;
   hosts: ReadonlyMap<string, DatabaseHost>;
   defaultHost: string;
@@ -218,6 +241,68 @@ function isLoopbackAddress(address: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }
 
+/**
+ * One `LESSOR_POOL_SIZES` tier: a size (the pool holds it, and can grow no further), or
+ * `{"size": n, "max": m}`: a fixed host's pools hold `n`; an adaptive host's start at `n` and move
+ * between the host's floor and `m` (docs/capacity.md).
+ */
+function tierEntry(tier: string, entry: unknown): { size: number; max: number } {
+  const isSize = (v: unknown): v is number =>
+    typeof v === "number" && Number.isInteger(v) && v >= 1 && v <= maxPoolSize;
+  if (typeof entry === "number") {
+    if (!isSize(entry))
+      fail("LESSOR_POOL_SIZES", `tier ${tier} must have a pool size from 1 to ${maxPoolSize}`);
+    return { size: entry, max: entry };
+  }
+  if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+    fail("LESSOR_POOL_SIZES", `tier ${tier} must be a pool size, or {"size": n, "max": m}`);
+  }
+  const { size, max = size, ...rest } = entry as Record<string, unknown>;
+  const unknown = Object.keys(rest);
+  if (unknown.length > 0) {
+    fail("LESSOR_POOL_SIZES", `tier ${tier} has unknown fields (${unknown.join(", ")}); known: size, max`);
+  }
+  if (!isSize(size))
+    fail("LESSOR_POOL_SIZES", `tier ${tier}: size must be a whole number from 1 to ${maxPoolSize}`);
+  if (!isSize(max))
+    fail("LESSOR_POOL_SIZES", `tier ${tier}: max must be a whole number from 1 to ${maxPoolSize}`);
+  if (max < size) fail("LESSOR_POOL_SIZES", `tier ${tier}: max (${max}) is smaller than size (${size})`);
+  return { size, max };
+}
+
+/**
+ * A host's `adaptive` budget setting: absent or `false` (fixed pools), `true` (the defaults), or
+ * `{"floor", "growthStep", "windowMs"}` (each optional; the rest default).
+ */
+function adaptivePolicy(host: string, raw: unknown): AdaptivePolicy | null {
+  if (raw === undefined || raw === false) return null;
+  if (raw === true) return { ...defaultAdaptivePolicy };
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
+    fail(
+      "LESSOR_BUDGETS",
+      `host ${host}: adaptive must be true, false, or {"floor", "growthStep", "windowMs"}`,
+    );
+  }
+  const policy = { ...defaultAdaptivePolicy };
+  for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
+    if (!(key in adaptiveBounds)) {
+      fail(
+        "LESSOR_BUDGETS",
+        `host ${host}: adaptive has an unknown field (${key}); known: ${Object.keys(adaptiveBounds).join(", ")}`,
+      );
+    }
+    const bounds = adaptiveBounds[key as keyof AdaptivePolicy];
+    if (typeof value !== "number" || !Number.isInteger(value) || value < bounds.min || value > bounds.max) {
+      fail(
+        "LESSOR_BUDGETS",
+        `host ${host}: adaptive.${key} must be a whole number from ${bounds.min} to ${bounds.max}`,
+      );
+    }
+    policy[key as keyof AdaptivePolicy] = value;
+  }
+  return policy;
+}
+
 /** Tunnel fields `LESSOR_TUNNELS` knows. */
 const tunnelFields = ["proxy", "capacity", "reserve", "connectTimeoutMs", "locationHint"];
 
@@ -289,11 +374,11 @@ export function loadConfig(env: Env): LessorConfig {
   const vars = env as unknown as Record<string, string | undefined>;
 
   const poolSizes = new Map<string, number>();
-  for (const [tier, size] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
-    if (typeof size !== "number" || !Number.isInteger(size) || size < 1 || size > maxPoolSize) {
-      fail("LESSOR_POOL_SIZES", `tier ${tier} must have a pool size from 1 to ${maxPoolSize}`);
-    }
-    poolSizes.set(tier, size);
+  const poolStartSizes = new Map<string, number>();
+  for (const [tier, entry] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
+    const { size, max } = tierEntry(tier, entry);
+    poolSizes.set(tier, max);
+    poolStartSizes.set(tier, size);
   }
   const defaultTier = poolSizes.has("standard") ? "standard" : [...poolSizes.keys()][0];
   if (!defaultTier) fail("LESSOR_POOL_SIZES", "names no tier");
@@ -326,7 +411,16 @@ export function loadConfig(env: Env): LessorConfig {
       connections,
       reserve = defaultReserve,
       rotationReserve = largestPool,
+      adaptive,
+      ...unknownBudget
     } = rawBudget as Record<string, unknown>;
+    const unknownFields = Object.keys(unknownBudget);
+    if (unknownFields.length > 0) {
+      fail(
+        "LESSOR_BUDGETS",
+        `host ${name} has unknown fields (${unknownFields.join(", ")}); known: connections, reserve, rotationReserve, adaptive`,
+      );
+    }
     const budget = {
       connections: Number(connections),
       reserve: Number(reserve),
@@ -343,6 +437,7 @@ export function loadConfig(env: Env): LessorConfig {
       kind,
       containment: declared.containment ?? "full",
       locationHint: declared.locationHint ?? null,
+      adaptive: adaptivePolicy(name, adaptive),
     });
   }
   const wsProxy = env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null;
@@ -365,6 +460,7 @@ export function loadConfig(env: Env): LessorConfig {
     idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 60_000),
     maxBodyBytes: positiveInt("LESSOR_MAX_BODY_BYTES", env.LESSOR_MAX_BODY_BYTES, 1024 * 1024),
     poolSizes,
+    poolStartSizes,
     defaultTier,
     hosts,
     defaultHost,

@@ -85,6 +85,35 @@ export interface TenantRuntimeStatus {
   erasing: boolean;
   /** Rows this object instance's storage has written since it started (Cloudflare bills rows written). */
   storageRowsWritten: number;
+  /** The pool's size against its floor and maximum, and what the object observed (adaptive admission). */
+  pool: PoolSizeStatus | null;
+}
+
+/** A pool's size and observed use (docs/adr/022-adaptive-admission.md), for `lessorctl status`. */
+export interface PoolSizeStatus {
+  /** Whether the pool's host runs adaptive admission; if not, start = floor = max = the tier's size. */
+  adaptive: boolean;
+  /** Connections the pool may hold now (null while no pool is open). */
+  size: number | null;
+  start: number;
+  floor: number;
+  max: number;
+  /** The current window, while a pool is open on an adaptive host. */
+  observed: {
+    windowMs: number;
+    coveredMs: number;
+    peak: number;
+    recentPeak: number;
+    mean: number;
+    waits: number;
+    meanWaitMs: number;
+    maxWaitMs: number;
+    refusals: number;
+  } | null;
+  /** The summary the last heartbeat kept (survives a restart of the object). */
+  lastObserved: { at: string; size: number; peak: number; mean: number } | null;
+  /** The size policy's last decision. */
+  lastDecision: { at: string; target: number; reason: string } | null;
 }
 
 /** The answer of a credential rotation: the generation now serving, and whether two overlapped. */

@@ -10,6 +10,7 @@
  *     storage.ts    the object's SQLite tables (storage-schema.ts, drizzle migrations)
  *     auth.ts       the tenant record and the key check
  *     pool.ts       admission, single-flight start, generation ledger, leases, stop
+ *     sizing.ts     adaptive pool size: observed use, growth and shrink (the policy is core/adaptive.ts)
  *     query.ts      `/sql` on a pooled connection (execute.ts speaks the protocol)
  *     sessions.ts   session leases, TTL, reclaim
  *     wire.ts       Postgres wire protocol connections (transaction and session mode)
@@ -26,7 +27,7 @@ import { recoverAfterRestart } from "../core/lifecycle.ts";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
-import type { EvictOutcome, GenerationCheck } from "../rpc/budget.ts";
+import type { EvictOutcome, GenerationCheck, ShrinkOutcome } from "../rpc/budget.ts";
 import type {
   EraseAnswer,
   KeyProof,
@@ -267,6 +268,7 @@ export class TenantObject extends DurableObject<Env> {
       rotatingTo: lc.rotatingTo,
       erasing: this.rt.erasing,
       storageRowsWritten: this.rt.storage.rowsWritten,
+      pool: this.pool.sizing.status(),
     };
   }
 
@@ -279,6 +281,14 @@ export class TenantObject extends DurableObject<Env> {
   /** Asked by the BudgetObject: stop this generation if it is idle right now. */
   evictIfIdle(generation: number): Promise<EvictOutcome> {
     return this.drains.evictIfIdle(generation);
+  }
+
+  /**
+   * Asked by the BudgetObject while a start or a growth waits: give back up to `want` idle
+   * connections of `generation` (adaptive hosts; see sizing.ts). Never a lease in use.
+   */
+  shrinkIdle(generation: number, want: number): Promise<ShrinkOutcome> {
+    return this.pool.sizing.shrinkIdle(generation, want);
   }
 
   /** For the orphan reaper: does this object still hold connections of `generation`? */

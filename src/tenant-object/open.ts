@@ -95,9 +95,10 @@ export class GenerationOpener {
     return sealed;
   }
 
-  open(record: TenantRecord, generation: number, credential: UnsealedCredential): Pool {
+  /** The generation's driver pool, holding at most `max` connections (its allowance; adaptive pools move it). */
+  open(record: TenantRecord, generation: number, credential: UnsealedCredential, max: number): Pool {
     return openPool(this.rt.config, credential.target, {
-      max: record.poolSize,
+      max,
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
@@ -119,6 +120,7 @@ export class GenerationOpener {
     record: TenantRecord,
     generation: number,
     credential: UnsealedCredential,
+    max: number,
   ): Promise<Pool> {
     try {
       await this.firstQuery(pool, record);
@@ -133,7 +135,7 @@ export class GenerationOpener {
       // A password or a CONNECT that drifted: the repair sets both back.
       if (code === "28P01" || code === "42501") await this.credentials.repair(record, credential, generation);
       else await this.credentials.fence(record, "role connection limit reached");
-      const retried = this.open(record, generation, credential);
+      const retried = this.open(record, generation, credential, max);
       try {
         await this.firstQuery(retried, record);
       } catch (again) {

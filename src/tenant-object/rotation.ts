@@ -196,14 +196,18 @@ export class CredentialRotation {
     const to = rt.lifecycle.rotatingTo ?? from + 1;
     rt.note(`rotation_started: generation ${to} prepares under a new credential`);
     const budget = rt.budget(record.host);
+    // The new generation holds what the current one holds now (a grown or shrunk pool keeps its size).
+    const size = this.pool.rotationSize(record);
+    const bounds = this.pool.sizing.bounds(record);
     let admitted: Awaited<ReturnType<typeof budget.admitRotation>>;
     try {
       admitted = await budget.admitRotation(
         record.host,
         record.tenantId,
         to,
-        record.poolSize,
+        size,
         rt.config.admissionWaitMs,
+        bounds.adaptive ? bounds.floor : null,
       );
     } catch (error) {
       await budget.release(record.host, record.tenantId, to).catch(() => undefined);
@@ -234,7 +238,7 @@ export class CredentialRotation {
       });
       await this.step(record, "resealed");
       const credential = await this.pool.credentials.credentialFor(next, password);
-      prepared = await this.pool.prepare(next, to, credential);
+      prepared = await this.pool.prepare(next, to, credential, size);
       await this.step(record, "prepared");
       const switched = rotationSwitched(rt.lifecycle, from);
       if (!switched) {

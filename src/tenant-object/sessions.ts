@@ -79,8 +79,10 @@ export class SessionLeases {
     try {
       const record = await this.auth.authenticate(tenantId, proof);
       const ttl = Math.min(Math.max(1_000, Math.floor(ttlMs)), this.rt.config.leaseMaxTtlMs);
-      // Checked and counted with no await in between: the limit holds under concurrency.
-      if (this.sessions.size + this.opening + this.wireHeld >= record.poolSize) {
+      // Checked and counted with no await in between: the limit holds under concurrency. The limit
+      // is the most connections the pool may hold: its tier's maximum on an adaptive host (it grows
+      // to hold them), its size on a fixed one.
+      if (this.sessions.size + this.opening + this.wireHeld >= this.pool.sizing.bounds(record).max) {
         throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
       }
       this.opening++;
@@ -130,11 +132,11 @@ export class SessionLeases {
   }
 
   /**
-   * Counts a session-mode wire connection against the same limit as session leases (the pool size),
-   * or refuses it with `lease_limit`; `releaseForWire` gives the slot back.
+   * Counts a session-mode wire connection against the same limit as session leases (the most
+   * connections the pool may hold), or refuses it with `lease_limit`; `releaseForWire` gives the slot back.
    */
   holdForWire(record: TenantRecord): void {
-    if (this.sessions.size + this.opening + this.wireHeld >= record.poolSize) {
+    if (this.sessions.size + this.opening + this.wireHeld >= this.pool.sizing.bounds(record).max) {
       throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
     }
     this.wireHeld++;

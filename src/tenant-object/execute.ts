@@ -119,6 +119,7 @@ class BoundedStatement implements PhasedSubmittable {
   private resolve: (result: RawResult) => void = () => undefined;
   private reject: (error: unknown) => void = () => undefined;
   private fields: FieldDescription[] = [];
+  private fieldsJson: string | undefined;
   private encode: RowEncoder | null = null;
   private rows: string[] = [];
   private command = "";
@@ -213,8 +214,10 @@ class BoundedStatement implements PhasedSubmittable {
       format: field.format,
     }));
     this.encode = rowEncoder(this.fields, this.budget.mode);
-    // The field list travels too (and the result's frame: command, counts, keys).
-    if (!this.budget.take(utf8Length(JSON.stringify(this.fields)) + resultFrameBytes)) this.overrun();
+    // The field list travels too (and the result's frame: command, counts, keys); its JSON is made
+    // once, here, and reused for the answer.
+    this.fieldsJson = JSON.stringify(this.fields);
+    if (!this.budget.take(utf8Length(this.fieldsJson) + resultFrameBytes)) this.overrun();
   }
 
   handleDataRow(message: { fields: (string | null)[] }): void {
@@ -289,6 +292,7 @@ class BoundedStatement implements PhasedSubmittable {
       command: this.command,
       rowCount: this.rowCount,
       fields: this.fields,
+      ...(this.fieldsJson === undefined ? {} : { fieldsJson: this.fieldsJson }),
       rows: this.rows,
       rowAsArray: this.budget.mode.arrayMode,
     });

@@ -457,7 +457,8 @@ export function loadConfig(env: Env): LessorConfig {
   if ("problem" in keyMacRing) fail("LESSOR_KEY_MAC_KEYS", keyMacRing.problem);
 
   const config: LessorConfig = {
-    idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 60_000),
+    // What a warm pool costs per second against a cold start's price (docs/adr/021).
+    idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 20_000),
     maxBodyBytes: positiveInt("LESSOR_MAX_BODY_BYTES", env.LESSOR_MAX_BODY_BYTES, 1024 * 1024),
     poolSizes,
     poolStartSizes,

@@ -29,7 +29,15 @@ const secondHalf = [
   "rotation",
   "jwt",
   "mass-restart",
+  "tunnels",
 ].map((file) => `test/integration/${file}.test.ts`);
+
+/** The bindings whose value a global setup provided. */
+function definedOnly(bindings: Record<string, string | undefined>): Record<string, string> {
+  return Object.fromEntries(
+    Object.entries(bindings).filter((entry): entry is [string, string] => entry[1] !== undefined),
+  );
+}
 
 /** A project whose tests run inside workerd against the real Postgres its global setup starts. */
 function workersProject(name: string, include: string[], globalSetup: string, exclude: string[] = []) {
@@ -40,17 +48,34 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
         miniflare: {
           bindings: {
             LESSOR_ADMIN_KEY: "test-admin-key",
-            LESSOR_POOL_SIZES: JSON.stringify({ free: 2, standard: 5, pro: 6, solo: 1 }),
+            // elastic: a pool of 2 on a fixed host; on an adaptive one it starts at 2 and moves from the
+            // host's floor up to 6 (adaptive.test.ts).
+            LESSOR_POOL_SIZES: JSON.stringify({
+              free: 2,
+              standard: 5,
+              pro: 6,
+              solo: 1,
+              elastic: { size: 2, max: 6 },
+            }),
             LESSOR_BUDGETS: JSON.stringify({
               local: { connections: 300, reserve: 10 },
               small: { connections: 12, reserve: 2 },
               tiny: { connections: 12, reserve: 2 },
+              // Pools 10: the wire endpoint's budget storm (wire-budget.test.ts).
+              wire: { connections: 12, reserve: 2 },
               // Pools 10 + rotation reserve 5: exactly one standard pool may overlap.
               rot: { connections: 12, reserve: 2, rotationReserve: 5 },
               // Pools 7 + rotation reserve 1: a standard pool's rotation never fits, a free one's only after a release.
               rotfull: { connections: 9, reserve: 2, rotationReserve: 1 },
               faulty: { connections: 100, reserve: 4 },
               silent: { connections: 20, reserve: 2 },
+              // Adaptive admission (adaptive.test.ts): pools share 10 and move between a floor of 1 and
+              // their tier's maximum; a window of 2 s so a test sees a pool shrink.
+              adaptive: {
+                connections: 12,
+                reserve: 2,
+                adaptive: { floor: 1, growthStep: 1, windowMs: 2_000 },
+              },
               // A fleet of 100 one-connection pools, restarted at once (mass-restart.test.ts).
               mass: { connections: 120, reserve: 10 },
               // The hosts of host-kinds.test.ts.
@@ -58,6 +83,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             }),
             LESSOR_SEAL_KEY: testSealKey,
             LESSOR_KEY_MAC_KEYS: testKeyMacKey,
+            // The tests' waits were written against a minute (the product's default is ADR 021's 20 s).
+            LESSOR_IDLE_TIMEOUT_MS: "60000",
             // Short enough for the containment tests to watch the bounds act.
             LESSOR_STATEMENT_TIMEOUT_MS: "5000",
             LESSOR_LEASE_MAX_LIFETIME_MS: "120000",
@@ -70,8 +97,16 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
             TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
             TEST_PG_SERVER_LOG: inject("pgServerLog"),
-            // Unset (one region) but in the regions project.
-            ...(inject("regionsJson") ? { LESSOR_REGIONS: inject("regionsJson") } : {}),
+            // The customer's server behind a tunnel (test/customer-server.ts), in the half that has one.
+            ...definedOnly({
+              // Unset (one region) but in the regions project.
+              LESSOR_REGIONS: inject("regionsJson"),
+              LESSOR_TUNNELS: inject("tunnelsJson"),
+              TEST_CUSTOMER_PG_SUPERUSER_URL: inject("customerPgSuperuserUrl"),
+              TEST_TUNNEL_PROXY: inject("tunnelProxy"),
+              TEST_TUNNEL_PROXY_CONTROL_URL: inject("tunnelProxyControlUrl"),
+              TEST_CUSTOMER_PG_SERVER_LOG: inject("customerPgServerLog"),
+            }),
           },
         },
       })),

@@ -90,6 +90,12 @@ const stormPerTenant = 5;
 const stormMaxConnections = 100;
 // 50 in all for Lessor on the host, 2 of them the maintenance reserve (a reserve of 0 is refused since issue 16).
 const stormBudget = { connections: 50, reserve: 2 };
+/**
+ * `PEERS_STORM_ADAPTIVE`: the storm host's `adaptive` budget setting (JSON: `true`, or the policy),
+ * to measure the storm with adaptive admission (docs/adr/022); pair it with a tier whose `size` is
+ * below its `max` in `PEERS_LESSOR_VARS`'s `LESSOR_POOL_SIZES`. Off by default; recorded.
+ */
+const stormAdaptive = JSON.parse(process.env.PEERS_STORM_ADAPTIVE ?? "false") as unknown;
 const stormDeadlineMs = setting("PEERS_STORM_DEADLINE_MS", 240_000, 10_000, 600_000);
 const forcedSharedDeadlineMs = Math.min(stormDeadlineMs, 60_000);
 const idleWatchMs = setting("PEERS_IDLE_WATCH_MS", 125_000, 10_000, 300_000);
@@ -1074,7 +1080,7 @@ async function main(): Promise<number> {
   const keyMacKey = randomBytes(32).toString("base64");
   // The bare Durable Object's login on the warm tenant's database, known once it is provisioned.
   let baselineUrl = "";
-  const envFor = (budget: { connections: number; reserve: number }) => ({
+  const envFor = (budget: { connections: number; reserve: number; adaptive?: unknown }) => ({
     ...vars,
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: sealKey,
@@ -1238,7 +1244,10 @@ async function main(): Promise<number> {
     progress(`restarting the tenant host with max_connections ${stormMaxConnections}`);
     host.postmasterPid = await stack.restartHost(hostName, stormMaxConnections);
     progress(`starting wrangler dev with a host budget of ${JSON.stringify(stormBudget)}`);
-    worker = await startWorker(script, envFor(stormBudget));
+    worker = await startWorker(
+      script,
+      envFor(stormAdaptive === false ? stormBudget : { ...stormBudget, adaptive: stormAdaptive }),
+    );
     const before = (await admin(worker.direct, adminKey, "/v1/capacity")) as {
       hosts: { allocated: number; reserved: number; draining: number; poolCapacity: number }[];
     };
@@ -1263,7 +1272,7 @@ async function main(): Promise<number> {
     worker.wrangler.child.stderr?.on("data", countEvents);
     const lessorStorm = await storm(
       "lessor",
-      `host budget ${stormBudget.connections}, reserve ${stormBudget.reserve} (pools of ${poolSize}: ${stormBudget.connections / poolSize} at once), admission wait ${vars.LESSOR_ADMISSION_WAIT_MS ?? "2000"} ms, idle timeout ${lessorIdleTimeoutMs} ms`,
+      `host budget ${stormBudget.connections}, reserve ${stormBudget.reserve} (pools of ${poolSize}: ${stormBudget.connections / poolSize} at once${stormAdaptive === false ? "" : `; adaptive admission ${JSON.stringify(stormAdaptive)}, tiers ${vars.LESSOR_POOL_SIZES}`}), admission wait ${vars.LESSOR_ADMISSION_WAIT_MS ?? "2000"} ms, idle timeout ${lessorIdleTimeoutMs} ms`,
       superuserUrl,
       groupsFor([], worker),
       stack,

@@ -31,6 +31,7 @@ import {
   requestTimeoutMs,
   runLoad,
 } from "./load.ts";
+import { outboxFlushRowsPerCycle, priceModel, priceTable } from "./price.ts";
 import {
   buildWorker,
   type CpuGroups,
@@ -51,6 +52,8 @@ import { type ProfileSummary, profileWhile, SourceMap, summarise as summarisePro
 import {
   type AdmissionResult,
   admissionTable,
+  contendedCores,
+  find,
   judgeTargets,
   type Measurement,
   measurementsTable,
@@ -66,6 +69,7 @@ import {
   type Target,
   targetsTable,
   topFunctionsTable,
+  verdictLine,
 } from "./report.ts";
 
 // ── Settings ─────────────────────────────────────────────────────────────────────────────────────
@@ -297,6 +301,8 @@ function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement 
     cpuMsPerRequest: perRequest,
     coresBusy: busy / elapsedS,
     otherCoresBusy: Math.max(0, (cpu.machine - busy) / elapsedS),
+    loadavg1: loadavg()[0] ?? 0,
+    contended: Math.max(0, (cpu.machine - busy) / elapsedS) > contendedCores,
   };
 }
 
@@ -422,6 +428,8 @@ async function provision(
 interface Runtime {
   state: string;
   generation: number;
+  /** Rows the tenant object's storage wrote since its instance started. */
+  storageRowsWritten: number;
 }
 
 async function runtimeOf(base: string, adminKey: string, id: string): Promise<Runtime> {
@@ -430,7 +438,11 @@ async function runtimeOf(base: string, adminKey: string, id: string): Promise<Ru
   if (!runtime || typeof runtime.state !== "string" || typeof runtime.generation !== "number") {
     throw new Error(`GET /v1/tenants/${id} returned no runtime`);
   }
-  return { state: runtime.state, generation: runtime.generation };
+  return {
+    state: runtime.state,
+    generation: runtime.generation,
+    storageRowsWritten: typeof runtime.storageRowsWritten === "number" ? runtime.storageRowsWritten : 0,
+  };
 }
 
 // ── Superuser access to the bench's Postgres ─────────────────────────────────────────────────────
@@ -514,6 +526,8 @@ async function coldAndStorm(
   progress(`cold starts: ${cold.length} fresh tenants, one request each`);
   const singleColdMs: number[] = [];
   const singleColdCpu: CpuSample[] = [];
+  const rowsPerStart: number[] = [];
+  const rowsPerStop: number[] = [];
   for (const tenant of cold) {
     const before = await runtimeOf(base, adminKey, tenant.id);
     if (before.state !== "stopped" || before.generation !== 0) {
@@ -526,7 +540,17 @@ async function coldAndStorm(
     check("select1", await sql.query("SELECT 1 AS n"), 0);
     singleColdMs.push(performance.now() - begin);
     singleColdCpu.push(groups ? cpuDelta(cpuBefore, sampleCpu(groups)) : zeroCpu());
+    // What the start wrote to the object's storage, and what stopping the pool again writes (an
+    // operator drain of an idle pool takes the idle stop's path).
+    const started = await runtimeOf(base, adminKey, tenant.id);
+    rowsPerStart.push(started.storageRowsWritten - before.storageRowsWritten);
+    await admin(base, adminKey, `/v1/tenants/${tenant.id}/drain`, {});
+    const drained = await runtimeOf(base, adminKey, tenant.id);
+    rowsPerStop.push(drained.storageRowsWritten - started.storageRowsWritten);
   }
+  progress(
+    `  storage rows written: per start ${rowsPerStart.join(", ")}; per stop ${rowsPerStop.join(", ")}`,
+  );
   progress(`  single cold starts: ${singleColdMs.map((v) => v.toFixed(0)).join(", ")} ms`);
   const coldCpuMs = (pick: (cpu: CpuSample) => number) =>
     singleColdCpu.map((cpu) => Math.round(pick(cpu) * 1000));
@@ -616,6 +640,7 @@ async function coldAndStorm(
       postgres: coldCpuMs((c) => c.postgres),
       wsProxy: coldCpuMs((c) => c.wsProxy),
     },
+    singleColdStorageRows: { start: rowsPerStart, stop: rowsPerStop },
     warmBurst: {
       requests: stormSize,
       errors: warm.errors,
@@ -1213,6 +1238,28 @@ async function main(): Promise<number> {
 
   const allRatios = ratios(measurements);
   const targets: Target[] = judgeTargets(allRatios, stormResult);
+  const lessorC8 = find(measurements, {
+    path: "lessor",
+    route: "direct",
+    query: "select1",
+    concurrency: 8,
+    transport: "light",
+    logLevel: "info",
+  });
+  const median = (values: readonly number[] | undefined) => {
+    const sorted = [...(values ?? [])].sort((a, b) => a - b);
+    return sorted.length === 0 ? 0 : (sorted[Math.floor(sorted.length / 2)] ?? 0);
+  };
+  const price = priceModel({
+    cpuMsPerRequest: lessorC8?.cpuMsPerRequest.workerdWorker ?? 0,
+    coldStartCpuMs: median(stormResult.singleColdCpuMs?.workerdWorker),
+    coldStartPostgresCpuMs: median(stormResult.singleColdCpuMs?.postgres),
+    coldStartStorageRows:
+      median(stormResult.singleColdStorageRows?.start) +
+      median(stormResult.singleColdStorageRows?.stop) +
+      outboxFlushRowsPerCycle,
+  });
+  const verdict = verdictLine(targets, measurements);
   const errors =
     measurements.reduce((n, m) => n + m.errors, 0) +
     stormResult.errors +
@@ -1276,6 +1323,8 @@ async function main(): Promise<number> {
     profiles,
     admission: admissionResult,
     targets,
+    verdict,
+    price,
     errors,
   };
 
@@ -1311,9 +1360,15 @@ async function main(): Promise<number> {
     ...(profiles.lessor
       ? ["Lessor's hottest functions (self time):", "", topFunctionsTable(profiles.lessor), ""]
       : []),
+    "## What it costs (bench/price.ts)",
+    "",
+    priceTable(price),
+    "",
     "## Targets (reported, not asserted)",
     "",
     targetsTable(targets),
+    "",
+    verdict,
     "",
   ].join("\n");
   console.log(markdown);

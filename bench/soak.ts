@@ -454,7 +454,15 @@ function judge(route: Route, tenant: SoakTenant | null, answer: Answer, describe
     ) {
       return { kind: "unknown", why: "cut by a reload" };
     }
-    violation("answers", `${shown}: no documented code`);
+    // The evidence to find who answered: when it was sent and answered, and the faults around it.
+    const nearby = record.faultLog
+      .filter((f) => Math.abs(Date.parse(f.at) - answer.sentAt) < 120_000)
+      .map((f) => `${f.kind}@${new Date(f.at).toISOString().slice(11, 23)}`)
+      .join(" ");
+    violation(
+      "answers",
+      `${shown}: no documented code (sent ${new Date(answer.sentAt).toISOString().slice(11, 23)}, answered ${new Date(answer.doneAt).toISOString().slice(11, 23)}; faults within 2 min: ${nearby || "none"})`,
+    );
     return { kind: "unknown", why: "undocumented answer" };
   }
   const gone = tenant !== null && tenant.phase !== "live";

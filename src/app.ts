@@ -22,6 +22,7 @@ import { sqlRoutes } from "./routes/sql.ts";
 import { statusPageRoutes } from "./routes/status-page.ts";
 import { tenantRoutes } from "./routes/tenants.ts";
 import { usageRoutes } from "./routes/usage.ts";
+import { wireRoutes } from "./routes/wire.ts";
 
 export const app = new Hono<AppEnv>();
 
@@ -44,8 +45,9 @@ app.use("*", (c, next) => {
   return limit(c, next);
 });
 
-app.get("/", (c) => c.json({ service: "lessor", sql: "/sql", api: "/v1" }));
+app.get("/", (c) => c.json({ service: "lessor", sql: "/sql", wire: "/v2", api: "/v1" }));
 app.route("/", sqlRoutes);
+app.route("/", wireRoutes);
 app.route("/", usageRoutes);
 app.route("/", maintenanceRoutes);
 app.route("/", tenantRoutes);

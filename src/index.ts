@@ -5,6 +5,7 @@ import { runScheduled } from "./cron/index.ts";
 export { BudgetObject } from "./budget-object/index.ts";
 export { ControlPlaneObject } from "./control-plane-object/index.ts";
 export { TenantObject } from "./tenant-object/index.ts";
+export { WireCancelObject } from "./wire-cancel-object/index.ts";
 
 export default {
   fetch: app.fetch,

@@ -8,6 +8,16 @@ interface LessorTestBindings {
   TEST_JWKS_SERVER_URL: string;
   /** The test cluster's log file on the host (test/server-log.ts), read through `pg_read_file`. */
   TEST_PG_SERVER_LOG: string;
+  /**
+   * The customer's server behind a tunnel (test/customer-server.ts), in the half that starts one:
+   * its superuser, the tunnel proxy's address and fault controls, and the server's log file.
+   */
+  TEST_CUSTOMER_PG_SUPERUSER_URL?: string;
+  TEST_TUNNEL_PROXY?: string;
+  TEST_TUNNEL_PROXY_CONTROL_URL?: string;
+  TEST_CUSTOMER_PG_SERVER_LOG?: string;
+  /** Customers' tunnels (src/config `LESSOR_TUNNELS`). */
+  LESSOR_TUNNELS?: string;
 }
 interface Env extends LessorTestBindings {}
 declare namespace Cloudflare {

@@ -8,6 +8,7 @@ import pg from "pg";
 import type { TestProject } from "vitest/node";
 import { localAdminRole, providerGroup } from "../local/host-setup.ts";
 import { freePort, type LocalStack, prepareRegionControlPlane, startLocalStack } from "../local/stack.ts";
+import { type CustomerServer, startCustomerServer } from "./customer-server.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
@@ -20,8 +21,14 @@ declare module "vitest" {
     proxyControlUrl: string;
     jwksServerUrl: string;
     pgServerLog: string;
+    /** The customer's server behind a tunnel (test/customer-server.ts), where a half asks for it. */
+    tunnelsJson?: string;
+    customerPgSuperuserUrl?: string;
+    tunnelProxy?: string;
+    tunnelProxyControlUrl?: string;
+    customerPgServerLog?: string;
     /** `LESSOR_REGIONS` of the regions project (unset elsewhere: one region). */
-    regionsJson: string;
+    regionsJson?: string;
   }
 }
 
@@ -31,17 +38,27 @@ declare module "vitest" {
  */
 export function localStackSetup(
   name: string,
-  options: { controlPlaneAddress?: string; regions?: boolean } = {},
+  options: { controlPlaneAddress?: string; customerServer?: boolean; regions?: boolean } = {},
 ) {
   let stack: LocalStack | undefined;
   let jwks: JwksServer | undefined;
+  let customer: CustomerServer | undefined;
   return {
     setup: async (project: TestProject) => {
       stack = await startTestStack(project, name, options.controlPlaneAddress, options.regions ?? false);
       jwks = await startJwksServer();
       project.provide("jwksServerUrl", jwks.url);
+      if (options.customerServer) {
+        customer = await startCustomerServer(name);
+        project.provide("tunnelsJson", customer.tunnelsJson);
+        project.provide("customerPgSuperuserUrl", customer.superuserUrl);
+        project.provide("tunnelProxy", customer.tunnelProxy);
+        project.provide("tunnelProxyControlUrl", customer.tunnelProxyControlUrl);
+        project.provide("customerPgServerLog", customer.serverLog);
+      }
     },
     teardown: async () => {
+      await customer?.stop();
       await jwks?.close();
       await stack?.stop();
     },
@@ -94,6 +111,8 @@ async function startTestStack(
       small: admin,
       // Another small host, for the maintenance tests (each file's budgets are its own, but Postgres is shared).
       tiny: admin,
+      // The wire endpoint's budget storm (wire-budget.test.ts).
+      wire: admin,
       // Hosts for the rotation tests: one with a rotation reserve that fits an overlap, one without room.
       rot: admin,
       rotfull: admin,
@@ -109,6 +128,8 @@ async function startTestStack(
       logged: { url: as("lessor_admin_logged"), locationHint: "weur" },
       // The mass restart's fleet (mass-restart.test.ts).
       mass: admin,
+      // Adaptive admission's host (adaptive.test.ts).
+      adaptive: admin,
       // The regions project's second region's hosts (test/regions).
       ...(regions ? { "eu-1": admin, "eu-2": admin } : {}),
     }),

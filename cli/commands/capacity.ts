@@ -1,7 +1,10 @@
-/** `lessorctl capacity` and `lessorctl evict --dry-run`: each host's budget, and what an admission would evict. */
+/**
+ * `lessorctl capacity` and `lessorctl evict --dry-run`: each host's budget (and each customer
+ * tunnel's, beside them), and what an admission would evict.
+ */
 import { type Command, Option } from "commander";
 import type { HostReport } from "../../src/core/host-capabilities.ts";
-import type { CapacityStatus, EvictionReport } from "../../src/rpc/budget.ts";
+import type { CapacityStatus, EvictionReport, TunnelStatus } from "../../src/rpc/budget.ts";
 import { ApiError } from "../client.ts";
 import type { CommandContext } from "../context.ts";
 import { formatDuration, kv } from "../output.ts";
@@ -12,11 +15,16 @@ interface FailingAnswer {
   byHost: Record<string, number>;
 }
 
-/** Capacity lines of one host: the seed's three lines, then one line per eviction candidate. */
+/**
+ * Capacity lines of one host: the seed's three lines, then one line per eviction candidate. A
+ * customer's tunnel (docs/customer-databases.md) prints the same lines under `tunnel=<name>`, and its
+ * health where a host prints its capabilities.
+ */
 export function capacityLines(status: CapacityStatus, failed: number | null): string[] {
+  const tunnel = status.tunnel ?? null;
   return [
     kv("repos", {
-      host: status.host,
+      ...(tunnel ? { tunnel: tunnel.name } : { host: status.host }),
       ready: status.pools.allocated,
       starting: status.pools.reserved,
       draining: status.pools.draining,
@@ -31,12 +39,14 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       reserve: status.reserve,
       leases: status.leases,
     }),
+    // A host's pools by use (adaptive admission); a tunnel's pools keep their size.
+    ...(tunnel ? [] : [pooledLine(status)]),
     kv("maintenance", {
       in_use: status.maintenance?.inUse ?? 0,
       reserve: status.reserve,
       waiting: status.maintenance?.waiting ?? 0,
     }),
-    ...hostLines(status.capabilities ?? null),
+    ...(tunnel ? [tunnelLine(tunnel)] : hostLines(status.capabilities ?? null)),
     ...status.candidates.map((c) =>
       kv("", {
         eviction_candidate: c.tenantId,
@@ -48,6 +58,22 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
       }),
     ),
   ];
+}
+
+/** A host's pooled connections by use, and what adaptive admission did on it. */
+function pooledLine(status: CapacityStatus): string {
+  return kv("pooled", {
+    adaptive: status.adaptive?.enabled ? "on" : "off",
+    in_use: status.pooled?.inUse ?? 0,
+    idle: status.pooled?.idle ?? 0,
+    grown: status.pooled?.grown ?? 0,
+    shrunk: status.pooled?.shrunk ?? 0,
+    growths: status.adaptive?.growths ?? 0,
+    growths_refused: status.adaptive?.growthsRefused ?? 0,
+    shrinks: status.adaptive?.shrinks ?? 0,
+    reclaim_shrinks: status.adaptive?.reclaimShrinks ?? 0,
+    evictions: status.evictions,
+  });
 }
 
 /**
@@ -74,6 +100,18 @@ function hostLines(report: HostReport | null): string[] {
   ];
 }
 
+/** A tunnel's health: up, or slow or down since its last failed connect, and its breaker. */
+function tunnelLine(tunnel: TunnelStatus): string {
+  return kv("tunnel", {
+    health: tunnel.health,
+    breaker: tunnel.breaker,
+    failures_slow: tunnel.failures.slow,
+    failures_down: tunnel.failures.down,
+    refused_by_breaker: tunnel.refusedByBreaker,
+    last_failure: tunnel.lastFailureAt ?? "-",
+  });
+}
+
 /** Lines of one host's eviction dry run. */
 export function evictionLines(report: EvictionReport): string[] {
   const lines = [
@@ -94,7 +132,8 @@ export function evictionLines(report: EvictionReport): string[] {
       size: p.size,
       idle: formatDuration(p.idleMs),
     };
-    if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
+    if (p.verdict === "shrink") lines.push(kv("shrink", { order: p.order, ...facts, take: p.take }));
+    else if (p.verdict === "evict") lines.push(kv("evict", { order: p.order, ...facts }));
     else if (p.verdict === "eligible_not_needed") lines.push(kv("eligible_not_needed", facts));
     else lines.push(kv("not_eligible", { ...facts, reason: p.reason, leases: p.leases }));
   }
@@ -104,37 +143,67 @@ export function evictionLines(report: EvictionReport): string[] {
 export function register(program: Command, ctx: CommandContext): void {
   program
     .command("capacity")
-    .description("each host's budget: pools by state, connections held, waiters and eviction candidates")
+    .description(
+      "each host's budget, and each customer tunnel's beside them: pools by state, connections held, waiters and eviction candidates",
+    )
     .option("--host <host>", "only this host")
+    .option("--tunnel <tunnel>", "only this customer tunnel")
     .addHelpText(
       "after",
       `
 Output, per host:
   repos host=local ready=8 starting=1 draining=1 failed=2
   connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  pooled adaptive=on in_use=7 idle=38 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16
   maintenance in_use=1 reserve=4 waiting=0
   capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
   warning="…"   (what the host allows that is weaker than ideal; missing=… remedy=… if it cannot run Lessor)
   eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5   (up to 5, least recently used first)
+
+  pooled: allocated pools' connections in use (leases, as last reported) against idle; connections
+  grown past and shrunk below pools' start sizes now; and since the ledger was created, connections
+  added by growths, growths refused, connections pools gave back on their own (shrinks) and taken
+  back for a waiting start or growth (reclaim_shrinks), pools evicted (adaptive admission:
+  docs/capacity.md).
+
+Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every host:
+  repos tunnel=acme-net ready=1 starting=0 draining=0 failed=0
+  connections allocated=2 budget=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1
+  maintenance in_use=0 reserve=1 waiting=0
+  tunnel health=up breaker=closed failures_slow=0 failures_down=0 refused_by_breaker=0 last_failure=-
+
+  budget is the tunnel's capacity minus its reserve; leases are those held through the tunnel.
+  health is up, or slow (a connect timed out) or down (refused or cut) since the last failure;
+  breaker=open refuses the tunnel's starts at once with 503 tunnel_unavailable until it cools down.
 
   ready/starting/draining and the connections come from the host's BudgetObject ledger;
   budget is connections minus reserve (what pools may hold). failed is not in the ledger (a failed
   pool holds no capacity): it counts tenants whose latest lifecycle event in the last 24 h moved
   them to failed, from the control plane ("unknown" if the control plane is unreachable).`,
     )
-    .action(async (options: { host?: string }, command: Command) => {
+    .action(async (options: { host?: string; tunnel?: string }, command: Command) => {
       const client = ctx.client(command);
-      const { hosts } = await client.call<{ hosts: CapacityStatus[] }>("GET", "/v1/capacity");
-      const shown = options.host === undefined ? hosts : hosts.filter((h) => h.host === options.host);
-      if (shown.length === 0)
+      const answer = await client.call<{ hosts: CapacityStatus[]; tunnels?: CapacityStatus[] }>(
+        "GET",
+        "/v1/capacity",
+      );
+      const hosts = options.tunnel !== undefined ? [] : answer.hosts;
+      const tunnels = options.host !== undefined ? [] : (answer.tunnels ?? []);
+      const shownHosts = options.host === undefined ? hosts : hosts.filter((h) => h.host === options.host);
+      const shownTunnels =
+        options.tunnel === undefined ? tunnels : tunnels.filter((t) => t.tunnel?.name === options.tunnel);
+      if (options.host !== undefined && shownHosts.length === 0)
         throw new ApiError("unknown_host", "No database host with that name is configured.", 400);
+      if (options.tunnel !== undefined && shownTunnels.length === 0)
+        throw new ApiError("unknown_tunnel", "No tunnel with that name is configured (LESSOR_TUNNELS).", 400);
+      const shown = [...shownHosts, ...shownTunnels];
       let failing: FailingAnswer | null = null;
       try {
         failing = await client.call<FailingAnswer>("GET", "/v1/fleet/failing?limit=1");
       } catch (error) {
         if (!(error instanceof ApiError) || error.status < 500) throw error;
       }
-      ctx.print(command, { hosts: shown, failing }, () => {
+      ctx.print(command, { hosts: shownHosts, tunnels: shownTunnels, failing }, () => {
         for (const status of shown) {
           for (const line of capacityLines(status, failing ? (failing.byHost[status.host] ?? 0) : null))
             ctx.out.line(line);
@@ -163,7 +232,10 @@ Output, per host:
   eligible_not_needed tenant=t-120 generation=2 size=5 idle=12m
   not_eligible tenant=t-007 generation=9 size=5 idle=- reason=leased leases=2
 
-  outcome: fits (no eviction needed), evicts (the evict lines make room), saturated (evicting every
+  shrink order=1 tenant=t-042 generation=3 size=6 idle=- take=4   (adaptive hosts: idle connections taken back)
+
+  outcome: fits (no eviction needed), shrinks (taking idle connections back from adaptive pools makes
+  room), evicts (with the evict lines, they make room; shrinks come first), saturated (evicting every
   eligible pool would not: the start would wait, then get 503 capacity_saturated).
   reason: starting, draining, pinned, migrating, leased, or not_idle (in use, no idle time reported).
   Nothing is evicted: this reads the ledger with the same functions a real admission uses.`,

@@ -22,7 +22,12 @@ export function statusLine(tenant: PublicTenant, runtime: TenantRuntimeStatus): 
     tenant: tenant.id,
     generation: runtime.generation,
     state: runtime.state,
-    pool_size: runtime.poolSize,
+    // The pool's size now, or (no pool open) what a start reserves.
+    pool_size: runtime.pool ? (runtime.pool.size ?? runtime.pool.start) : runtime.poolSize,
+    pool_floor: runtime.pool?.floor,
+    pool_max: runtime.pool?.max ?? runtime.poolSize,
+    peak: runtime.pool?.observed?.peak ?? runtime.pool?.lastObserved?.peak,
+    adaptive: runtime.pool ? runtime.pool.adaptive : undefined,
     leases: runtime.leases,
     sessions: runtime.sessions,
     schema_version: runtime.schemaVersion ?? tenant.schemaVersion,
@@ -48,11 +53,15 @@ export function register(program: Command, ctx: CommandContext): void {
       "after",
       `
 Output:
-  tenant=acme generation=8 state=ready pool_size=5 leases=1 sessions=0 schema_version=3
+  tenant=acme generation=8 state=ready pool_size=3 pool_floor=1 pool_max=6 peak=2 adaptive=true
+    leases=1 sessions=0 schema_version=3
     last_used=2026-11-30T14:02:31.412Z failure=- retry_at=- status=active tier=standard host=local
     pinned=false migrating=false   (one line)
 
-  failure and retry_at are set while the pool is failed (see docs/troubleshooting.md). With
+  pool_size is the pool's size now (its allowance on the host), between pool_floor and pool_max;
+  peak is the most leases in use at once in the current window (adaptive hosts; on a fixed host
+  the size is the tier's, floor = max = size). failure and retry_at are set while the pool is
+  failed (see docs/troubleshooting.md). With
   --json, the whole answer of GET /v1/tenants/:id, including drain progress.`,
     )
     .action(async (tenantId: string, _options: unknown, command: Command) => {

@@ -8,21 +8,35 @@
  * lease in the meantime, so a leased pool is never evicted. Starts that cannot be admitted wait in
  * a bounded FIFO until a deadline, then get `capacity_saturated`.
  *
+ * Adaptive hosts (docs/adr/022-adaptive-admission.md): a pool's allowance moves between its floor
+ * and its tier's maximum. Every growth is admitted here like a start, in the same FIFO line (a
+ * growth never jumps ahead of a waiting start); when the host is full, idle connections are first
+ * taken back from under-used pools (`shrinkIdle`), and whole pools are evicted only after that.
+ *
  * The admission and eviction math is in core/budget.ts; this class keeps the ledger and does I/O.
  * The host's maintenance reserve is its own room (maintenance.ts), over the same ledger.
  */
 import { DurableObject } from "cloudflare:workers";
-import { type DatabaseHost, loadConfig } from "../config/index.ts";
+import { type BudgetSubject, budgetSubject, loadConfig } from "../config/index.ts";
 import {
+  type Allocation,
   type AllocationPhase,
   evictionCandidates,
   evictionDryRun,
   fits,
-  planEviction,
+  planReclaim,
   poolCapacity,
   rotationFits,
+  shrinkableConnections,
 } from "../core/budget.ts";
 import { describeMissing, type HostReport } from "../core/host-capabilities.ts";
+import {
+  initialTunnelHealth,
+  type TunnelHealth,
+  type TunnelOutcome,
+  tunnelAdmission,
+  tunnelOutcome,
+} from "../core/tunnel.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantObjectOnHost } from "../placement/index.ts";
@@ -32,10 +46,13 @@ import type {
   EvictionReport,
   EvictOutcome,
   GenerationCheck,
+  GrowResult,
   MaintenanceGrant,
   MaintenanceRequest,
   PoolReport,
   RepairKind,
+  ShrinkOutcome,
+  TunnelStatus,
 } from "../rpc/budget.ts";
 import { repairKinds } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
@@ -44,10 +61,19 @@ import { budgetHooksForTests } from "./test-hooks.ts";
 import { WaitQueue } from "./wait-queue.ts";
 
 interface Waiter {
+  /** A pool's start, or a growth of an allocated pool by `size` (adaptive hosts). */
+  kind: "start" | "grow";
   tenantId: string;
   generation: number;
   size: number;
+  /** A start's floor on an adaptive host; null for a fixed-size pool. */
+  floor: number | null;
+  /** A growth's bound: the pool's tier's maximum (null for a start). */
+  max: number | null;
 }
+
+/** What a waiter is answered: a start's admission, or a growth's. */
+type WaitResult = AdmitResult | GrowResult;
 
 /** Starts waiting for capacity at once, at most; more are refused at once. */
 const maxWaiters = 1_000;
@@ -57,12 +83,17 @@ const maxVictimsPerPass = 8;
 export class BudgetObject extends DurableObject<Env> {
   private ledgerStore: CapacityLedger | null = null;
   /** Starts waiting for room in the pools' share (served by releases and by eviction). */
-  private waiters = new WaitQueue<Waiter, AdmitResult>(maxWaiters);
+  private waiters = new WaitQueue<Waiter, WaitResult>(maxWaiters);
   /** Rotations waiting for room in the rotation reserve (never served by eviction). */
-  private rotationWaiters = new WaitQueue<Waiter, AdmitResult>(maxWaiters);
+  private rotationWaiters = new WaitQueue<Waiter, WaitResult>(maxWaiters);
   /** The host's maintenance reserve (maintenance.ts). */
   private readonly maintenance = new MaintenanceSlots(this.env, () => this.ledger, maxWaiters);
   private reclaiming: Promise<void> | null = null;
+  /**
+   * A tunnel's health (core/tunnel.ts): in memory, learnt again from the next starts after a
+   * restart. Unused for a host.
+   */
+  private tunnelHealth: TunnelHealth = initialTunnelHealth;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -81,13 +112,28 @@ export class BudgetObject extends DurableObject<Env> {
 
   /**
    * Reserves `size` connections for a starting pool, waiting up to the admission deadline. A
-   * repeated admit of the same generation is granted without reserving twice.
+   * repeated admit of the same generation is granted without reserving twice. `floor` is given by
+   * an adaptive pool (the fewest connections it keeps); a fixed pool gives none and is never shrunk.
    */
-  async admit(hostName: string, tenantId: string, generation: number, size: number): Promise<AdmitResult> {
+  async admit(
+    hostName: string,
+    tenantId: string,
+    generation: number,
+    size: number,
+    floor: number | null = null,
+  ): Promise<AdmitResult> {
     const host = this.host(hostName);
     if (this.ledger.isClosed(tenantId))
       return { granted: false, retryAfterMs: 5_000, waited: false, closed: true };
     if (this.ledger.find(tenantId, generation)) return { granted: true };
+    // A tunnel that failed twice in a row refuses its starts at once until its cool-down passes.
+    if (host.tunnel) {
+      const breaker = tunnelAdmission(this.tunnelHealth, Date.now());
+      if (breaker.kind === "refuse") {
+        this.ledger.bump("tunnel_refused");
+        return { granted: false, retryAfterMs: breaker.retryAfterMs, waited: false, tunnel: breaker.fault };
+      }
+    }
     // A host whose admin cannot do what Lessor needs runs no new pool (src/core/host-capabilities.ts).
     const report = this.ledger.hostReport(hostName);
     if (report && !report.verdict.fit) {
@@ -98,25 +144,78 @@ export class BudgetObject extends DurableObject<Env> {
         unfit: describeMissing(hostName, report.verdict),
       };
     }
+    const adaptiveFloor = host.adaptive && floor !== null ? Math.min(floor, size) : null;
     if (this.waiters.length === 0 && fits(this.ledger.rows(), host.budget, size)) {
-      this.ledger.reserve(tenantId, generation, size);
+      this.ledger.reserve(tenantId, generation, size, adaptiveFloor);
       this.ledger.bump("admissions");
       return { granted: true };
     }
     if (this.waiters.full) {
       this.ledger.bump("saturations");
-      return { granted: false, retryAfterMs: 1_000, waited: false };
+      return saturated(host, false);
     }
     const result = this.waiters.wait(
-      { tenantId, generation, size },
+      { kind: "start", tenantId, generation, size, floor: adaptiveFloor, max: null },
       budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
       () => {
         this.ledger.bump("saturations");
-        return { granted: false, retryAfterMs: 1_000, waited: true };
+        return saturated(host, true);
       },
     );
     this.kickReclaim(host);
-    return result;
+    return result as Promise<AdmitResult>;
+  }
+
+  /**
+   * Admits a growth of an allocated adaptive pool by `by` connections (never past `max`, its tier's
+   * maximum): granted at once if it fits and nothing waits; otherwise it takes its place in the
+   * line starts wait in (FIFO: it never jumps ahead of a start that waited first, and while idle
+   * connections are taken back for it, starts that come later wait behind it). A growth is served by
+   * free room or by idle connections taken back from other pools, never by evicting a pool; when
+   * nothing can serve it, it leaves the line at once, refused, rather than hold the starts behind it
+   * (docs/adr/022, the fairness rule).
+   */
+  async grow(
+    hostName: string,
+    tenantId: string,
+    generation: number,
+    by: number,
+    max: number,
+  ): Promise<GrowResult> {
+    const host = this.host(hostName);
+    const row = this.ledger.find(tenantId, generation);
+    const step = row ? Math.min(by, max - row.size) : 0;
+    if (!host.adaptive || !row || row.phase !== "allocated" || step <= 0 || this.ledger.isClosed(tenantId)) {
+      return { granted: false, reason: "not_allocated", waiting: this.waiters.length };
+    }
+    if (this.waiters.length === 0 && fits(this.ledger.rows(), host.budget, step)) {
+      this.ledger.resize(tenantId, generation, step);
+      this.ledger.bump("growths", step);
+      return { granted: true, by: step };
+    }
+    const refused = (reason: "saturated" | "starts_waiting"): GrowResult => {
+      this.ledger.bump("growths_refused");
+      return { granted: false, reason, waiting: this.waiters.length };
+    };
+    if (this.waiters.full) return refused("starts_waiting");
+    const result = this.waiters.wait(
+      { kind: "grow", tenantId, generation, size: step, floor: null, max },
+      budgetHooksForTests.admissionWaitMs?.(hostName) ?? loadConfig(this.env).admissionWaitMs,
+      () => refused("starts_waiting"),
+    );
+    this.kickReclaim(host);
+    return result as Promise<GrowResult>;
+  }
+
+  /**
+   * An adaptive pool closed `released` idle connections and lowered its allowance by as many (its
+   * own review found them idle for a whole window): the ledger gives them to whoever waits.
+   */
+  async shrunk(hostName: string, tenantId: string, generation: number, released: number): Promise<void> {
+    if (released <= 0 || !this.ledger.find(tenantId, generation)) return;
+    this.ledger.resize(tenantId, generation, -released);
+    this.ledger.bump("shrinks", released);
+    this.serveWaiters(this.host(hostName));
   }
 
   /**
@@ -131,22 +230,28 @@ export class BudgetObject extends DurableObject<Env> {
     generation: number,
     size: number,
     waitMs: number,
+    floor: number | null = null,
   ): Promise<AdmitResult> {
     const host = this.host(hostName);
     if (this.ledger.find(tenantId, generation)) return { granted: true };
+    const adaptiveFloor = host.adaptive && floor !== null ? Math.min(floor, size) : null;
     if (this.rotationWaiters.length === 0 && rotationFits(this.ledger.rows(), host.budget, size)) {
-      this.ledger.reserve(tenantId, generation, size);
+      this.ledger.reserve(tenantId, generation, size, adaptiveFloor);
       this.ledger.bump("rotations_admitted");
       return { granted: true };
     }
     if (waitMs <= 0 || this.rotationWaiters.full) {
       this.ledger.bump("rotations_refused");
-      return { granted: false, retryAfterMs: 1_000, waited: false };
+      return saturated(host, false);
     }
-    return this.rotationWaiters.wait({ tenantId, generation, size }, waitMs, () => {
-      this.ledger.bump("rotations_refused");
-      return { granted: false, retryAfterMs: 1_000, waited: true };
-    });
+    return this.rotationWaiters.wait(
+      { kind: "start", tenantId, generation, size, floor: adaptiveFloor, max: null },
+      waitMs,
+      () => {
+        this.ledger.bump("rotations_refused");
+        return saturated(host, true);
+      },
+    ) as Promise<AdmitResult>;
   }
 
   /** The pool of this generation is open and ready. */
@@ -156,12 +261,22 @@ export class BudgetObject extends DurableObject<Env> {
     if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
   }
 
-  /** Fresh facts about a pool, for victim selection (sent from the tenant's heartbeat). */
-  async report(hostName: string, tenantId: string, generation: number, report: PoolReport): Promise<void> {
+  /**
+   * Fresh facts about a pool, for victim selection (sent from the tenant's heartbeat). Answers how
+   * many starts and growths wait on the host: the pressure an adaptive pool's review weighs.
+   */
+  async report(
+    hostName: string,
+    tenantId: string,
+    generation: number,
+    report: PoolReport,
+  ): Promise<{ waiting: number }> {
     const current = this.ledger.find(tenantId, generation);
     if (current) this.ledger.setPhase(tenantId, generation, current.phase, report);
-    // A pool that just became idle may be the victim a waiter needs.
-    if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
+    // A pool that just became idle (or holds idle connections) may be what a waiter needs.
+    if (this.waiters.length > 0 && (report.leases === 0 || (current && shrinkableConnections(current) > 0)))
+      this.kickReclaim(this.host(hostName));
+    return { waiting: this.waiters.length };
   }
 
   /** The pool is draining: its connections still count until `release`. */
@@ -237,6 +352,25 @@ export class BudgetObject extends DurableObject<Env> {
     }
   }
 
+  /**
+   * What a connection attempt through this tunnel taught (a pool start, the attach probe): it
+   * carried us to the server (`ok`, even if the server then refused the credential), or it timed out
+   * (`slow`) or was refused or cut (`down`). Two failures in a row open the breaker (core/tunnel.ts).
+   */
+  async recordTunnelOutcome(name: string, outcome: TunnelOutcome): Promise<void> {
+    if (!this.host(name).tunnel) return;
+    const before = this.tunnelHealth;
+    this.tunnelHealth = tunnelOutcome(before, outcome, Date.now(), Math.random());
+    if (outcome !== "ok") this.ledger.bump(outcome === "slow" ? "tunnel_slow" : "tunnel_down");
+    if (before.state !== this.tunnelHealth.state) {
+      logEvent(outcome === "ok" ? "info" : "warn", "tunnel_health", {
+        tunnel: name,
+        state: this.tunnelHealth.state,
+        failures: this.tunnelHealth.consecutiveFailures,
+      });
+    }
+  }
+
   /** The maintenance connection is closed. Idempotent. */
   async releaseMaintenance(hostName: string, leaseId: string): Promise<void> {
     this.maintenance.release(this.host(hostName), leaseId);
@@ -283,8 +417,18 @@ export class BudgetObject extends DurableObject<Env> {
       saturations: this.ledger.counter("saturations"),
       admissions: this.ledger.counter("admissions"),
       leases: allocations.reduce((n, a) => n + a.leases, 0),
+      pooled: pooledConnections(allocations),
+      adaptive: {
+        enabled: host.adaptive !== null,
+        policy: host.adaptive,
+        growths: this.ledger.counter("growths"),
+        growthsRefused: this.ledger.counter("growths_refused"),
+        shrinks: this.ledger.counter("shrinks"),
+        reclaimShrinks: this.ledger.counter("reclaim_shrinks"),
+      },
       maintenance: this.maintenance.status(),
-      capabilities: this.ledger.hostReport(hostName),
+      capabilities: host.tunnel ? null : this.ledger.hostReport(hostName),
+      tunnel: host.tunnel ? this.tunnelStatus(host) : null,
       reconciled: {
         allocationsReleased: this.ledger.counter("allocations_released"),
         orphansTerminated: this.ledger.counter("orphans_terminated"),
@@ -301,6 +445,24 @@ export class BudgetObject extends DurableObject<Env> {
           leases: a.leases,
           pinned: a.pinned,
         })),
+    };
+  }
+
+  /** A tunnel's health and what it refused, for `GET /v1/capacity`. */
+  private tunnelStatus(subject: BudgetSubject): TunnelStatus {
+    const health = this.tunnelHealth;
+    const iso = (at: number | null) => (at === null ? null : new Date(at).toISOString());
+    const now = Date.now();
+    return {
+      name: subject.tunnel?.name ?? subject.name,
+      health: health.state,
+      breaker: tunnelAdmission(health, now).kind === "refuse" ? "open" : "closed",
+      consecutiveFailures: health.consecutiveFailures,
+      openUntil: health.openUntil !== null && health.openUntil > now ? iso(health.openUntil) : null,
+      lastOkAt: iso(health.lastOkAt),
+      lastFailureAt: iso(health.lastFailureAt),
+      failures: { slow: this.ledger.counter("tunnel_slow"), down: this.ledger.counter("tunnel_down") },
+      refusedByBreaker: this.ledger.counter("tunnel_refused"),
     };
   }
 
@@ -332,7 +494,8 @@ export class BudgetObject extends DurableObject<Env> {
         pinned: p.allocation.pinned,
         migrating: p.allocation.migrating,
         verdict: p.verdict,
-        order: p.verdict === "evict" ? p.order : null,
+        order: p.verdict === "evict" || p.verdict === "shrink" ? p.order : null,
+        take: p.verdict === "shrink" ? p.take : null,
         reason: p.verdict === "not_eligible" ? p.reason : null,
       })),
     };
@@ -398,7 +561,7 @@ export class BudgetObject extends DurableObject<Env> {
   // ── Waiters and reclaim ────────────────────────────────────────────────────────────────────────
 
   /** Grants waiters in FIFO order while the head fits, then reclaims for the rest. */
-  private serveWaiters(host: DatabaseHost): void {
+  private serveWaiters(host: BudgetSubject): void {
     this.rotationWaiters.serveWhile((head) =>
       rotationFits(this.ledger.rows(), host.budget, head.size)
         ? this.reserveFor(head, "rotations_admitted")
@@ -409,46 +572,102 @@ export class BudgetObject extends DurableObject<Env> {
   }
 
   /** Grants waiters in FIFO order while the head fits. Never starts a reclaim (reclaim calls it). */
-  private grantFitting(host: DatabaseHost): void {
-    this.waiters.serveWhile((head) =>
-      fits(this.ledger.rows(), host.budget, head.size) ? this.reserveFor(head, "admissions") : null,
-    );
+  private grantFitting(host: BudgetSubject): void {
+    this.waiters.serveWhile((head) => {
+      if (head.kind === "grow") {
+        // The pool stopped (or was evicted) while its growth waited: nothing to grow.
+        const row = this.ledger.find(head.tenantId, head.generation);
+        // The tier's maximum, again: the pool may have changed while its growth waited.
+        const step = row ? Math.min(head.size, (head.max ?? row.size) - row.size) : 0;
+        if (row?.phase !== "allocated" || step <= 0)
+          return { granted: false, reason: "not_allocated", waiting: this.waiters.length - 1 };
+        if (!fits(this.ledger.rows(), host.budget, step)) return null;
+        this.ledger.resize(head.tenantId, head.generation, step);
+        this.ledger.bump("growths", step);
+        return { granted: true, by: step };
+      }
+      return fits(this.ledger.rows(), host.budget, head.size) ? this.reserveFor(head, "admissions") : null;
+    });
   }
 
   /** Reserves a served waiter's connections (once, if a repeated admit already did) and grants it. */
   private reserveFor(waiter: Waiter, counter: "admissions" | "rotations_admitted"): AdmitResult {
     if (!this.ledger.find(waiter.tenantId, waiter.generation)) {
-      this.ledger.reserve(waiter.tenantId, waiter.generation, waiter.size);
+      this.ledger.reserve(waiter.tenantId, waiter.generation, waiter.size, waiter.floor);
       this.ledger.bump(counter);
     }
     return { granted: true };
   }
 
-  private kickReclaim(host: DatabaseHost): void {
+  private kickReclaim(host: BudgetSubject): void {
     this.reclaiming ??= this.reclaim(host).finally(() => {
       this.reclaiming = null;
     });
   }
 
   /**
-   * Asks least-recently-used idle pools to drain until the head waiter fits. Each victim decides
-   * atomically; a refusal just moves on to the next candidate.
+   * Makes room for the head waiter, one step at a time (core/budget.ts `planReclaim`): idle
+   * connections taken back from under-used adaptive pools first, then, for a start only, least
+   * recently used idle pools asked to drain. Each pool decides atomically and never gives up a lease
+   * in use; a refusal just moves on to the next. A growth nothing can serve leaves the line refused.
    */
-  private async reclaim(host: DatabaseHost): Promise<void> {
+  private async reclaim(host: BudgetSubject): Promise<void> {
     const refused = new Set<string>();
     for (let pass = 0; pass < maxVictimsPerPass && this.waiters.length > 0; pass++) {
       this.grantFitting(host);
       const head = this.waiters.head();
       if (!head) return;
-      // Refused victims still hold their connections: they stay in the count, marked not evictable.
+      // Refused victims still hold their connections: they stay in the count, marked as neither
+      // shrinkable nor evictable for the rest of this reclaim.
       const allocations = this.ledger
         .rows()
         .map((a) =>
-          refused.has(`${a.tenantId}:${a.generation}`) ? { ...a, leases: Math.max(1, a.leases) } : a,
+          refused.has(`${a.tenantId}:${a.generation}`)
+            ? { ...a, leases: Math.max(1, a.leases), floor: null }
+            : a,
         );
-      const plan = planEviction(allocations, host.budget, head.size, head.tenantId);
-      const victim = plan?.[0];
-      if (!victim) return; // nothing evictable now: wait for a release or the deadline
+      const plan = planReclaim(allocations, host.budget, head.size, {
+        excludeTenant: head.tenantId,
+        allowEviction: head.kind === "start",
+      });
+      const step = plan?.[0];
+      if (!step) {
+        if (plan === null && head.kind === "grow") {
+          // Nothing can serve this growth now: it must not hold the starts behind it.
+          this.ledger.bump("growths_refused");
+          this.waiters.settleHead({ granted: false, reason: "saturated", waiting: this.waiters.length - 1 });
+          continue;
+        }
+        return; // nothing to reclaim now: wait for a release or the deadline
+      }
+      const victim = step.allocation;
+      const key = `${victim.tenantId}:${victim.generation}`;
+      if (step.kind === "shrink") {
+        let outcome: ShrinkOutcome | null;
+        try {
+          outcome = await tenantObjectOnHost(this.env, host.name, victim.tenantId).shrinkIdle(
+            victim.generation,
+            step.take,
+          );
+        } catch (error) {
+          logEvent("warn", "budget_shrink_failed", {
+            tenant: victim.tenantId,
+            failure: describeFailure(error),
+          });
+          outcome = null;
+        }
+        const released = outcome?.released ?? 0;
+        if (released > 0 && this.ledger.find(victim.tenantId, victim.generation)) {
+          this.ledger.resize(victim.tenantId, victim.generation, -released);
+          this.ledger.bump("reclaim_shrinks", released);
+        }
+        if (outcome && this.ledger.find(victim.tenantId, victim.generation)) {
+          const row = this.ledger.find(victim.tenantId, victim.generation);
+          if (row) this.ledger.setPhase(victim.tenantId, victim.generation, row.phase, outcome.report);
+        }
+        if (released < step.take) refused.add(key);
+        continue;
+      }
       let outcome: EvictOutcome | null;
       try {
         this.ledger.setPhase(victim.tenantId, victim.generation, "draining", null);
@@ -465,7 +684,7 @@ export class BudgetObject extends DurableObject<Env> {
         this.ledger.bump("evictions");
         this.ledger.remove(victim.tenantId, victim.generation);
       } else {
-        refused.add(`${victim.tenantId}:${victim.generation}`);
+        refused.add(key);
         if (this.ledger.find(victim.tenantId, victim.generation)) {
           this.ledger.setPhase(victim.tenantId, victim.generation, "allocated", outcome?.report ?? null);
         }
@@ -474,11 +693,43 @@ export class BudgetObject extends DurableObject<Env> {
     this.grantFitting(host);
   }
 
-  // ── Hosts ──────────────────────────────────────────────────────────────────────────────────────
+  // ── Hosts and tunnels ──────────────────────────────────────────────────────────────────────────
 
-  private host(hostName: string): DatabaseHost {
-    const host = loadConfig(this.env).hosts.get(hostName);
-    if (!host) throw new Error(`unknown host ${hostName}`);
-    return host;
+  /** The host, or the customer's tunnel (`tunnel:<name>`), this object budgets. */
+  private host(hostName: string): BudgetSubject {
+    const subject = budgetSubject(loadConfig(this.env), hostName);
+    if (!subject) throw new Error(`unknown host or tunnel ${hostName}`);
+    return subject;
   }
+}
+
+/**
+ * The host's pooled connections by use, from the ledger: in use (leases, as last reported, at most
+ * a pool's size) against idle (the rest of allocated pools' allowances), and how far pools have
+ * grown past or shrunk below the size they started at.
+ */
+function pooledConnections(allocations: readonly Allocation[]): CapacityStatus["pooled"] {
+  const allocated = allocations.filter((a) => a.phase === "allocated");
+  const inUse = allocated.reduce((n, a) => n + Math.min(a.leases, a.size), 0);
+  const held = allocated.reduce((n, a) => n + a.size, 0);
+  return {
+    inUse,
+    idle: held - inUse,
+    grown: allocations.reduce((n, a) => n + Math.max(0, a.size - (a.startSize ?? a.size)), 0),
+    shrunk: allocations.reduce((n, a) => n + Math.max(0, (a.startSize ?? a.size) - a.size), 0),
+    adaptivePools: allocations.filter((a) => a.floor !== null && a.floor !== undefined).length,
+  };
+}
+
+/**
+ * A start or rotation that found no room: on a host `capacity_saturated`, on a tunnel
+ * `tunnel_unavailable` (full), which only the tenants behind it ever see.
+ */
+function saturated(subject: BudgetSubject, waited: boolean): AdmitResult {
+  return {
+    granted: false,
+    retryAfterMs: 1_000,
+    waited,
+    ...(subject.tunnel ? { tunnel: "full" as const } : {}),
+  };
 }

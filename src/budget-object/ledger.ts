@@ -35,6 +35,14 @@ export type CounterName =
   | "orphans_terminated"
   | "rotations_admitted"
   | "rotations_refused"
+  | "growths"
+  | "growths_refused"
+  | "shrinks"
+  | "reclaim_shrinks"
+  /** A tunnel's failed connects (slow: timed out; down: refused or cut), and starts its breaker refused. */
+  | "tunnel_slow"
+  | "tunnel_down"
+  | "tunnel_refused"
   | RepairKind;
 
 /** A maintenance connection's slot of the reserve. */
@@ -71,6 +79,9 @@ export class CapacityLedger {
         pinned: row.pinned === 1,
         migrating: row.migrating === 1,
         updatedAt: row.updatedAt,
+        floor: row.floor,
+        startSize: row.startSize ?? row.size,
+        recentPeak: row.recentPeak,
       }));
   }
 
@@ -78,11 +89,32 @@ export class CapacityLedger {
     return this.rows().find((a) => a.tenantId === tenantId && a.generation === generation);
   }
 
-  /** Records a starting pool's reservation. */
-  reserve(tenantId: string, generation: number, size: number): void {
+  /** Records a starting pool's reservation; `floor` for an adaptive pool, null for a fixed one. */
+  reserve(tenantId: string, generation: number, size: number, floor: number | null = null): void {
     this.db
       .insert(allocations)
-      .values({ tenantId, generation, size, phase: "reserved", updatedAt: Date.now() })
+      .values({
+        tenantId,
+        generation,
+        size,
+        phase: "reserved",
+        updatedAt: Date.now(),
+        floor,
+        startSize: size,
+      })
+      .run();
+  }
+
+  /**
+   * Moves a pool's allowance by `delta` connections (a growth admitted: positive; connections given
+   * back: negative), never below zero. Relative on purpose: a growth granted while a shrink of the
+   * same pool is answered adds up in either order, so the ledger never holds less than the pool.
+   */
+  resize(tenantId: string, generation: number, delta: number): void {
+    this.db
+      .update(allocations)
+      .set({ size: sql`max(0, ${allocations.size} + ${delta})`, updatedAt: Date.now() })
+      .where(and(eq(allocations.tenantId, tenantId), eq(allocations.generation, generation)))
       .run();
   }
 
@@ -93,6 +125,7 @@ export class CapacityLedger {
           idleSince: report.idleSince,
           pinned: report.pinned ? 1 : 0,
           migrating: report.migrating ? 1 : 0,
+          ...(report.recentPeak === undefined ? {} : { recentPeak: report.recentPeak }),
         }
       : {};
     this.db

@@ -6,7 +6,7 @@
  * it). Pools never use the reserve and maintenance never uses the pools' share, so the two together
  * never exceed the host's connections. The slots live in the ledger, so they survive a restart.
  */
-import type { DatabaseHost } from "../config/index.ts";
+import type { BudgetSubject } from "../config/index.ts";
 import { maintenanceFits } from "../core/budget.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
@@ -29,7 +29,10 @@ export class MaintenanceSlots {
   }
 
   /** A slot now if the reserve has room and nobody waits; else waits up to `waitMs` in FIFO order. */
-  acquire(host: DatabaseHost, request: MaintenanceRequest): Promise<MaintenanceGrant> | MaintenanceGrant {
+  acquire(
+    host: Pick<BudgetSubject, "budget">,
+    request: MaintenanceRequest,
+  ): Promise<MaintenanceGrant> | MaintenanceGrant {
     this.expire();
     if (this.waiters.length === 0 && maintenanceFits(this.ledger().maintenanceRows().length, host.budget)) {
       return this.grant(request);
@@ -47,13 +50,13 @@ export class MaintenanceSlots {
   }
 
   /** The slot's connection is closed. Idempotent. */
-  release(host: DatabaseHost, leaseId: string): void {
+  release(host: Pick<BudgetSubject, "budget">, leaseId: string): void {
     this.ledger().releaseMaintenance(leaseId);
     this.serve(host);
   }
 
   /** For the reconcile: frees expired slots and those a killed migration left; says how many. */
-  async reclaim(host: DatabaseHost, cutoff: number): Promise<number> {
+  async reclaim(host: Pick<BudgetSubject, "budget" | "name">, cutoff: number): Promise<number> {
     const freed = this.expire() + (await this.reclaimMigrationSlots(host.name, cutoff));
     this.serve(host);
     return freed;
@@ -114,7 +117,7 @@ export class MaintenanceSlots {
   }
 
   /** Grants maintenance waiters in FIFO order while the reserve has room. */
-  private serve(host: DatabaseHost): void {
+  private serve(host: Pick<BudgetSubject, "budget">): void {
     this.expire();
     this.waiters.serveWhile((request) =>
       maintenanceFits(this.ledger().maintenanceRows().length, host.budget) ? this.grant(request) : null,
@@ -136,7 +139,7 @@ export class MaintenanceSlots {
   }
 
   /** While someone waits, wakes up when the earliest held slot expires (its holder may be dead). */
-  private scheduleExpiry(host: DatabaseHost): void {
+  private scheduleExpiry(host: Pick<BudgetSubject, "budget">): void {
     const earliest = Math.min(
       ...this.ledger()
         .maintenanceRows()

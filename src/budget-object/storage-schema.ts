@@ -17,6 +17,12 @@ export const allocations = sqliteTable(
     pinned: integer("pinned").notNull().default(0),
     migrating: integer("migrating").notNull().default(0),
     updatedAt: integer("updated_at").notNull(),
+    /** Adaptive admission: the pool's floor, or null for a fixed-size pool (never shrunk). */
+    floor: integer("floor"),
+    /** The size the pool started at: grown and shrunk are counted against it. */
+    startSize: integer("start_size"),
+    /** Most leases in use at once in the pool's last bucket of observation, as last reported. */
+    recentPeak: integer("recent_peak"),
   },
   (t) => [primaryKey({ columns: [t.tenantId, t.generation] })],
 );

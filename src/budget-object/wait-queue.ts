@@ -66,6 +66,13 @@ export class WaitQueue<T, R> {
     return served;
   }
 
+  /** Answers the waiter first in line with `result` (it leaves the line); false if none waits. */
+  settleHead(result: R): boolean {
+    const head = this.entries.shift();
+    head?.settle(result);
+    return head !== undefined;
+  }
+
   /** Answers every waiter that `matches` with `result` at once, wherever it stands in line. */
   settleWhere(matches: (item: T) => boolean, result: R): number {
     const matched = this.entries.filter((e) => matches(e.item));

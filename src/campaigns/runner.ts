@@ -15,7 +15,7 @@
  * database's own ledger says the steps are applied), so no migration is ever applied twice.
  * Tests stop a tick after exactly k steps with `stepBudget` to prove it.
  */
-import { loadConfig } from "../config/index.ts";
+import { budgetSubject, loadConfig } from "../config/index.ts";
 import { type ControlPlane, withControlPlane } from "../control-plane/index.ts";
 import {
   type ActiveState,
@@ -131,7 +131,8 @@ export async function runCampaignTick(env: Env, options: TickOptions = {}): Prom
   const deadline = wallStart + (options.deadlineMs ?? defaultDeadlineMs);
   const steps = stepCounter(options.stepBudget);
   const reports: CampaignTickReport[] = [];
-  const hostCap = (host: string) => Math.max(1, config.hosts.get(host)?.budget.reserve ?? 1);
+  // A host's, or a customer tunnel's (`tunnel:<name>`), maintenance reserve.
+  const hostCap = (host: string) => Math.max(1, budgetSubject(config, host)?.budget.reserve ?? 1);
   const region = options.region ?? config.defaultRegion;
   try {
     await withControlPlane(config, env, region, async (db) => {

@@ -135,6 +135,8 @@ export async function sqlWithSchemaVersion(
     outcome.ok ||
     !("error" in outcome) ||
     outcome.error.code !== "schema_too_old" ||
+    // A customer's database is never migrated on demand (docs/customer-databases.md).
+    outcome.error.details?.database === "adopted" ||
     !upgradeOnDemand(env)
   ) {
     return outcome;

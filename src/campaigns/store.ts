@@ -7,7 +7,13 @@
 import { and, asc, desc, eq, gt, inArray, lt, sql } from "drizzle-orm";
 import { writeAudit } from "../audit/index.ts";
 import type { ControlPlane } from "../control-plane/index.ts";
-import { appSchemaVersionsSeen, campaigns, campaignTenants, tenants } from "../control-plane/schema.ts";
+import {
+  adoptedDatabases,
+  appSchemaVersionsSeen,
+  campaigns,
+  campaignTenants,
+  tenants,
+} from "../control-plane/schema.ts";
 import {
   type ActiveState,
   type BatchCandidate,
@@ -46,6 +52,8 @@ export interface CreatedCampaign {
   canary: string[];
   /** Listed tenants that were not enrolled because they are already at `toVersion` or newer. */
   alreadyCurrent: number;
+  /** Customers' databases below `toVersion` left out by the campaign's `adopted: "skip"`. */
+  adoptedSkipped: number;
 }
 
 /**
@@ -67,11 +75,17 @@ export async function createCampaign(
     // tenant as erasing and leaves it out, so no enrollment can outlive an erase.
     const provisioned = inArray(tenants.status, ["active", "disabled"]);
     const rows = await tx
-      .select({ id: tenants.id, host: tenants.host, schemaVersion: tenants.schemaVersion })
+      .select({
+        id: tenants.id,
+        host: tenants.host,
+        schemaVersion: tenants.schemaVersion,
+        adopted: sql<boolean>`(${adoptedDatabases.tenantId} IS NOT NULL)`,
+      })
       .from(tenants)
+      .leftJoin(adoptedDatabases, eq(adoptedDatabases.tenantId, tenants.id))
       .where(spec.tenants === null ? provisioned : and(provisioned, inArray(tenants.id, spec.tenants)))
       .orderBy(asc(tenants.id))
-      .for("share");
+      .for("share", { of: tenants });
     if (spec.tenants !== null) {
       const found = new Set(rows.map((row) => row.id));
       const unknown = spec.tenants.filter((id) => !found.has(id));
@@ -81,7 +95,10 @@ export async function createCampaign(
         });
       }
     }
-    const enrolled = rows.filter((row) => row.schemaVersion < spec.toVersion);
+    // A customer's database is migrated only when the campaign says so; the rest are counted.
+    const below = rows.filter((row) => row.schemaVersion < spec.toVersion);
+    const enrolled = below.filter((row) => spec.adopted === "include" || !row.adopted);
+    const adoptedSkipped = below.length - enrolled.length;
     const id = newCampaignId();
     const planned = planCohorts(
       enrolled.map((row) => row.id),
@@ -109,6 +126,8 @@ export async function createCampaign(
         stabilityWindowMs: spec.stabilityWindowMs,
         canaryPercent: spec.canary.kind === "percent" ? spec.canary.percent : null,
         listed: spec.tenants !== null,
+        adoptedPolicy: spec.adopted,
+        adoptedSkipped,
         contractSteps: contractStepsBetween(bundled, minFrom, spec.toVersion),
         createdAt: at,
         updatedAt: at,
@@ -140,13 +159,16 @@ export async function createCampaign(
         toVersion: spec.toVersion,
         enrolled: planned.plan.length,
         scope: spec.tenants === null ? "fleet" : "listed",
+        adopted: spec.adopted,
+        adoptedSkipped,
       },
     });
     return {
       campaign,
       enrolled: planned.plan.length,
       canary: planned.plan.filter((entry) => entry.cohort === "canary").map((entry) => entry.tenantId),
-      alreadyCurrent: rows.length - enrolled.length,
+      alreadyCurrent: rows.length - below.length,
+      adoptedSkipped,
     };
   });
 }

@@ -2,6 +2,7 @@
  * Typed configuration from the Worker's vars and secrets. Parsed once per isolate and per env
  * object; a bad value is a `misconfigured` error that names the setting, never its value.
  */
+import { type AdaptivePolicy, adaptiveBounds, defaultAdaptivePolicy } from "../core/adaptive.ts";
 import { type BudgetLimits, validateLimits } from "../core/budget.ts";
 import {
   type ContainmentLevel,
@@ -10,6 +11,7 @@ import {
   impliedHostKind,
   isPoolerHostname,
 } from "../core/host-capabilities.ts";
+import { tunnelBudgetName } from "../core/tunnel.ts";
 import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
 
@@ -28,6 +30,59 @@ export interface DatabaseHost {
   locationHint: LocationHint | null;
   /** The region the host is in (docs/adr/023-regions.md): its tenants' catalog lives in that region's control plane. */
   region: string;
+  /**
+   * Adaptive admission on this host (docs/adr/022-adaptive-admission.md), or null: every pool holds
+   * its tier's size, as before. Off unless the host's budget says `"adaptive": true` (or settings).
+   */
+  adaptive: AdaptivePolicy | null;
+}
+
+/**
+ * A customer's tunnel (docs/adr/018-customer-databases-behind-tunnels.md): the WebSocket proxy at
+ * its end, in the customer's network, through which Lessor reaches databases it did not create;
+ * and the connections it may carry, budgeted by a BudgetObject of its own (`tunnel:<name>`).
+ */
+export interface Tunnel {
+  name: string;
+  /** `tunnel:<name>`: its BudgetObject's name, and the `host` of every tenant behind it. */
+  budgetName: string;
+  /** The proxy's address without a scheme (`pg.example.com`, `127.0.0.1:9000/path`). */
+  proxy: string;
+  /** `wss://` (always, but on loopback). */
+  secure: boolean;
+  /** `connections`: the tunnel's capacity; `reserve`: its maintenance share; no rotation overlap beyond it. */
+  budget: BudgetLimits;
+  /** A connect through the tunnel that has not finished its handshake by then fails as `slow`. */
+  connectTimeoutMs: number;
+  locationHint: LocationHint | null;
+}
+
+/** What a BudgetObject budgets: a database host, or a customer's tunnel. */
+export interface BudgetSubject {
+  name: string;
+  budget: BudgetLimits;
+  locationHint: LocationHint | null;
+  /** Set for a tunnel's budget. */
+  tunnel: Tunnel | null;
+  /** Adaptive admission (docs/adr/022): a host's setting; a tunnel's pools keep their size. */
+  adaptive: AdaptivePolicy | null;
+}
+
+/** The host or tunnel a budget name names, or null. */
+export function budgetSubject(config: LessorConfig, name: string): BudgetSubject | null {
+  const host = config.hosts.get(name);
+  if (host)
+    return {
+      name,
+      budget: host.budget,
+      locationHint: host.locationHint,
+      tunnel: null,
+      adaptive: host.adaptive,
+    };
+  const tunnel = config.tunnelsByBudgetName.get(name);
+  if (tunnel)
+    return { name, budget: tunnel.budget, locationHint: tunnel.locationHint, tunnel, adaptive: null };
+  return null;
 }
 
 /** Cloudflare's Durable Object jurisdictions: objects created in one never leave it. */
@@ -69,10 +124,21 @@ export type LocationHint = (typeof locationHints)[number];
 export interface LessorConfig {
   idleTimeoutMs: number;
   maxBodyBytes: number;
+  /**
+   * Each tier's maximum pool size: a hard cap (the tenant role's `CONNECTION LIMIT` is this plus
+   * one). A fixed-size pool holds its tier's `poolStartSizes` entry, which is this unless the tier
+   * names a smaller `size`.
+   */
   poolSizes: ReadonlyMap<string, number>;
+  /** Each tier's size: what a pool holds on a fixed host, and what it starts with on an adaptive one. */
+  poolStartSizes: ReadonlyMap<string, number>;
   defaultTier: string;
   hosts: ReadonlyMap<string, DatabaseHost>;
   defaultHost: string;
+  /** Customers' tunnels by name (`LESSOR_TUNNELS`); none by default. */
+  tunnels: ReadonlyMap<string, Tunnel>;
+  /** The same tunnels by budget name (`tunnel:<name>`). */
+  tunnelsByBudgetName: ReadonlyMap<string, Tunnel>;
   wsProxy: string | null;
   /** How long a pool start waits for budget before `capacity_saturated`. */
   admissionWaitMs: number;
@@ -366,6 +432,131 @@ export function regionOfHost(config: LessorConfig, host: string): string {
   return config.hosts.get(host)?.region ?? config.defaultRegion;
 }
 
+/**
+ * One `LESSOR_POOL_SIZES` tier: a size (the pool holds it, and can grow no further), or
+ * `{"size": n, "max": m}`: a fixed host's pools hold `n`; an adaptive host's start at `n` and move
+ * between the host's floor and `m` (docs/capacity.md).
+ */
+function tierEntry(tier: string, entry: unknown): { size: number; max: number } {
+  const isSize = (v: unknown): v is number =>
+    typeof v === "number" && Number.isInteger(v) && v >= 1 && v <= maxPoolSize;
+  if (typeof entry === "number") {
+    if (!isSize(entry))
+      fail("LESSOR_POOL_SIZES", `tier ${tier} must have a pool size from 1 to ${maxPoolSize}`);
+    return { size: entry, max: entry };
+  }
+  if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+    fail("LESSOR_POOL_SIZES", `tier ${tier} must be a pool size, or {"size": n, "max": m}`);
+  }
+  const { size, max = size, ...rest } = entry as Record<string, unknown>;
+  const unknown = Object.keys(rest);
+  if (unknown.length > 0) {
+    fail("LESSOR_POOL_SIZES", `tier ${tier} has unknown fields (${unknown.join(", ")}); known: size, max`);
+  }
+  if (!isSize(size))
+    fail("LESSOR_POOL_SIZES", `tier ${tier}: size must be a whole number from 1 to ${maxPoolSize}`);
+  if (!isSize(max))
+    fail("LESSOR_POOL_SIZES", `tier ${tier}: max must be a whole number from 1 to ${maxPoolSize}`);
+  if (max < size) fail("LESSOR_POOL_SIZES", `tier ${tier}: max (${max}) is smaller than size (${size})`);
+  return { size, max };
+}
+
+/**
+ * A host's `adaptive` budget setting: absent or `false` (fixed pools), `true` (the defaults), or
+ * `{"floor", "growthStep", "windowMs"}` (each optional; the rest default).
+ */
+function adaptivePolicy(host: string, raw: unknown): AdaptivePolicy | null {
+  if (raw === undefined || raw === false) return null;
+  if (raw === true) return { ...defaultAdaptivePolicy };
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
+    fail(
+      "LESSOR_BUDGETS",
+      `host ${host}: adaptive must be true, false, or {"floor", "growthStep", "windowMs"}`,
+    );
+  }
+  const policy = { ...defaultAdaptivePolicy };
+  for (const [key, value] of Object.entries(raw as Record<string, unknown>)) {
+    if (!(key in adaptiveBounds)) {
+      fail(
+        "LESSOR_BUDGETS",
+        `host ${host}: adaptive has an unknown field (${key}); known: ${Object.keys(adaptiveBounds).join(", ")}`,
+      );
+    }
+    const bounds = adaptiveBounds[key as keyof AdaptivePolicy];
+    if (typeof value !== "number" || !Number.isInteger(value) || value < bounds.min || value > bounds.max) {
+      fail(
+        "LESSOR_BUDGETS",
+        `host ${host}: adaptive.${key} must be a whole number from ${bounds.min} to ${bounds.max}`,
+      );
+    }
+    policy[key as keyof AdaptivePolicy] = value;
+  }
+  return policy;
+}
+
+/** Tunnel fields `LESSOR_TUNNELS` knows. */
+const tunnelFields = ["proxy", "capacity", "reserve", "connectTimeoutMs", "locationHint"];
+
+/**
+ * `LESSOR_TUNNELS`: `{"<name>": {"proxy": "wss://…", "capacity": n, "reserve"?: 1,
+ * "connectTimeoutMs"?: 5000, "locationHint"?: "weur"}}`. A proxy is reached over TLS (`wss://`)
+ * unless it is on this machine's loopback (local runs and tests).
+ */
+function parseTunnels(raw: string | undefined, hostNames: ReadonlySet<string>): Tunnel[] {
+  if (raw === undefined || raw.trim() === "") return [];
+  const tunnels: Tunnel[] = [];
+  for (const [name, entry] of Object.entries(jsonObject("LESSOR_TUNNELS", raw))) {
+    if (!/^[a-z0-9][a-z0-9-]{0,39}$/.test(name)) fail("LESSOR_TUNNELS", "tunnel names are lowercase slugs");
+    if (hostNames.has(name)) fail("LESSOR_TUNNELS", `tunnel ${name} has a host's name; give it its own`);
+    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+      fail("LESSOR_TUNNELS", `tunnel ${name} needs an object with "proxy" and "capacity"`);
+    }
+    const fields = entry as Record<string, unknown>;
+    const unknown = Object.keys(fields).filter((key) => !tunnelFields.includes(key));
+    if (unknown.length > 0) {
+      fail(
+        "LESSOR_TUNNELS",
+        `tunnel ${name} has unknown fields (${unknown.join(", ")}); known: ${tunnelFields.join(", ")}`,
+      );
+    }
+    const { proxy, capacity, reserve = 1, connectTimeoutMs = 5_000, locationHint: hint } = fields;
+    if (typeof proxy !== "string" || proxy === "") {
+      fail("LESSOR_TUNNELS", `tunnel ${name} needs "proxy", the address of the WebSocket proxy at its end`);
+    }
+    const scheme = /^(wss|ws):\/\//.exec(proxy)?.[1] ?? null;
+    const address = proxy.replace(/^wss?:\/\//, "").replace(/\/+$/, "");
+    const loopback = isLoopbackAddress(address);
+    // Credentials and tenant data cross it: TLS, but to this machine's loopback (local runs, tests).
+    if (scheme === "ws" && !loopback) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: the proxy must be reached over TLS (wss://…)`);
+    }
+    const budget = { connections: Number(capacity), reserve: Number(reserve), rotationReserve: 0 };
+    if (!Number.isInteger(budget.connections) || budget.connections < 2) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: capacity must be a whole number of connections, at least 2`);
+    }
+    if (!Number.isInteger(budget.reserve) || budget.reserve < 1 || budget.reserve >= budget.connections) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: reserve must be at least 1 and below capacity`);
+    }
+    const timeout = Number(connectTimeoutMs);
+    if (!Number.isInteger(timeout) || timeout < 100 || timeout > 60_000) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: connectTimeoutMs must be from 100 to 60000`);
+    }
+    if (hint !== undefined && !(locationHints as readonly unknown[]).includes(hint)) {
+      fail("LESSOR_TUNNELS", `tunnel ${name}: locationHint must be one of ${locationHints.join(", ")}`);
+    }
+    tunnels.push({
+      name,
+      budgetName: tunnelBudgetName(name),
+      proxy: address,
+      secure: scheme === "wss" || (scheme === null && !loopback),
+      budget,
+      connectTimeoutMs: timeout,
+      locationHint: (hint as LocationHint | undefined) ?? null,
+    });
+  }
+  return tunnels;
+}
+
 /** Reads and validates the configuration. */
 export function loadConfig(env: Env): LessorConfig {
   const cached = cache.get(env);
@@ -374,11 +565,11 @@ export function loadConfig(env: Env): LessorConfig {
   const vars = env as unknown as Record<string, string | undefined>;
 
   const poolSizes = new Map<string, number>();
-  for (const [tier, size] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
-    if (typeof size !== "number" || !Number.isInteger(size) || size < 1 || size > maxPoolSize) {
-      fail("LESSOR_POOL_SIZES", `tier ${tier} must have a pool size from 1 to ${maxPoolSize}`);
-    }
-    poolSizes.set(tier, size);
+  const poolStartSizes = new Map<string, number>();
+  for (const [tier, entry] of Object.entries(jsonObject("LESSOR_POOL_SIZES", env.LESSOR_POOL_SIZES))) {
+    const { size, max } = tierEntry(tier, entry);
+    poolSizes.set(tier, max);
+    poolStartSizes.set(tier, size);
   }
   const defaultTier = poolSizes.has("standard") ? "standard" : [...poolSizes.keys()][0];
   if (!defaultTier) fail("LESSOR_POOL_SIZES", "names no tier");
@@ -411,7 +602,16 @@ export function loadConfig(env: Env): LessorConfig {
       connections,
       reserve = defaultReserve,
       rotationReserve = largestPool,
+      adaptive,
+      ...unknownBudget
     } = rawBudget as Record<string, unknown>;
+    const unknownFields = Object.keys(unknownBudget);
+    if (unknownFields.length > 0) {
+      fail(
+        "LESSOR_BUDGETS",
+        `host ${name} has unknown fields (${unknownFields.join(", ")}); known: connections, reserve, rotationReserve, adaptive`,
+      );
+    }
     const budget = {
       connections: Number(connections),
       reserve: Number(reserve),
@@ -429,6 +629,7 @@ export function loadConfig(env: Env): LessorConfig {
       containment: declared.containment ?? "full",
       locationHint: declared.locationHint ?? null,
       region: "",
+      adaptive: adaptivePolicy(name, adaptive),
     });
   }
   const wsProxy = env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null;
@@ -456,16 +657,21 @@ export function loadConfig(env: Env): LessorConfig {
   // New tenants go to the default region's first host unless a host is named.
   const defaultHost = regions.get(defaultRegion)?.hosts[0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
+  const tunnels = parseTunnels(vars.LESSOR_TUNNELS, new Set(hosts.keys()));
   const keyMacRing = parseKeyMacRing(env.LESSOR_KEY_MAC_KEYS);
   if ("problem" in keyMacRing) fail("LESSOR_KEY_MAC_KEYS", keyMacRing.problem);
 
   const config: LessorConfig = {
-    idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 60_000),
+    // What a warm pool costs per second against a cold start's price (docs/adr/021).
+    idleTimeoutMs: positiveInt("LESSOR_IDLE_TIMEOUT_MS", env.LESSOR_IDLE_TIMEOUT_MS, 20_000),
     maxBodyBytes: positiveInt("LESSOR_MAX_BODY_BYTES", env.LESSOR_MAX_BODY_BYTES, 1024 * 1024),
     poolSizes,
+    poolStartSizes,
     defaultTier,
     hosts,
     defaultHost,
+    tunnels: new Map(tunnels.map((t) => [t.name, t])),
+    tunnelsByBudgetName: new Map(tunnels.map((t) => [t.budgetName, t])),
     wsProxy,
     admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),

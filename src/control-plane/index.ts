@@ -17,9 +17,10 @@ import {
 import { LessorError } from "../errors/index.ts";
 import { controlPlaneShard } from "../placement/index.ts";
 import type { Queryable } from "../postgres/queryable.ts";
-import type { TenantKeyRecord, TenantRecord } from "../rpc/tenant.ts";
+import type { AdoptedPlacement, TenantKeyRecord, TenantRecord } from "../rpc/tenant.ts";
 import { answerError, RemoteClient } from "./remote-client.ts";
 import {
+  adoptedDatabases,
   controlPlaneSchema,
   generationLedger,
   lifecycleEvents,
@@ -104,7 +105,31 @@ export async function loadTenantRecord(
 ): Promise<TenantRecord | null> {
   const [row] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
   if (!row || !isServable(row.status)) return null;
-  return tenantRecordFromRow(row, await loadUsableKeys(db, tenantId), config, await loadTenantJwt(db, row));
+  return tenantRecordFromRow(
+    row,
+    await loadUsableKeys(db, tenantId),
+    config,
+    await loadTenantJwt(db, row),
+    await loadAdoptedPlacement(db, tenantId),
+  );
+}
+
+/** Where a tenant's adopted database is (docs/adr/018); null for a database Lessor created. */
+export async function loadAdoptedPlacement(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<AdoptedPlacement | null> {
+  const [row] = await db
+    .select({
+      tunnel: adoptedDatabases.tunnel,
+      hostname: adoptedDatabases.hostname,
+      port: adoptedDatabases.port,
+      credentials: adoptedDatabases.credentialPolicy,
+    })
+    .from(adoptedDatabases)
+    .where(eq(adoptedDatabases.tenantId, tenantId))
+    .limit(1);
+  return row ?? null;
 }
 
 /** A tenant's end-user JWT configuration, with the login role derived from its role; null if none. */
@@ -158,6 +183,7 @@ export function tenantRecordFromRow(
   keys: TenantKeyRecord[],
   config: LessorConfig,
   jwt: TenantJwt | null = null,
+  adopted: AdoptedPlacement | null = null,
 ): TenantRecord | null {
   if (!isServable(row.status)) return null;
   return {
@@ -171,6 +197,7 @@ export function tenantRecordFromRow(
     roleName: row.roleName,
     schemaVersion: row.schemaVersion,
     jwt,
+    adopted,
   };
 }
 

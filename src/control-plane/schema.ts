@@ -103,6 +103,29 @@ export const tenantCredentials = pgTable("tenant_credentials", {
 });
 
 /**
+ * A tenant whose database Lessor did not create (docs/adr/018-customer-databases-behind-tunnels.md):
+ * its customer's server, reached through a named tunnel with a credential the customer issued
+ * (sealed in `tenant_credentials` like every credential). The catalog row's `host` is the tunnel's
+ * budget name (`tunnel:<name>`), its `database_name` and `role_name` the customer's. Lessor creates
+ * nothing on that server; an erase detaches (this row goes), it never drops.
+ */
+export const adoptedDatabases = pgTable("adopted_databases", {
+  tenantId: text("tenant_id")
+    .primaryKey()
+    .references(() => tenants.id),
+  tunnel: text("tunnel").notNull(),
+  /** The database's host and port as the tunnel's proxy reaches them (not secret). */
+  hostname: text("hostname").notNull(),
+  port: integer("port").notNull(),
+  /** `customer`: new credentials come through the API; `lessor`: Lessor rotates the role's password itself. */
+  credentialPolicy: text("credential_policy", { enum: ["customer", "lessor"] }).notNull(),
+  /** What the attach probe found (src/core/adoption.ts `AdoptionReport`): facts, verdict, warnings. */
+  report: jsonb("report").notNull(),
+  attachedAt: timestamp("attached_at", { withTimezone: true }).notNull().defaultNow(),
+  updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
+});
+
+/**
  * Insert-only: one row per pool start. A primary-key conflict means another start already took
  * that generation (a lost race); the loser moves past it instead of sharing it.
  */
@@ -248,6 +271,14 @@ export const campaigns = pgTable(
      * counts add this, so its total stays the number it enrolled.
      */
     erasedTenants: integer("erased_tenants").notNull().default(0),
+    /**
+     * Customers' databases (adopted, docs/customer-databases.md): `skip` (default) leaves them out,
+     * `include` migrates them like the rest; `adopted_skipped` counts those left out at creation.
+     */
+    adoptedPolicy: text("adopted_policy", { enum: ["skip", "include"] })
+      .notNull()
+      .default("skip"),
+    adoptedSkipped: integer("adopted_skipped").notNull().default(0),
     createdAt: timestamp("created_at", { withTimezone: true }).notNull().defaultNow(),
     updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
     startedAt: timestamp("started_at", { withTimezone: true }),
@@ -348,6 +379,11 @@ export const tenantErasures = pgTable(
     actor: text("actor").notNull(),
     /** The erase was asked with `force=true` (a pinned tenant). */
     forced: boolean("forced").notNull().default(false),
+    /**
+     * The tenant's database was its customer's (adopted): the erase detached it, never dropped it,
+     * and forgot the credential. The tombstone says so.
+     */
+    detached: boolean("detached").notNull().default(false),
     /** Counts per finished stage: what each removed. No secret, no tenant data. */
     counts: jsonb("counts").$type<Record<string, Record<string, number>>>().notNull().default({}),
     attempts: integer("attempts").notNull().default(0),
@@ -438,6 +474,7 @@ export const controlPlaneSchema = {
   tenantKeys,
   tenantCredentials,
   tenantJwt,
+  adoptedDatabases,
   generationLedger,
   lifecycleEvents,
   usageDeltas,

@@ -31,6 +31,15 @@ export interface Allocation {
   leases: number;
   pinned: boolean;
   migrating: boolean;
+  /**
+   * Adaptive admission (src/core/adaptive.ts): the fewest connections the pool keeps, or null for a
+   * pool of fixed size (never shrunk). Absent on ledgers written before adaptive admission: fixed.
+   */
+  floor?: number | null;
+  /** The size the pool started at (grown and shrunk are counted against it). */
+  startSize?: number;
+  /** Most leases in use at once in the pool's last bucket of observation, as last reported. */
+  recentPeak?: number | null;
 }
 
 /** Connections pools may hold in total. */
@@ -110,6 +119,65 @@ export function planEviction(
   return null;
 }
 
+/**
+ * Idle connections an adaptive pool could give back now, as last reported: down to its floor, the
+ * leases it holds and its recent peak (the same bound the pool applies: core/adaptive.ts
+ * `targetSize` under pressure). A fixed pool, or one starting, draining, pinned or migrating, gives
+ * back none. The pool re-checks when asked, so a stale report can only make it give back less.
+ */
+export function shrinkableConnections(a: Allocation): number {
+  if (a.floor === null || a.floor === undefined) return 0;
+  if (a.phase !== "allocated" || a.pinned || a.migrating) return 0;
+  return Math.max(0, a.size - Math.max(a.floor, a.leases, a.recentPeak ?? 0));
+}
+
+/** One step of a reclaim: take idle connections back from a pool, or evict it whole. */
+export type ReclaimStep =
+  | { kind: "shrink"; allocation: Allocation; take: number }
+  | { kind: "evict"; allocation: Allocation };
+
+/**
+ * How to make room for `size` connections: first idle connections taken back from under-used
+ * adaptive pools (the most idle first), then, only if `allowEviction` and shrinking is not enough,
+ * whole idle pools evicted (least recently used first, as `planEviction`). Returns [] when it fits
+ * already, null when even all of that would not make room. A growth never evicts: its caller
+ * passes `allowEviction: false`.
+ */
+export function planReclaim(
+  allocations: readonly Allocation[],
+  limits: BudgetLimits,
+  size: number,
+  options: { excludeTenant?: string; allowEviction: boolean },
+): ReclaimStep[] | null {
+  const draining = allocations.filter((a) => a.phase === "draining").reduce((sum, a) => sum + a.size, 0);
+  let shortfall = usedConnections(allocations) + size - poolCapacity(limits) - draining;
+  if (shortfall <= 0) return [];
+  const steps: ReclaimStep[] = [];
+  const shrinkers = allocations
+    .filter((a) => a.tenantId !== options.excludeTenant && shrinkableConnections(a) > 0)
+    .toSorted(
+      (a, b) =>
+        shrinkableConnections(b) - shrinkableConnections(a) || (a.idleSince ?? 0) - (b.idleSince ?? 0),
+    );
+  for (const allocation of shrinkers) {
+    const take = Math.min(shortfall, shrinkableConnections(allocation));
+    steps.push({ kind: "shrink", allocation, take });
+    shortfall -= take;
+    if (shortfall <= 0) return steps;
+  }
+  if (!options.allowEviction) return null;
+  for (const candidate of evictionCandidates(allocations, options.excludeTenant)) {
+    // A pool planned to shrink frees only the rest of it when evicted instead.
+    const planned = steps.findIndex((s) => s.allocation === candidate);
+    const already = planned >= 0 ? (steps[planned] as { take: number }).take : 0;
+    if (planned >= 0) steps.splice(planned, 1);
+    steps.push({ kind: "evict", allocation: candidate });
+    shortfall -= candidate.size - already;
+    if (shortfall <= 0) return steps;
+  }
+  return null;
+}
+
 /** A budget that cannot hold the largest pool is a configuration error, refused up front. */
 export function validateLimits(limits: BudgetLimits, largestPool: number): string | null {
   if (!Number.isInteger(limits.connections) || limits.connections < 1)
@@ -134,6 +202,7 @@ export type NotEvictableReason = "starting" | "draining" | "pinned" | "migrating
 /** One pool in an eviction dry run. */
 export type EvictionVerdict =
   | { allocation: Allocation; verdict: "evict"; order: number }
+  | { allocation: Allocation; verdict: "shrink"; order: number; take: number }
   | { allocation: Allocation; verdict: "eligible_not_needed" }
   | { allocation: Allocation; verdict: "not_eligible"; reason: NotEvictableReason };
 
@@ -145,11 +214,12 @@ export interface EvictionDryRun {
   used: number;
   /** Connections of draining pools: on their way back, so the admission does not evict for them. */
   draining: number;
-  /** `fits`: no eviction needed; `evicts`: the victims in `pools` with verdict `evict` make room;
+  /** `fits`: no eviction needed; `shrinks`: idle connections taken back from adaptive pools (verdict
+   * `shrink`) make room; `evicts`: with the victims in `pools` with verdict `evict`, they do;
    * `saturated`: even evicting every eligible pool would not, so the start would wait, then be refused. */
-  outcome: "fits" | "evicts" | "saturated";
-  /** Every pool holding capacity: victims first (in eviction order), then eligible pools not
-   * needed, then the rest with the reason each one may not be evicted. */
+  outcome: "fits" | "shrinks" | "evicts" | "saturated";
+  /** Every pool holding capacity: the reclaim's steps first (shrinks, then victims, in order), then
+   * eligible pools not needed, then the rest with the reason each one may not be evicted. */
   pools: EvictionVerdict[];
 }
 
@@ -169,36 +239,44 @@ export function notEvictableReason(a: Allocation): NotEvictableReason | null {
 }
 
 /**
- * The eviction dry run behind `lessorctl evict --dry-run`: the victims `planEviction` would pick
- * for an admission of `size` (by a tenant holding nothing on the host), in order, and for every
- * other pool why it is spared. It uses the same functions as a real admission, so the report
- * cannot drift from what the BudgetObject does.
+ * The eviction dry run behind `lessorctl evict --dry-run`: the steps `planReclaim` would take for
+ * an admission of `size` (by a tenant holding nothing on the host), in order — idle connections
+ * taken back from adaptive pools, then victims evicted — and for every other pool why it is spared.
+ * It uses the same functions as a real admission, so the report cannot drift from what the
+ * BudgetObject does. On a host of fixed pools the steps are `planEviction`'s victims.
  */
 export function evictionDryRun(
   allocations: readonly Allocation[],
   limits: BudgetLimits,
   size: number,
 ): EvictionDryRun {
-  const plan = planEviction(allocations, limits, size);
-  const victims = plan ?? [];
-  const victimKeys = new Set(victims.map((a) => `${a.tenantId}:${a.generation}`));
+  const plan = planReclaim(allocations, limits, size, { allowEviction: true });
+  const steps = plan ?? [];
+  const key = (a: Allocation) => `${a.tenantId}:${a.generation}`;
+  const planned = new Set(steps.map((s) => key(s.allocation)));
   const candidates = evictionCandidates(allocations);
   const pools: EvictionVerdict[] = [
-    ...victims.map((allocation, index) => ({ allocation, verdict: "evict" as const, order: index + 1 })),
+    ...steps.map(
+      (step, index): EvictionVerdict =>
+        step.kind === "evict"
+          ? { allocation: step.allocation, verdict: "evict", order: index + 1 }
+          : { allocation: step.allocation, verdict: "shrink", order: index + 1, take: step.take },
+    ),
     ...candidates
-      .filter((a) => !victimKeys.has(`${a.tenantId}:${a.generation}`))
+      .filter((a) => !planned.has(key(a)))
       .map((allocation) => ({ allocation, verdict: "eligible_not_needed" as const })),
   ];
   for (const allocation of allocations) {
     const reason = notEvictableReason(allocation);
-    if (reason) pools.push({ allocation, verdict: "not_eligible", reason });
+    if (reason && !planned.has(key(allocation))) pools.push({ allocation, verdict: "not_eligible", reason });
   }
+  const evicts = steps.some((s) => s.kind === "evict");
   return {
     size,
     poolCapacity: poolCapacity(limits),
     used: usedConnections(allocations),
     draining: allocations.filter((a) => a.phase === "draining").reduce((sum, a) => sum + a.size, 0),
-    outcome: plan === null ? "saturated" : plan.length === 0 ? "fits" : "evicts",
+    outcome: plan === null ? "saturated" : evicts ? "evicts" : steps.length > 0 ? "shrinks" : "fits",
     pools,
   };
 }

@@ -60,8 +60,14 @@ export const campaignDefaults = {
   stabilityWindowMs: 15 * 60_000,
   /** Attempts before a tenant that keeps being skipped (leases held, unreachable) is given up on. */
   maxAttempts: 10,
-  /** A claim older than this is presumed dead (its runner was killed) and may be claimed again. */
-  claimTimeoutMs: 10 * 60_000,
+  /**
+   * A claim older than this is presumed dead (its runner was killed) and may be claimed again. A
+   * live tick records every claim within its own bound (30 s; a migration still running then is
+   * deferred, not left claimed), so two minutes is past any live one; a longer timeout only kept a
+   * killed tick's tenants off the host's migration cap (the chaos soak: two idle minutes, issue 32).
+   * Claiming again is safe: the database's ledger applies nothing twice.
+   */
+  claimTimeoutMs: 2 * 60_000,
 } as const;
 
 export type CanaryChoice =
@@ -80,7 +86,14 @@ export interface CampaignSpec {
   stabilityWindowMs: number;
   /** Limit the campaign to these tenants; null is the whole fleet. */
   tenants: string[] | null;
+  /**
+   * Customers' databases (adopted, docs/customer-databases.md): `skip` (the default) leaves them out
+   * and counts them; `include` migrates them like every other tenant (the customer asked for it).
+   */
+  adopted: AdoptedPolicy;
 }
+
+export type AdoptedPolicy = "skip" | "include";
 
 /** The fields a campaign request may carry; anything else is refused, so a typo is never ignored. */
 const campaignFields = [
@@ -93,6 +106,7 @@ const campaignFields = [
   "drainTimeoutMs",
   "stabilityWindowMs",
   "tenants",
+  "adopted",
 ] as const;
 
 /** An integer in [min, max], refused with `message`. */
@@ -187,6 +201,7 @@ export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: un
             v.minLength(1, "tenants, when given, must name at least one tenant."),
           ),
         ),
+        adopted: v.optional(v.picklist(["skip", "include"], 'adopted must be "skip" or "include".'), "skip"),
       },
       (issue) => {
         const key = issue.path?.[0]?.key;
@@ -214,6 +229,7 @@ export function campaignSpecSchema(bundledVersions: number, isTenantId: (raw: un
         drainTimeoutMs: body.drainTimeoutMs,
         stabilityWindowMs: body.stabilityWindowMs,
         tenants: body.tenants ?? null,
+        adopted: body.adopted,
       }),
     ),
   );

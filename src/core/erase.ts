@@ -72,6 +72,8 @@ export interface EraseLeftovers {
   tenantJwt: number;
   campaignTenants: number;
   tenantCredentials: number;
+  /** Where a customer's database is (adopted): goes at `database` (detached, never dropped). */
+  adoptedDatabases: number;
   usageDeltas: number;
   usageRollups: number;
   lifecycleEvents: number;
@@ -84,6 +86,7 @@ const leftoverStage: Record<keyof EraseLeftovers, EraseStage> = {
   tenantJwt: "keys",
   campaignTenants: "campaigns",
   tenantCredentials: "credentials",
+  adoptedDatabases: "database",
   usageDeltas: "usage",
   usageRollups: "usage",
   lifecycleEvents: "events",

@@ -28,6 +28,12 @@ export type FailureReason =
    * left `LESSOR_SEAL_KEY`, say): the operator must act; clients see `misconfigured`.
    */
   | "misconfigured"
+  /**
+   * A customer's database (adopted, docs/adr/018) refused the credential its customer issued: it was
+   * revoked or changed on their side. Lessor cannot repair it (it does not own the role); an
+   * operator must supply a new one. Clients see `credential_revoked`, never `unreachable`.
+   */
+  | "credential_revoked"
   | "unknown";
 
 export interface Lifecycle {
@@ -226,6 +232,15 @@ export function rotationDecision(lc: Lifecycle): RotationDecision {
     case "draining":
       return { kind: "refuse", code: "tenant_draining" };
   }
+}
+
+/**
+ * A stopped tenant's credential was replaced (a rotation, or a credential its customer supplied):
+ * a tenant backing off after a failed start (a revoked credential, say) may start again at once.
+ */
+export function credentialReplaced(lc: Lifecycle): Lifecycle {
+  if (lc.state !== "failed") return lc;
+  return { ...lc, state: "stopped", failures: 0, failureReason: null, retryAt: null };
 }
 
 /** A rotation reserves the next generation for the pool it prepares; the current one keeps serving. */

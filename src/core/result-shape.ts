@@ -191,6 +191,8 @@ export interface EncodedResult {
   command: string;
   rowCount: number | null;
   fields: FieldDescription[];
+  /** `JSON.stringify(fields)`, when the runner already made it (to count its bytes): made once. */
+  fieldsJson?: string;
   /** Each row's JSON text, in order. */
   rows: string[];
   rowAsArray: boolean;
@@ -198,7 +200,7 @@ export interface EncodedResult {
 
 /** The JSON of one statement's answer: byte for byte `JSON.stringify(shapeResult(…))`. */
 export function encodeResult(result: EncodedResult): string {
-  return `{"fields":${JSON.stringify(result.fields)},"rows":[${result.rows.join(",")}],"command":${JSON.stringify(result.command)},"rowCount":${JSON.stringify(result.rowCount)},"rowAsArray":${result.rowAsArray}}`;
+  return `{"fields":${result.fieldsJson ?? JSON.stringify(result.fields)},"rows":[${result.rows.join(",")}],"command":${JSON.stringify(result.command)},"rowCount":${JSON.stringify(result.rowCount)},"rowAsArray":${result.rowAsArray}}`;
 }
 
 /**

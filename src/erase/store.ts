@@ -8,6 +8,7 @@ import { and, eq, gt, inArray, isNull, lte, or, sql } from "drizzle-orm";
 import { writeAudit } from "../audit/index.ts";
 import type { ControlPlane } from "../control-plane/index.ts";
 import {
+  adoptedDatabases,
   campaigns,
   campaignTenants,
   generationLedger,
@@ -81,9 +82,15 @@ export function openErase(
           or(isNull(tenantKeys.expiresAt), gt(tenantKeys.expiresAt, sql`now()`)),
         ),
       );
+    // A customer's database is detached, never dropped: decided here, kept in the job and its tombstone.
+    const [adopted] = await tx
+      .select({ tenantId: adoptedDatabases.tenantId })
+      .from(adoptedDatabases)
+      .where(eq(adoptedDatabases.tenantId, row.id));
     const [job] = await tx
       .insert(tenantErasures)
       .values({
+        detached: adopted !== undefined,
         ordinal: row.ordinal,
         tenantId: row.id,
         state: "erasing",
@@ -239,6 +246,36 @@ export async function eraseCampaignRows(
   });
 }
 
+/**
+ * `database` for a customer's database (adopted): where it is goes from the catalog, with one
+ * `tenant.detach` audit row written in the same transaction (so exactly once, whatever re-runs).
+ * Nothing runs on the customer's server: their database and role stay as they are.
+ */
+export async function detachAdoptedDatabase(db: ControlPlane, job: EraseJob): Promise<{ detached: number }> {
+  return db.transaction(async (tx) => {
+    const removed = await tx
+      .delete(adoptedDatabases)
+      .where(eq(adoptedDatabases.tenantId, job.tenantId))
+      .returning({ tunnel: adoptedDatabases.tunnel });
+    const gone = removed[0];
+    if (gone) {
+      await writeAudit(tx, {
+        actor: job.actor,
+        action: "tenant.detach",
+        tenantId: job.tenantId,
+        detail: {
+          ordinal: job.ordinal,
+          tunnel: gone.tunnel,
+          database: job.databaseName,
+          role: job.roleName,
+          dropped: false,
+        },
+      });
+    }
+    return { detached: removed.length };
+  });
+}
+
 /** `credentials`: the sealed password (everything else it made lives in the dropped database and role). */
 export async function eraseCredentials(db: ControlPlane, tenantId: string): Promise<{ credentials: number }> {
   const deleted = await db
@@ -295,6 +332,7 @@ async function leftovers(db: Pick<ControlPlane, "execute">, tenantId: string): P
       (SELECT count(*) FROM ${tenantJwt} WHERE tenant_id = ${tenantId})::int AS "tenantJwt",
       (SELECT count(*) FROM ${campaignTenants} WHERE tenant_id = ${tenantId})::int AS "campaignTenants",
       (SELECT count(*) FROM ${tenantCredentials} WHERE tenant_id = ${tenantId})::int AS "tenantCredentials",
+      (SELECT count(*) FROM ${adoptedDatabases} WHERE tenant_id = ${tenantId})::int AS "adoptedDatabases",
       (SELECT count(*) FROM ${usageDeltas} WHERE tenant_id = ${tenantId})::int AS "usageDeltas",
       (SELECT count(*) FROM ${usageRollups} WHERE tenant_id = ${tenantId})::int AS "usageRollups",
       (SELECT count(*) FROM ${lifecycleEvents} WHERE tenant_id = ${tenantId})::int AS "lifecycleEvents",
@@ -305,6 +343,7 @@ async function leftovers(db: Pick<ControlPlane, "execute">, tenantId: string): P
     tenantJwt: Number(row?.tenantJwt ?? 0),
     campaignTenants: Number(row?.campaignTenants ?? 0),
     tenantCredentials: Number(row?.tenantCredentials ?? 0),
+    adoptedDatabases: Number(row?.adoptedDatabases ?? 0),
     usageDeltas: Number(row?.usageDeltas ?? 0),
     usageRollups: Number(row?.usageRollups ?? 0),
     lifecycleEvents: Number(row?.lifecycleEvents ?? 0),
@@ -367,6 +406,8 @@ export function commitErase(db: ControlPlane, job: EraseJob): Promise<CommitOutc
         requestedAt: current.startedAt.toISOString(),
         erasedAt: erasedAt.toISOString(),
         forced: current.forced,
+        // A customer's database was detached, never dropped.
+        database: current.detached ? "detached" : "dropped",
         attempts: current.attempts,
         stages: current.counts,
       },

@@ -3,6 +3,7 @@
  * public message that is safe to show a caller. The internal message and the cause are for logs
  * only, and even there never carry a credential (see `redact` in src/log).
  */
+import type { PostgresErrorFields } from "../core/pg-wire.ts";
 import { redact } from "../log/index.ts";
 
 export interface ErrorSpec {
@@ -191,6 +192,33 @@ export const errorCatalog = {
     message: "The tenant's pool is starting; retry shortly.",
     retryable: true,
   },
+  tunnel_unavailable: {
+    status: 503,
+    message:
+      "The tenant's database is reached through its own tunnel, which is full, too slow or down right now; only tenants behind that tunnel are affected. Retry after Retry-After.",
+    retryable: true,
+  },
+  credential_revoked: {
+    status: 503,
+    message:
+      "The tenant's database refused Lessor's credential (revoked or changed by the database's owner); an operator must supply a new one (PUT /v1/tenants/:id/credentials). Retrying will not help until then.",
+    retryable: true,
+  },
+  credential_rejected: {
+    status: 409,
+    message:
+      "The database refused the credential that was supplied; nothing changed, the current one stays in use. Check the user and password, and that the role may connect.",
+  },
+  attach_refused: {
+    status: 409,
+    message: "The database cannot be attached; the answer says why. Nothing was kept.",
+  },
+  unknown_tunnel: { status: 400, message: "No tunnel with that name is configured (LESSOR_TUNNELS)." },
+  adopted_database: {
+    status: 409,
+    message:
+      "This tenant's database belongs to its customer, who manages it: Lessor creates nothing there, so this operation does not apply.",
+  },
   capacity_saturated: {
     status: 503,
     message: "The database host's connection budget is full and no idle pool can be evicted; retry shortly.",
@@ -274,6 +302,21 @@ export const errorCatalog = {
     message: "Lessor's control plane is not reachable right now.",
     retryable: true,
   },
+  protocol_violation: {
+    status: 400,
+    message:
+      "The client broke the Postgres protocol (a malformed message, or one out of order); the connection is closed.",
+  },
+  prepared_statement_limit: {
+    status: 400,
+    message:
+      "The connection holds as many named prepared statements as Lessor keeps for it (256, or 4 MiB of their text); close some (DEALLOCATE, or the driver's Close) first.",
+  },
+  wire_upgrade_required: {
+    status: 400,
+    message:
+      "This is the Postgres wire protocol endpoint: it takes a WebSocket upgrade, as the Neon driver's Pool and Client send it (neonConfig.wsProxy).",
+  },
   misconfigured: { status: 500, message: "Lessor is misconfigured; the operator has been told in the logs." },
   internal: { status: 500, message: "Internal error." },
 } as const satisfies Record<string, ErrorSpec>;
@@ -349,6 +392,72 @@ export interface WireError {
   message: string;
   retryAfterSeconds?: number;
   details?: Record<string, string>;
+}
+
+/**
+ * The SQLSTATE a refusal carries on the Postgres wire protocol (an ErrorResponse's `C`), chosen so
+ * that drivers and poolers classify it as Postgres's own refusal of the same kind: 28P01/28000 for
+ * authentication, 53300 and 57P03 for "try again", 57014 for a statement stopped, 54000 for a bound.
+ */
+export function sqlstateOf(code: ErrorCode): string {
+  switch (code) {
+    case "invalid_credentials":
+    case "missing_credentials":
+    case "invalid_connection_string":
+    case "invalid_tenant_id":
+      return "28P01";
+    case "tenant_disabled":
+    case "key_scope_refused":
+    case "jwt_required":
+      return "28000";
+    case "authentication_rate_limited":
+    case "capacity_saturated":
+    case "lease_limit":
+    case "lease_timeout":
+      return "53300";
+    case "stale_generation":
+      return "57P01";
+    case "statement_timeout":
+      return "57014";
+    case "lease_expired":
+      return "57P05";
+    case "lease_lost":
+    case "connection_lost":
+      return "08006";
+    case "response_too_large":
+    case "payload_too_large":
+    case "prepared_statement_limit":
+      return "54000";
+    case "prepared_transaction_refused":
+      return "0A000";
+    case "protocol_violation":
+    case "invalid_request":
+      return "08P01";
+    case "tenant_erased":
+    case "tenant_not_found":
+      return "3D000";
+    case "misconfigured":
+    case "internal":
+      return "XX000";
+    default:
+      return errorCatalog[code].status === 503 ? "57P03" : "XX000";
+  }
+}
+
+/**
+ * A refusal as the wire protocol answers it: its SQLSTATE, its public message, Lessor's stable code
+ * in `detail` (what an app branches on, as `error.detail`), and for a retryable one the wait in `hint`.
+ */
+export function postgresFieldsOf(error: WireError, severity: "ERROR" | "FATAL"): PostgresErrorFields {
+  return {
+    severity,
+    code: sqlstateOf(error.code),
+    message: error.message,
+    detail: error.code,
+    ...(error.retryAfterSeconds === undefined
+      ? {}
+      : { hint: `Retryable: try again in ${error.retryAfterSeconds} s.` }),
+  };
 }
 
 /** Headers an error answer carries. */

@@ -79,8 +79,26 @@ export async function renderMetrics(
     maxConnections.set({ region: host.region, host: host.name }, host.budget.connections);
     reserveConnections.set({ region: host.region, host: host.name }, host.budget.reserve);
   }
-  const poolSize = gauge("lessor_config_pool_size", "Connections in one pool of the tier.", ["tier"]);
-  for (const [tier, size] of config.poolSizes) poolSize.set({ tier }, size);
+  const poolSize = gauge(
+    "lessor_config_pool_size",
+    "Connections in one pool of the tier: what a pool holds on a fixed host, and starts with on an adaptive one.",
+    ["tier"],
+  );
+  for (const [tier, size] of config.poolStartSizes) poolSize.set({ tier }, size);
+  const poolMax = gauge(
+    "lessor_config_pool_max",
+    "The most connections a pool of the tier may hold (a hard cap; adaptive pools grow up to it).",
+    ["tier"],
+  );
+  for (const [tier, max] of config.poolSizes) poolMax.set({ tier }, max);
+  const adaptiveEnabled = gauge(
+    "lessor_config_adaptive",
+    "Whether the host runs adaptive admission (pools sized by observed use between a floor and the tier's maximum).",
+    ["region", "host"],
+  );
+  for (const host of config.hosts.values()) {
+    adaptiveEnabled.set({ region: host.region, host: host.name }, host.adaptive ? 1 : 0);
+  }
 
   // ── Budgets (each host's BudgetObject) ─────────────────────────────────────────────────────────
   const budgetUp = gauge("lessor_budget_up", "Whether the host's BudgetObject answered this scrape.", [
@@ -116,6 +134,26 @@ export async function renderMetrics(
     "lessor_evictions_total",
     "Idle pools the host's budget drained to admit another start.",
     ["region", "host"],
+  );
+  const pooled = gauge(
+    "lessor_pooled_connections",
+    "Connections of allocated pools by use: in_use (leases, as each pool last reported) and idle (the rest of their allowances).",
+    ["region", "host", "use"],
+  );
+  const resized = gauge(
+    "lessor_pool_resized_connections",
+    "Connections pools hold now past (grown) or below (shrunk) the size they started at (adaptive admission).",
+    ["region", "host", "direction"],
+  );
+  const growths = counter(
+    "lessor_pool_growths_total",
+    "Growths of adaptive pools: connections the host's budget admitted (granted), and growths it refused (refused).",
+    ["region", "host", "outcome"],
+  );
+  const shrinks = counter(
+    "lessor_pool_shrunk_connections_total",
+    "Connections adaptive pools gave back: idle for a whole window (idle), or taken back for a waiting start or growth (reclaimed).",
+    ["region", "host", "reason"],
   );
   const repairs = counter(
     "lessor_repairs_total",
@@ -221,6 +259,17 @@ export async function renderMetrics(
       admissions.inc({ region, host, outcome: "granted" }, s.admissions);
       admissions.inc({ region, host, outcome: "refused" }, s.saturations);
       evictions.inc({ region, host }, s.evictions);
+      // Absent from a BudgetObject older than adaptive admission (mid-deploy): no series then.
+      if (s.pooled && s.adaptive) {
+        pooled.set({ region, host, use: "in_use" }, s.pooled.inUse);
+        pooled.set({ region, host, use: "idle" }, s.pooled.idle);
+        resized.set({ region, host, direction: "grown" }, s.pooled.grown);
+        resized.set({ region, host, direction: "shrunk" }, s.pooled.shrunk);
+        growths.inc({ region, host, outcome: "granted" }, s.adaptive.growths);
+        growths.inc({ region, host, outcome: "refused" }, s.adaptive.growthsRefused);
+        shrinks.inc({ region, host, reason: "idle" }, s.adaptive.shrinks);
+        shrinks.inc({ region, host, reason: "reclaimed" }, s.adaptive.reclaimShrinks);
+      }
       const r = s.reconciled;
       repairs.inc({ region, host, repair: "allocation_released" }, r.allocationsReleased);
       repairs.inc({ region, host, repair: "orphan_terminated" }, r.orphansTerminated);

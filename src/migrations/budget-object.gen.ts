@@ -26,6 +26,12 @@ export const budgetObjectMigrations = {
         "when": 1796140379332,
         "tag": "0003_host_reports",
         "breakpoints": true
+      },
+      {
+        "idx": 4,
+        "when": 1796146187746,
+        "tag": "0004_adaptive_allocations",
+        "breakpoints": true
       }
     ]
   },
@@ -33,6 +39,7 @@ export const budgetObjectMigrations = {
     "m0000": "-- IF NOT EXISTS: objects created before this migration already hold these tables (they were\n-- created by hand-written DDL); this first migration adopts them as they are.\nCREATE TABLE IF NOT EXISTS `allocations` (\n\t`tenant_id` text NOT NULL,\n\t`generation` integer NOT NULL,\n\t`size` integer NOT NULL,\n\t`phase` text NOT NULL,\n\t`idle_since` integer,\n\t`leases` integer DEFAULT 0 NOT NULL,\n\t`pinned` integer DEFAULT 0 NOT NULL,\n\t`migrating` integer DEFAULT 0 NOT NULL,\n\t`updated_at` integer NOT NULL,\n\tPRIMARY KEY(`tenant_id`, `generation`)\n);\n--> statement-breakpoint\nCREATE TABLE IF NOT EXISTS `counters` (\n\t`name` text PRIMARY KEY NOT NULL,\n\t`value` integer NOT NULL\n);",
     "m0001": "CREATE TABLE `maintenance` (\n\t`id` text PRIMARY KEY NOT NULL,\n\t`purpose` text NOT NULL,\n\t`tenant_id` text,\n\t`acquired_at` integer NOT NULL,\n\t`expires_at` integer NOT NULL\n);\n",
     "m0002": "CREATE TABLE `closed_tenants` (\n\t`tenant_id` text PRIMARY KEY NOT NULL,\n\t`closed_at` integer NOT NULL\n);\n",
-    "m0003": "CREATE TABLE `host_reports` (\n\t`host` text PRIMARY KEY NOT NULL,\n\t`report` text NOT NULL,\n\t`probed_at` integer NOT NULL\n);\n"
+    "m0003": "CREATE TABLE `host_reports` (\n\t`host` text PRIMARY KEY NOT NULL,\n\t`report` text NOT NULL,\n\t`probed_at` integer NOT NULL\n);\n",
+    "m0004": "ALTER TABLE `allocations` ADD `floor` integer;--> statement-breakpoint\nALTER TABLE `allocations` ADD `start_size` integer;--> statement-breakpoint\nALTER TABLE `allocations` ADD `recent_peak` integer;"
   }
 };

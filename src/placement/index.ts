@@ -4,7 +4,7 @@
  * control-plane shards near that region's control-plane database, each inside the region's
  * jurisdiction when it has one (docs/adr/023-regions.md).
  */
-import { type LessorConfig, loadConfig, type Region, regionOfHost } from "../config/index.ts";
+import { budgetSubject, type LessorConfig, loadConfig, type Region, regionOfHost } from "../config/index.ts";
 import {
   budgetObjectPlacement,
   controlPlaneShardPlacement,
@@ -32,11 +32,19 @@ export function stubIn<T extends Rpc.DurableObjectBranded | undefined>(
   return scoped.getByName(placement.name, placement.options);
 }
 
-/** The BudgetObject of `host`, in its region and near it. */
+/**
+ * The BudgetObject of `host` (a host, or a customer's tunnel: `tunnel:<name>`, which is the default
+ * region's), in its region and near it.
+ */
 export function budgetObject(env: Env, host: string) {
   const config = loadConfig(env);
-  const hint = config.hosts.get(host)?.locationHint ?? null;
+  const hint = budgetSubject(config, host)?.locationHint ?? null;
   return stubIn(env.BUDGETS, budgetObjectPlacement(regionOf(config, regionOfHost(config, host)), host, hint));
+}
+
+/** The name of a tenant's object in `region` (`<tenant>@<region>` outside the default region). */
+export function tenantObjectName(config: LessorConfig, region: string, tenantId: string): string {
+  return tenantObjectPlacement(regionOf(config, region), tenantId).name;
 }
 
 /** A tenant's object in `region` (created there, near the region's hint, if this call creates it). */
@@ -52,10 +60,13 @@ export function tenantObjectOnHost(env: Env, host: string, tenantId: string) {
   return tenantObject(env, regionOfHost(loadConfig(env), host), tenantId);
 }
 
-/** A tenant's object, placed in its region and near `host` if this call creates it (provisioning's first call does). */
+/**
+ * A tenant's object, placed in its region and near `host` (or its tunnel) if this call creates it
+ * (provisioning's first call does).
+ */
 export function tenantObjectNear(env: Env, tenantId: string, host: string) {
   const config = loadConfig(env);
-  const hint = config.hosts.get(host)?.locationHint ?? null;
+  const hint = budgetSubject(config, host)?.locationHint ?? null;
   return stubIn(
     env.TENANTS,
     tenantObjectPlacement(regionOf(config, regionOfHost(config, host)), tenantId, hint),

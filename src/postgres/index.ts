@@ -29,18 +29,73 @@ export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>>
   return { ...opened };
 }
 
-/** Applies the WebSocket settings for this deployment (idempotent, per isolate). */
+/** The driver settings of one connection (the Neon driver's per-client `neonConfig`). */
+interface SocketSettings {
+  webSocketConstructor: unknown;
+  wsProxy: string | ((host: string, port: number | string) => string);
+  useSecureWebSocket: boolean;
+  pipelineTLS: boolean;
+  pipelineConnect: "password" | false;
+  forceDisablePgSSL: boolean;
+  coalesceWrites: boolean;
+}
+
+/**
+ * The driver settings for this deployment. Applied to every connection Lessor opens, one by one, so
+ * nothing else in the isolate that sets the driver's global `neonConfig` (an app's code, a test
+ * pointing `wsProxy` at Lessor's own wire endpoint) changes how Lessor reaches its databases.
+ */
+function socketSettings(config: LessorConfig): SocketSettings {
+  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
+  const webSocketConstructor = PromptCloseWebSocket;
+  if (config.wsProxy) {
+    const proxy = config.wsProxy;
+    return {
+      webSocketConstructor,
+      wsProxy: (host, port) => `${proxy}/v2?address=${host}:${port}`,
+      useSecureWebSocket: false,
+      pipelineTLS: false,
+      pipelineConnect: false,
+      forceDisablePgSSL: true,
+      coalesceWrites: true,
+    };
+  }
+  return {
+    webSocketConstructor,
+    wsProxy: (host) => `${host}/v2`,
+    useSecureWebSocket: true,
+    pipelineTLS: false,
+    pipelineConnect: "password",
+    forceDisablePgSSL: true,
+    coalesceWrites: true,
+  };
+}
+
+/**
+ * Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global
+ * one), then a customer's tunnel where it has one (`routeClient`).
+ */
+function configure<C extends Client>(client: C, config: LessorConfig, route?: TunnelRoute): C {
+  Object.assign((client as unknown as { neonConfig: object }).neonConfig, socketSettings(config));
+  routeClient(client, route);
+  return client;
+}
+
+/**
+ * Sets the driver's global defaults for this deployment (idempotent, per isolate). Lessor's own
+ * connections do not depend on it (each carries its settings); it is for code that uses the driver
+ * with its defaults in the same isolate (the tests' own connections).
+ */
 export function configureDriver(config: LessorConfig): void {
   if (configuredProxy === config.wsProxy) return;
   configuredProxy = config.wsProxy;
-  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
-  neonConfig.webSocketConstructor = PromptCloseWebSocket;
+  const settings = socketSettings(config);
+  neonConfig.webSocketConstructor = settings.webSocketConstructor as typeof WebSocket;
   if (config.wsProxy) {
-    const proxy = config.wsProxy;
-    neonConfig.wsProxy = (host, port) => `${proxy}/v2?address=${host}:${port}`;
-    neonConfig.useSecureWebSocket = false;
-    neonConfig.pipelineTLS = false;
-    neonConfig.pipelineConnect = false;
+    neonConfig.wsProxy = settings.wsProxy;
+    neonConfig.useSecureWebSocket = settings.useSecureWebSocket;
+    neonConfig.pipelineTLS = settings.pipelineTLS;
+    neonConfig.pipelineConnect = settings.pipelineConnect;
   }
 }
 
@@ -50,6 +105,38 @@ export interface ConnectionTarget {
   user: string;
   password: string;
   database: string;
+  /** A customer's database: reached through its tunnel, not the deployment's own way. */
+  route?: TunnelRoute;
+}
+
+/**
+ * How a connection reaches a database behind a customer's tunnel: the WebSocket proxy at the
+ * tunnel's end (Neon's wsproxy protocol, `/v2?address=host:port`), over TLS unless on loopback, with
+ * the tunnel's own connect bound (docs/adr/018-customer-databases-behind-tunnels.md).
+ */
+export interface TunnelRoute {
+  proxy: string;
+  secure: boolean;
+  connectTimeoutMs: number;
+}
+
+/** The driver's connect bound for a connection to `target` (a tunnel's own, or the default). */
+function connectTimeoutOf(target: { route?: TunnelRoute }): number {
+  return target.route?.connectTimeoutMs ?? 10_000;
+}
+
+/**
+ * Points one driver client at a customer's tunnel: its own socket settings, which outrank the
+ * isolate's (`LESSOR_WS_PROXY` stays the way to every host). Nothing else changes for the client.
+ */
+function routeClient(client: Client, route: TunnelRoute | undefined): void {
+  if (!route) return;
+  const socket = client.neonConfig;
+  socket.wsProxy = (host, port) => `${route.proxy}/v2?address=${host}:${port}`;
+  socket.useSecureWebSocket = route.secure;
+  // SCRAM against an ordinary Postgres: no pipelined password, no pipelined TLS.
+  socket.pipelineConnect = false;
+  socket.pipelineTLS = false;
 }
 
 /**
@@ -65,8 +152,13 @@ export interface SessionLimits {
 export interface TenantConnectionOptions {
   applicationName: string;
   limits: SessionLimits;
-  /** Mints the one-time login token each new connection presents to the tenant database's guard. */
-  loginToken: () => Promise<string>;
+  /**
+   * Mints the one-time login token each new connection presents to the tenant database's guard;
+   * null for a customer's database, which has no guard of Lessor's.
+   */
+  loginToken: (() => Promise<string>) | null;
+  /** A customer's database: its tunnel. */
+  route?: TunnelRoute;
   /** More pinned settings (a migration pins its `search_path`). */
   extraSettings?: readonly string[];
 }
@@ -162,17 +254,109 @@ export class SettlingClient extends Client {
   }
 }
 
-/** A driver `Client` class whose connections carry a fresh login token and the session limits. */
-function tenantClientClass(options: TenantConnectionOptions): typeof SettlingClient {
+/** A `SettlingClient` class whose connections carry this deployment's driver settings. */
+function configuredClientClass(config: LessorConfig): typeof SettlingClient {
+  return class ConfiguredClient extends SettlingClient {
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config);
+    }
+  };
+}
+
+const serverParametersOf = new WeakMap<object, Map<string, string>>();
+
+/**
+ * The parameters the server reported when the connection started (ParameterStatus: its version,
+ * encoding, date style, time zone, …), as a tenant connection recorded them; empty for any other.
+ */
+export function serverParameters(client: object): ReadonlyMap<string, string> {
+  return serverParametersOf.get(client) ?? new Map();
+}
+
+interface ParameterSource {
+  on(
+    event: "parameterStatus",
+    listener: (message: { parameterName: string; parameterValue: string }) => void,
+  ): void;
+}
+
+/**
+ * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
+ * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
+ * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
+ * keep going to it, and the client sends nothing else.
+ */
+export interface PhasedSubmittable {
+  phasesLeft: number;
+  handleReadyForQuery(connection: unknown): void;
+  handleError(error: unknown, connection: unknown): void;
+}
+
+interface DriverClientInternals {
+  activeQuery: Partial<PhasedSubmittable> | null;
+  connection: unknown;
+}
+
+type MessageHandler = (this: Client, message: unknown) => void;
+const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
+  ._handleReadyForQuery;
+const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
+  ._handleErrorMessage;
+
+/**
+ * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
+ * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
+ * it attaches to the connection, so a subclass's prototype carrying them is enough.
+ */
+const phasedHandlers = {
+  _handleReadyForQuery(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.phasesLeft--;
+      active.handleReadyForQuery?.(internals.connection);
+      return;
+    }
+    baseHandleReadyForQuery.call(this, message);
+  },
+  _handleErrorMessage(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.handleError?.(message, internals.connection);
+      return;
+    }
+    baseHandleErrorMessage.call(this, message);
+  },
+};
+
+/**
+ * A driver `Client` class whose connections carry this deployment's driver settings (or their
+ * tunnel's), a fresh login token and the session limits, and record the parameters the server
+ * reports (the wire endpoint's greeting repeats them, src/tenant-object/wire.ts).
+ */
+function tenantClientClass(config: LessorConfig, options: TenantConnectionOptions): typeof SettlingClient {
   const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
-  return class TenantClient extends SettlingClient {
+  const mintToken = options.loginToken;
+  const TenantClient = class TenantClient extends SettlingClient {
     private loginToken = "";
+
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config, options.route);
+      const parameters = new Map<string, string>();
+      serverParametersOf.set(this, parameters);
+      (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
+        parameters.set(message.parameterName, message.parameterValue);
+      });
+    }
 
     override connect(): Promise<void>;
     override connect(callback: (err?: Error) => void): void;
     override connect(callback?: (err?: Error) => void): Promise<void> | void {
       opened.tenant++;
-      const minted = options.loginToken().then((token) => {
+      const minted = (mintToken ? mintToken() : Promise.resolve("")).then((token) => {
         this.loginToken = token;
       });
       if (!callback) return minted.then(() => super.connect());
@@ -188,11 +372,13 @@ function tenantClientClass(options: TenantConnectionOptions): typeof SettlingCli
       conf.options = startupOptions([
         ...tenantSessionSettings(options.limits),
         ...(options.extraSettings ?? []),
-        `lessor.login=${this.loginToken}`,
+        ...(mintToken ? [`lessor.login=${this.loginToken}`] : []),
       ]);
       return conf;
     };
   };
+  Object.assign(TenantClient.prototype, phasedHandlers);
+  return TenantClient;
 }
 
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */
@@ -201,17 +387,17 @@ export function openPool(
   target: ConnectionTarget,
   options: TenantConnectionOptions & { max: number; onError: (error: Error, client?: object) => void },
 ): Pool {
-  configureDriver(config);
+  const { route, ...address } = target;
   const pool = new Pool({
-    ...target,
+    ...address,
     max: options.max,
     // A pooled connection lives as long as its generation; the TenantObject decides when it ends.
     idleTimeoutMillis: 0,
-    connectionTimeoutMillis: 10_000,
+    connectionTimeoutMillis: connectTimeoutOf(target),
     application_name: options.applicationName,
   });
   // The driver's Pool sets its own `Client` after construction (ignoring the option): replace it.
-  pool.Client = tenantClientClass(options);
+  pool.Client = tenantClientClass(config, { ...options, ...(route ? { route } : {}) });
   pool.on("error", options.onError);
   return pool;
 }
@@ -225,7 +411,6 @@ export function openControlPlanePool(
   connectionString: string,
   onError: (error: Error) => void,
 ): Pool {
-  configureDriver(config);
   const pool = new Pool({
     connectionString,
     max: config.controlPlanePoolSize,
@@ -233,7 +418,7 @@ export function openControlPlanePool(
     connectionTimeoutMillis: 10_000,
     application_name: "lessor-control-plane",
   });
-  pool.Client = SettlingClient;
+  pool.Client = configuredClientClass(config);
   pool.on("connect", () => {
     opened.control_plane++;
   });
@@ -324,13 +509,13 @@ export function withTenantConnection<T>(
   options: TenantConnectionOptions,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
-  const TenantClient = tenantClientClass(options);
+  const { route, ...address } = target;
+  const TenantClient = tenantClientClass(config, { ...options, ...(route ? { route } : {}) });
   return withClient(
     new TenantClient({
-      ...target,
+      ...address,
       application_name: options.applicationName,
-      connectionTimeoutMillis: 10_000,
+      connectionTimeoutMillis: connectTimeoutOf(target),
     }),
     work,
   );
@@ -347,14 +532,16 @@ export function withConnection<T>(
   applicationName: string,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.control_plane++;
   return withClient(
-    new SettlingClient({
-      connectionString,
-      application_name: applicationName,
-      connectionTimeoutMillis: 10_000,
-    }),
+    configure(
+      new SettlingClient({
+        connectionString,
+        application_name: applicationName,
+        connectionTimeoutMillis: 10_000,
+      }),
+      config,
+    ),
     work,
   );
 }
@@ -370,46 +557,93 @@ export function withPrivilegedConnection<T>(
   deadlineMs: number,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  configureDriver(config);
   opened.host_admin++;
   return withClient(
+    configure(
+      new SettlingClient({
+        connectionString,
+        application_name: applicationName,
+        connectionTimeoutMillis: 10_000,
+        options: startupOptions(privilegedSessionSettings(deadlineMs)),
+      }),
+      config,
+    ),
+    (client) => underDeadline(config, targetOfUrl(connectionString), client, deadlineMs, () => work(client)),
+  );
+}
+
+/**
+ * Runs `work` on a fresh connection to a customer's database as the role the customer issued,
+ * through its tunnel, pinned like every privileged connection (`privilegedSessionSettings`: only
+ * `pg_catalog` resolves names, whatever the customer's database or role settings say) and cancelled
+ * at `deadlineMs`; always closed. For what Lessor does there outside a pool: the attach probe,
+ * proving a supplied credential, changing its own password, ending one of its own backends.
+ */
+export function withCustomerConnection<T>(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  applicationName: string,
+  deadlineMs: number,
+  work: (client: Client) => Promise<T>,
+): Promise<T> {
+  opened.tenant++;
+  const { route, ...address } = target;
+  const client = configure(
     new SettlingClient({
-      connectionString,
+      ...address,
       application_name: applicationName,
-      connectionTimeoutMillis: 10_000,
+      connectionTimeoutMillis: connectTimeoutOf(target),
       options: startupOptions(privilegedSessionSettings(deadlineMs)),
     }),
-    (client) => underDeadline(config, targetOfUrl(connectionString), client, deadlineMs, () => work(client)),
+    config,
+    route,
+  );
+  return withClient(client, (connected) =>
+    underDeadline(config, target, connected, deadlineMs, () => work(connected)),
   );
 }
 
 interface Cancellable {
   activeQuery?: unknown;
   processID?: number | null;
+  secretKey?: number | null;
 }
 
 /**
  * Sends Postgres a CancelRequest for whatever `client` is running, on a short connection of its own
  * (a cancel is no login: it needs no password and no login token). Best effort: a cancel that
  * arrives after the statement finished may hit the next one, so the caller must not reuse the
- * connection afterwards.
+ * connection afterwards. By default only while the driver itself runs a query on it; `always`
+ * cancels whatever the backend runs (a connection whose traffic Lessor relays, src/tenant-object/wire.ts).
  */
-export function sendCancel(config: LessorConfig, target: ConnectionTarget, client: object): void {
-  configureDriver(config);
+export function sendCancel(
+  config: LessorConfig,
+  target: ConnectionTarget,
+  client: object,
+  always = false,
+): void {
   const busy = client as unknown as Cancellable;
-  if (!busy.activeQuery || !busy.processID) return;
-  const canceller = new Client({
-    host: target.host,
-    port: target.port,
-    user: target.user,
-    database: target.database,
-  });
+  if ((!always && !busy.activeQuery) || !busy.processID) return;
+  // A customer's database is reached through its tunnel, its cancel too.
+  const canceller = configure(
+    new Client({
+      host: target.host,
+      port: target.port,
+      user: target.user,
+      database: target.database,
+    }),
+    config,
+    target.route,
+  );
   canceller.on("error", () => undefined);
   (canceller as unknown as { connection: { on(event: "error", listener: () => void): void } }).connection.on(
     "error",
     () => undefined,
   );
-  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(client, busy.activeQuery);
+  // The driver cancels "the query the client runs"; a stand-in carries the backend's key either way.
+  const query = busy.activeQuery ?? {};
+  const running = { activeQuery: query, processID: busy.processID, secretKey: busy.secretKey };
+  (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(running, query);
 }
 
 /**

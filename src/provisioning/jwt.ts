@@ -12,6 +12,7 @@ import { loadSealedPassword, loadTenantRecord, withControlPlane } from "../contr
 import { tenantJwt, tenants } from "../control-plane/schema.ts";
 import { type JwtConfig, jwtLoginRoleName } from "../core/jwt-config.ts";
 import type { TenantId } from "../core/tenant-id.ts";
+import { tunnelOfBudgetName } from "../core/tunnel.ts";
 import { hmacPads, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
 import { loginGuardKey } from "../crypto/login-guard.ts";
 import { unseal } from "../crypto/seal.ts";
@@ -37,6 +38,12 @@ async function placementOf(env: Env, config: LessorConfig, region: string, tenan
     return { ...found, sealed: await loadSealedPassword(db, tenantId) };
   });
   if (!row?.sealed) throw new LessorError("tenant_not_found");
+  if (tunnelOfBudgetName(row.host) !== null) {
+    throw new LessorError("adopted_database", {
+      publicMessage:
+        "JWT mode installs Lessor's functions and an end-user role in the tenant's database; this database is its customer's, where Lessor creates nothing.",
+    });
+  }
   const host = config.hosts.get(row.host);
   if (!host)
     throw new LessorError("misconfigured", { internal: `tenant host ${row.host} is not configured` });

@@ -60,6 +60,8 @@ function publicCampaign(row: CampaignRow) {
     stabilityWindowMs: row.stabilityWindowMs,
     canaryPercent: row.canaryPercent,
     scope: row.listed ? "listed" : "fleet",
+    // Customers' databases: migrated (`include`) or left out (`skip`, and how many were).
+    adopted: { policy: row.adoptedPolicy, skipped: row.adoptedSkipped },
     contractSteps: row.contractSteps,
     blockedReason: row.blockedReason,
     reason: row.reason,
@@ -101,6 +103,7 @@ campaignRoutes.post("/v1/campaigns", requireAdmin, jsonBody(campaignSpec), async
       enrolled: created.enrolled,
       canary: created.canary,
       alreadyCurrent: created.alreadyCurrent,
+      adoptedSkipped: created.adoptedSkipped,
     },
     201,
   );

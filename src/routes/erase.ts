@@ -3,7 +3,7 @@
  *
  *     DELETE /v1/tenants/:id?confirm=:id[&force=true]  → 202 {"state":"erasing","stage","startedAt"}
  *     GET    /v1/tenants/:id/erase                     → {"state":"erasing","stage","startedAt","attempts","lastError"}
- *                                                        | {"state":"erased","erasedAt"}
+ *                                                        | {"state":"erased","erasedAt"[,"database":"detached"]}
  *
  * The tenant's object closes the gate and runs the job; the answer comes once the gate is closed.
  * Sending the DELETE again while the erase runs answers the same job.
@@ -53,7 +53,11 @@ eraseRoutes.get("/v1/tenants/:id/erase", requireAdmin, async (c) => {
   if (!job) throw new LessorError("erase_not_found");
   const status: EraseStatus =
     job.state === "erased"
-      ? { state: "erased", erasedAt: (job.erasedAt ?? job.updatedAt).toISOString() }
+      ? {
+          state: "erased",
+          erasedAt: (job.erasedAt ?? job.updatedAt).toISOString(),
+          ...(job.detached ? { database: "detached" as const } : {}),
+        }
       : {
           state: "erasing",
           stage: job.stage,

@@ -123,7 +123,8 @@ fleetRoutes.get("/v1/capacity/evictions", requireAdmin, query(evictionsQuery), a
   if (tier !== undefined && size !== undefined) {
     throw new LessorError("invalid_request", { publicMessage: "Give either tier or size, not both." });
   }
-  const tierSize = config.poolSizes.get(tier ?? config.defaultTier);
+  // A start reserves its tier's size (which an adaptive pool may later grow past, up to its maximum).
+  const tierSize = config.poolStartSizes.get(tier ?? config.defaultTier);
   if (tierSize === undefined) throw new LessorError("unknown_tier");
   const names = host === undefined ? [...config.hosts.keys()] : [host];
   const hosts = await Promise.all(

@@ -28,25 +28,28 @@ import { type AppContext, type AppEnv, readJson } from "./context.ts";
 export const sqlRoutes = new Hono<AppEnv>();
 
 // Browsers call the driver's endpoint from web apps: answer preflights as Neon's endpoint does.
-sqlRoutes.use(
-  "/sql",
-  cors({
-    origin: "*",
-    allowMethods: ["POST", "OPTIONS"],
-    allowHeaders: [
-      "Authorization",
-      "Neon-Connection-String",
-      "Neon-Raw-Text-Output",
-      "Neon-Array-Mode",
-      "Neon-Pool-Opt-In",
-      "Neon-Batch-Read-Only",
-      "Neon-Batch-Isolation-Level",
-      "Neon-Batch-Deferrable",
-      "Lessor-Schema-Version",
-      "Content-Type",
-    ],
-    maxAge: 86_400,
-  }),
+// Only a request with an `Origin` (a browser's cross-origin call, or its preflight) needs the CORS
+// headers; a server-side app sends none, and skipping the middleware for it saves building a
+// placeholder response and merging its headers into the answer on every warm request (issue 25).
+const sqlCors = cors({
+  origin: "*",
+  allowMethods: ["POST", "OPTIONS"],
+  allowHeaders: [
+    "Authorization",
+    "Neon-Connection-String",
+    "Neon-Raw-Text-Output",
+    "Neon-Array-Mode",
+    "Neon-Pool-Opt-In",
+    "Neon-Batch-Read-Only",
+    "Neon-Batch-Isolation-Level",
+    "Neon-Batch-Deferrable",
+    "Lessor-Schema-Version",
+    "Content-Type",
+  ],
+  maxAge: 86_400,
+});
+sqlRoutes.use("/sql", (c, next) =>
+  c.req.method === "OPTIONS" || c.req.header("Origin") !== undefined ? sqlCors(c, next) : next(),
 );
 
 interface SqlCaller {

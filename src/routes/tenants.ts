@@ -11,12 +11,15 @@ import {
   loadTenantRecord,
   withControlPlane,
 } from "../control-plane/index.ts";
-import { tenants } from "../control-plane/schema.ts";
+import { adoptedDatabases, tenants } from "../control-plane/schema.ts";
+import { type AdoptionReport, credentialPolicies, isCustomerRoleName } from "../core/adoption.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { loadEraseOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantObject } from "../placement/index.ts";
+import { attachTenant } from "../provisioning/attach.ts";
 import { provisionTenant, publicTenant } from "../provisioning/index.ts";
+import type { AdoptedPlacement } from "../rpc/tenant.ts";
 import { requireAdmin } from "./auth.ts";
 import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import {
@@ -41,11 +44,25 @@ function tenantParam(c: AppContext): TenantId {
   return id;
 }
 
+/**
+ * `attach`: the tenant's database is a customer's, reached through a named tunnel with a credential
+ * the customer issued (docs/customer-databases.md), instead of one Lessor creates on a host.
+ */
+const attachBody = v.object({
+  tunnel: v.string("attach.tunnel must name a tunnel (LESSOR_TUNNELS)."),
+  url: v.string("attach.url must be postgres://user:password@host:port/database."),
+  credentials: v.optional(
+    v.picklist(credentialPolicies, 'attach.credentials must be "customer" or "lessor".'),
+    "customer",
+  ),
+});
+
 const createTenantBody = jsonObject({
   id: tenantIdSchema,
   tier: v.optional(v.string()),
   host: v.optional(v.string()),
   region: v.optional(v.string()),
+  attach: v.optional(attachBody),
 });
 
 /**
@@ -84,19 +101,60 @@ tenantRoutes.post(
     const config = loadConfig(c.env);
     const body = c.req.valid("json");
     const { id, tier = config.defaultTier } = body;
+    const lessorHost = new URL(c.req.url).host;
+    const connectionString = (key: string) => `postgres://${id}:${key}@${lessorHost}/${id}`;
+    if (body.attach) {
+      // A customer's tunnel names no region: its tenants are the default region's (ADR 023).
+      if (body.region !== undefined && body.region !== config.defaultRegion) {
+        throw new LessorError("invalid_request", {
+          publicMessage: `An attached database's tenant lives in the default region (${config.defaultRegion}); leave region out.`,
+        });
+      }
+      if (body.host !== undefined) {
+        throw new LessorError("invalid_request", {
+          publicMessage:
+            "Give host (Lessor creates the database) or attach (the customer's database), not both.",
+        });
+      }
+      const attached = await attachTenant(c.env, config, { id, tier, ...body.attach }, c.var.actor);
+      return c.json(
+        {
+          tenant: { ...publicTenant(attached.row), region: config.defaultRegion },
+          key: attached.key,
+          connectionString: connectionString(attached.key),
+          adopted: publicAdoption(attached.row, attached.placement, attached.report),
+        },
+        201,
+      );
+    }
     const { host, region } = placeNewTenant(config, body);
     const { row, key } = await provisionTenant(c.env, config, { id, tier, host }, c.var.actor);
-    const lessorHost = new URL(c.req.url).host;
     return c.json(
-      {
-        tenant: { ...publicTenant(row), region },
-        key,
-        connectionString: `postgres://${id}:${key}@${lessorHost}/${id}`,
-      },
+      { tenant: { ...publicTenant(row), region }, key, connectionString: connectionString(key) },
       201,
     );
   },
 );
+
+/** What an operator sees of an adopted database: where, as whom, what the probe found. Never the password. */
+function publicAdoption(
+  row: { databaseName: string; roleName: string },
+  placement: AdoptedPlacement,
+  report: AdoptionReport,
+) {
+  return {
+    tunnel: placement.tunnel,
+    database: row.databaseName,
+    role: row.roleName,
+    credentials: placement.credentials,
+    containment: report.verdict.containment,
+    loginGuard: report.verdict.loginGuard,
+    server: report.facts.serverVersion,
+    facts: report.facts,
+    warnings: report.verdict.warnings,
+    probedAt: new Date(report.probedAt).toISOString(),
+  };
+}
 
 const tenantPage = v.object({
   limit: pageLimit,
@@ -132,12 +190,16 @@ tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
   const region = regionParam(c);
-  const { row, erase, credentialAt } = await withControlPlane(config, c.env, region, async (db) => {
+  const { row, erase, credentialAt, adopted } = await withControlPlane(config, c.env, region, async (db) => {
     const [found] = await db.select().from(tenants).where(eq(tenants.id, id)).limit(1);
+    const [adoptedRow] = found
+      ? await db.select().from(adoptedDatabases).where(eq(adoptedDatabases.tenantId, id)).limit(1)
+      : [];
     return {
       row: found,
       erase: found && found.status !== "erasing" ? null : await loadEraseOf(db, id),
       credentialAt: found ? await credentialSetAt(db, id) : null,
+      adopted: adoptedRow ?? null,
     };
   });
   if (!row) {
@@ -153,6 +215,24 @@ tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
   return c.json({
     tenant: { ...publicTenant(row), region, credentialRotatedAt: credentialAt?.toISOString() ?? null },
     runtime,
+    ...(adopted
+      ? {
+          adopted: {
+            ...publicAdoption(
+              row,
+              {
+                tunnel: adopted.tunnel,
+                hostname: adopted.hostname,
+                port: adopted.port,
+                credentials: adopted.credentialPolicy,
+              },
+              adopted.report as AdoptionReport,
+            ),
+            // The customer's server refused the credential at the last start: an operator must act.
+            credential: runtime.failureReason === "credential_revoked" ? "revoked" : "ok",
+          },
+        }
+      : {}),
     ...(erase?.state === "erasing"
       ? { erase: { stage: erase.stage, startedAt: erase.startedAt.toISOString() } }
       : {}),
@@ -167,6 +247,36 @@ tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
 tenantRoutes.post("/v1/tenants/:id/rotate-credentials", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const outcome = await tenantObject(c.env, regionParam(c), id).rotateCredentials(id);
+  if (!outcome.ok) throw LessorError.fromWire(outcome.error);
+  return c.json({ generation: outcome.generation, overlapped: outcome.overlapped }, 202);
+});
+
+const suppliedCredentialBody = jsonObject({
+  user: v.optional(
+    v.pipe(
+      v.string("user must be a role name."),
+      v.check(isCustomerRoleName, "user must be a plain role name (letters, digits, _ $ -)."),
+    ),
+  ),
+  password: v.pipe(v.string("password is required."), v.minLength(1, "password is required.")),
+});
+
+/**
+ * A credential the customer issued for their own database (an adopted tenant): proved through the
+ * tunnel, then served through overlapping generations like a rotation, so no request fails. `user`
+ * may name a new role (the customer's way to overlap two credentials). Answers once the new
+ * generation serves; the customer revokes the old credential after `runtime.retiring` is null.
+ */
+tenantRoutes.put("/v1/tenants/:id/credentials", requireAdmin, jsonBody(suppliedCredentialBody), async (c) => {
+  const id = tenantParam(c);
+  await requireCatalogTenant(c, id);
+  const { user, password } = c.req.valid("json");
+  const outcome = await tenantObject(c.env, regionParam(c), id).supplyCredential(
+    id,
+    user ?? null,
+    password,
+    c.var.actor,
+  );
   if (!outcome.ok) throw LessorError.fromWire(outcome.error);
   return c.json({ generation: outcome.generation, overlapped: outcome.overlapped }, 202);
 });

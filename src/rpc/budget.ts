@@ -1,6 +1,8 @@
 /** What crosses RPC between a TenantObject (or a route) and a host's BudgetObject. */
+import type { AdaptivePolicy } from "../core/adaptive.ts";
 import type { AllocationPhase, EvictionDryRun, NotEvictableReason } from "../core/budget.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
+import type { TunnelFault } from "../core/tunnel.ts";
 
 export type AdmitResult =
   | { granted: true }
@@ -12,6 +14,8 @@ export type AdmitResult =
       closed?: true;
       /** The host cannot run Lessor (its admin lacks a capability): what is missing. */
       unfit?: string;
+      /** A customer's tunnel refused: no room in it, or its breaker is open after it was slow or down. */
+      tunnel?: TunnelFault;
     };
 
 /** A request for one maintenance connection from the host's reserve. */
@@ -51,6 +55,28 @@ export interface PoolReport {
   idleSince: number | null;
   pinned: boolean;
   migrating: boolean;
+  /** Adaptive pools: most leases in use at once in the last bucket of observation (src/core/adaptive.ts). */
+  recentPeak?: number | null;
+  /** Adaptive pools: the allowance the pool holds now (the ledger's size should match it). */
+  size?: number;
+}
+
+/** The answer to a growth: granted (the ledger holds `by` more), or refused and why. */
+export type GrowResult =
+  | { granted: true; by: number }
+  | {
+      granted: false;
+      /** `saturated`: no room and nothing to shrink; `starts_waiting`: a start is ahead in line. */
+      reason: "saturated" | "starts_waiting" | "not_allocated";
+      /** Starts and growths waiting on the host now (the pool's view of host pressure). */
+      waiting: number;
+    };
+
+/** What a pool answers when the budget asks for idle connections back. */
+export interface ShrinkOutcome {
+  /** Connections the pool gave back (closed, and its allowance lowered by as many). */
+  released: number;
+  report: PoolReport;
 }
 
 /** What a victim answers when the budget asks it to drain. */
@@ -79,10 +105,31 @@ export interface CapacityStatus {
   admissions: number;
   /** Leases held, as the pools last reported them (each heartbeat, at most 30 s old). */
   leases: number;
+  /**
+   * Pooled connections by use (leases as last reported: each heartbeat, at most 30 s old): in use
+   * against idle in allocated pools; connections grown past and shrunk below pools' start sizes;
+   * pools of adaptive size.
+   */
+  pooled: { inUse: number; idle: number; grown: number; shrunk: number; adaptivePools: number };
+  /**
+   * Adaptive admission on the host (docs/adr/022-adaptive-admission.md), and its counters since the
+   * ledger was created: connections added by growths, growths refused, connections pools gave back on
+   * their own, and connections taken back from under-used pools for a waiting start or growth.
+   */
+  adaptive: {
+    enabled: boolean;
+    policy: AdaptivePolicy | null;
+    growths: number;
+    growthsRefused: number;
+    shrinks: number;
+    reclaimShrinks: number;
+  };
   /** Maintenance connections (migrations, provisioning, admin) holding or waiting for the reserve. */
   maintenance: { inUse: number; waiting: number; byPurpose: Record<string, number> };
-  /** The host's kind and what its admin role can do, as last probed (null before the first probe). */
+  /** The host's kind and what its admin role can do, as last probed (null before the first probe, and for a tunnel). */
   capabilities: HostReport | null;
+  /** For a customer's tunnel (`host` is then `tunnel:<name>`): its health and breaker; null for a host. */
+  tunnel?: TunnelStatus | null;
   /** What reconcile and the pools have repaired since the ledger was created (monotonic counters). */
   reconciled: Record<RepairKind, number> & {
     allocationsReleased: number;
@@ -99,6 +146,23 @@ export interface CapacityStatus {
   }[];
 }
 
+/** A customer's tunnel as its BudgetObject sees it (docs/customer-databases.md). */
+export interface TunnelStatus {
+  name: string;
+  /** `up`, or the kind of the last failed connect (`slow`: timed out; `down`: refused or cut). */
+  health: "up" | "slow" | "down";
+  /** `open`: starts behind the tunnel are refused at once (`tunnel_unavailable`) until `openUntil`. */
+  breaker: "open" | "closed";
+  consecutiveFailures: number;
+  openUntil: string | null;
+  lastOkAt: string | null;
+  lastFailureAt: string | null;
+  /** Failed connects since the ledger was created, by kind. */
+  failures: { slow: number; down: number };
+  /** Starts the open breaker refused since the ledger was created. */
+  refusedByBreaker: number;
+}
+
 /** One pool of an eviction dry run, as it crosses RPC (idle time relative to the object's clock). */
 export interface DryRunPool {
   tenantId: string;
@@ -109,9 +173,11 @@ export interface DryRunPool {
   leases: number;
   pinned: boolean;
   migrating: boolean;
-  verdict: "evict" | "eligible_not_needed" | "not_eligible";
-  /** For `evict`: 1 for the first victim. */
+  verdict: "shrink" | "evict" | "eligible_not_needed" | "not_eligible";
+  /** For `shrink` and `evict`: 1 for the first step of the reclaim. */
   order: number | null;
+  /** For `shrink`: idle connections taken back from the pool (absent from an older BudgetObject). */
+  take?: number | null;
   /** For `not_eligible`. */
   reason: NotEvictableReason | null;
 }

@@ -2,6 +2,7 @@
  * What crosses RPC between the Worker (routes, cron jobs, campaigns) and a TenantObject. Both sides
  * import these shapes from here, so no lower layer imports a Durable Object's module.
  */
+import type { CredentialPolicy } from "../core/adoption.ts";
 import type { TenantJwt } from "../core/jwt-config.ts";
 import type { PostgresErrorBody } from "../core/neon-protocol.ts";
 import type { WireError } from "../errors/index.ts";
@@ -44,6 +45,20 @@ export interface TenantRecord {
   schemaVersion: number;
   /** End-user JWT mode (docs/adr/012-end-user-jwts.md); null: a Bearer token is refused. */
   jwt: TenantJwt | null;
+  /**
+   * A customer's database Lessor did not create, behind a tunnel (docs/adr/018): then `host` is the
+   * tunnel's budget name, `databaseName` and `roleName` the customer's. Absent or null: a database
+   * Lessor created on one of its hosts.
+   */
+  adopted?: AdoptedPlacement | null;
+}
+
+/** Where an adopted database is, as its tunnel reaches it, and who changes its credential. */
+export interface AdoptedPlacement {
+  tunnel: string;
+  hostname: string;
+  port: number;
+  credentials: CredentialPolicy;
 }
 
 /** The runtime half of `GET /v1/tenants/:id`. */
@@ -72,6 +87,37 @@ export interface TenantRuntimeStatus {
   erasing: boolean;
   /** A move to another region: `moving` while its fence holds, `moved` once this object is a pointer. */
   move: { state: "moving" | "moved"; to: string } | null;
+  /** Rows this object instance's storage has written since it started (Cloudflare bills rows written). */
+  storageRowsWritten: number;
+  /** The pool's size against its floor and maximum, and what the object observed (adaptive admission). */
+  pool: PoolSizeStatus | null;
+}
+
+/** A pool's size and observed use (docs/adr/022-adaptive-admission.md), for `lessorctl status`. */
+export interface PoolSizeStatus {
+  /** Whether the pool's host runs adaptive admission; if not, start = floor = max = the tier's size. */
+  adaptive: boolean;
+  /** Connections the pool may hold now (null while no pool is open). */
+  size: number | null;
+  start: number;
+  floor: number;
+  max: number;
+  /** The current window, while a pool is open on an adaptive host. */
+  observed: {
+    windowMs: number;
+    coveredMs: number;
+    peak: number;
+    recentPeak: number;
+    mean: number;
+    waits: number;
+    meanWaitMs: number;
+    maxWaitMs: number;
+    refusals: number;
+  } | null;
+  /** The summary the last heartbeat kept (survives a restart of the object). */
+  lastObserved: { at: string; size: number; peak: number; mean: number } | null;
+  /** The size policy's last decision. */
+  lastDecision: { at: string; target: number; reason: string } | null;
 }
 
 /** The answer of a credential rotation: the generation now serving, and whether two overlapped. */
@@ -129,7 +175,12 @@ export type EraseStatus =
       attempts: number;
       lastError: string | null;
     }
-  | { state: "erased"; erasedAt: string };
+  | {
+      state: "erased";
+      erasedAt: string;
+      /** Present for a customer's database: the erase detached it (never dropped) and forgot its credential. */
+      database?: "detached";
+    };
 
 /** The answer of an erase request or resume. */
 export type EraseAnswer = { ok: true; status: EraseStatus } | { ok: false; error: WireError };

@@ -8,6 +8,8 @@ import { toHex } from "../crypto/encoding.ts";
 import { loginGuardKey, loginTokenMinter } from "../crypto/login-guard.ts";
 import { LessorError } from "../errors/index.ts";
 import type { ConnectionTarget, SessionLimits } from "../postgres/index.ts";
+import type { AdoptedPlacement } from "../rpc/tenant.ts";
+import { customerTarget } from "./customer.ts";
 import type { RoleLimits } from "./host-admin.ts";
 
 /** Where a tenant's database lives (a catalog record has these). */
@@ -15,20 +17,34 @@ export interface TenantPlacement {
   host: string;
   roleName: string;
   databaseName: string;
+  /** A customer's database behind a tunnel (docs/adr/018); absent or null: one of Lessor's hosts. */
+  adopted?: AdoptedPlacement | null;
 }
 
 export interface TenantCredential {
   target: ConnectionTarget;
-  /** Mints a one-time login token for the next connection. */
-  loginToken: () => Promise<string>;
+  /**
+   * Mints a one-time login token for the next connection; null for a customer's database, where
+   * Lessor installs no guard (docs/customer-databases.md).
+   */
+  loginToken: (() => Promise<string>) | null;
 }
 
-/** The credential to connect as the tenant role whose password is `password`. */
+/**
+ * The credential to connect as the tenant role whose password is `password`: on Lessor's host with
+ * a login token, or on a customer's server through its tunnel, as the role the customer issued.
+ */
 export async function tenantCredential(
   config: LessorConfig,
   placement: TenantPlacement,
   password: string,
 ): Promise<TenantCredential> {
+  if (placement.adopted) {
+    return {
+      target: customerTarget(config, placement.adopted, placement.databaseName, placement.roleName, password),
+      loginToken: null,
+    };
+  }
   const host = config.hosts.get(placement.host);
   if (!host) {
     throw new LessorError("misconfigured", { internal: `tenant host ${placement.host} is not configured` });

@@ -41,6 +41,14 @@ export function trackTransactionStatus(client: PoolClient, onError: (error: Erro
   });
 }
 
+/**
+ * Records the status of a ReadyForQuery the driver did not see (the wire endpoint relays a leased
+ * connection's traffic itself, src/tenant-object/wire.ts), so the reset's check reads the truth.
+ */
+export function noteTransactionStatus(client: PoolClient, status: "I" | "T" | "E"): void {
+  statusOf.set(client, status);
+}
+
 /** True if the last ReadyForQuery said the connection is idle outside any transaction. */
 export function isIdleOutsideTransaction(client: PoolClient): boolean {
   return (statusOf.get(client) ?? "I") === "I";

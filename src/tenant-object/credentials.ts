@@ -5,16 +5,29 @@
  * none of its writes can commit after).
  */
 import type { Client } from "@neondatabase/serverless";
+import { loadSealedPassword, withControlPlane } from "../control-plane/index.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
 import { jwtLoginRoleName } from "../core/jwt-config.ts";
+import { classifyStartFailure } from "../core/lifecycle.ts";
 import { tenantMaintenanceApplicationName } from "../core/names.ts";
+import { tunnelFaultOf } from "../core/tunnel.ts";
 import { claimsSigner, hmacPads, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
 import { loginGuardKey, loginTokenMinter } from "../crypto/login-guard.ts";
 import { unseal } from "../crypto/seal.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import type { ConnectionTarget } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { guardKeyId, type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
+import {
+  type CustomerPurpose,
+  setOwnPassword,
+  terminateOwnBackend,
+  terminateOwnBackends,
+  tunnelOf,
+  tunnelUnavailable,
+  withCustomerSession,
+} from "../tenant-db/customer.ts";
 import {
   openTenantDatabase,
   quoteIdent,
@@ -107,6 +120,12 @@ export class TenantCredentials {
     /** A rotation's overlap: the role's CONNECTION LIMIT must hold both generations meanwhile. */
     connectionLimit?: number,
   ): Promise<string> {
+    // A customer's database (Lessor-managed credential): the role sets its own password, as any
+    // role may; there is no guard key, claims key or end-user role of Lessor's there.
+    if (record.adopted) {
+      await this.asCustomer(record, "rotate", (client) => setOwnPassword(client, password));
+      return "";
+    }
     const guardKey = await loginGuardKey(password);
     const keyId = await guardKeyId(guardKey);
     const pads = hmacPads(await jwtClaimsKey(password));
@@ -150,6 +169,8 @@ export class TenantCredentials {
    * no claims, even for Lessor.
    */
   async retireGuardKeys(record: TenantRecord, keepKeyId: string): Promise<number> {
+    // A customer's database holds no guard keys of Lessor's.
+    if (record.adopted) return 0;
     return this.withHostAdmin(
       record,
       "rotate",
@@ -205,6 +226,66 @@ export class TenantCredentials {
   }
 
   /**
+   * Proves a credential a customer supplied, before anything changes: one connection through the
+   * tunnel as that role. A refusal of the server's is `credential_rejected`; a tunnel that is slow or
+   * down is `tunnel_unavailable` (and its health learns it).
+   */
+  async proveSupplied(record: TenantRecord, password: string): Promise<void> {
+    const adopted = record.adopted;
+    if (!adopted) throw new LessorError("internal", { internal: "not a customer's database" });
+    const credential = await this.credentialFor(record, password);
+    const budget = this.rt.budget(record.host);
+    try {
+      await this.asCustomer(record, "prove", (client) => client.query("SELECT 1"), credential.target);
+    } catch (error) {
+      if (error instanceof LessorError) throw error;
+      const reason = classifyStartFailure(error);
+      const fault = tunnelFaultOf(reason);
+      await budget.recordTunnelOutcome(record.host, fault ?? "ok").catch(() => undefined);
+      if (fault) throw tunnelUnavailable(fault, 5);
+      const code = (error as { code?: unknown }).code;
+      if (reason === "auth_failed" || reason === "database_missing" || code === "42501") {
+        throw new LessorError("credential_rejected", {
+          internal: `supplied credential refused (${String(code)})`,
+        });
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * Runs `work` on one pinned connection to a customer's database as its role, through its tunnel,
+   * within a slot of the tunnel's maintenance reserve: with `target`'s credential if given (a live
+   * connection's), else with the sealed one the control plane holds.
+   */
+  private async asCustomer<T>(
+    record: TenantRecord,
+    purpose: CustomerPurpose,
+    work: (client: Client) => Promise<T>,
+    target?: ConnectionTarget,
+    waitMs?: number,
+  ): Promise<T> {
+    const adopted = record.adopted;
+    if (!adopted) throw new LessorError("internal", { internal: "not a customer's database" });
+    let to = target;
+    if (!to) {
+      const sealed = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
+        loadSealedPassword(db, record.tenantId),
+      );
+      if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });
+      to = (await this.open(record, sealed)).target;
+    }
+    return withCustomerSession(
+      this.rt.env,
+      this.rt.config,
+      tunnelOf(this.rt.config, adopted),
+      to,
+      { purpose, tenantId: record.tenantId, ...(waitMs === undefined ? {} : { waitMs }) },
+      work,
+    );
+  }
+
+  /**
    * Sets the role's password back to the sealed one (as a SCRAM verifier). Lessor's password is the
    * truth: a password the tenant set for itself is simply overwritten, and the repair is recorded.
    */
@@ -222,7 +303,15 @@ export class TenantCredentials {
    * "ended" both settle it; a backend still there after the wait, or a check that could not run,
    * does not.
    */
-  async terminate(record: TenantRecord, pid: number): Promise<"ended" | "gone" | "still_running"> {
+  async terminate(
+    record: TenantRecord,
+    pid: number,
+    /** The connection's own target (its credential): on a customer's database the role ends its own backend. */
+    target?: ConnectionTarget,
+  ): Promise<"ended" | "gone" | "still_running"> {
+    if (record.adopted) {
+      return this.asCustomer(record, "terminate", (client) => terminateOwnBackend(client, pid), target, 500);
+    }
     // The watchdog has already cut the connection: a short wait, so a busy reserve delays nothing.
     const { rows } = await this.withHostAdmin(
       record,
@@ -245,11 +334,12 @@ export class TenantCredentials {
    * first generation serves, and when the role is at its connection limit with no live pool of ours.
    */
   async fence(record: TenantRecord, why: string): Promise<number> {
-    const ended = await this.withHostAdmin(record, "fence", (admin) =>
-      terminateRoleBackends(admin, record.roleName, {
-        keepApplicationNames: [tenantMaintenanceApplicationName(record.roleName, "migrate")],
-      }),
-    );
+    const keep = [tenantMaintenanceApplicationName(record.roleName, "migrate")];
+    const ended = record.adopted
+      ? await this.asCustomer(record, "terminate", (client) => terminateOwnBackends(client, keep))
+      : await this.withHostAdmin(record, "fence", (admin) =>
+          terminateRoleBackends(admin, record.roleName, { keepApplicationNames: keep }),
+        );
     if (ended > 0) {
       this.rt.note(`fenced: ${ended} backend(s) ended (${why})`);
       logEvent("warn", "backends_fenced", { tenant: record.tenantId, ended, why });

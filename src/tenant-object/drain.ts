@@ -5,11 +5,13 @@
  * it is ready, unleased, unpinned and not migrating (docs/adr/003-drain-victims-not-kill.md).
  */
 import { beginDrain } from "../core/lifecycle.ts";
+import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { EvictOutcome } from "../rpc/budget.ts";
 import type { TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
+import type { WireConnections } from "./wire.ts";
 
 /** An operator drain in progress. */
 export interface DrainState {
@@ -24,6 +26,7 @@ export class TenantDrain {
     private readonly rt: TenantRuntime,
     private readonly pool: TenantPool,
     private readonly sessions: SessionLeases,
+    private readonly wire: WireConnections,
   ) {}
 
   /** The operator drain in progress, if the pool is draining because of one. */
@@ -52,6 +55,8 @@ export class TenantDrain {
           lease: session.tokenHash.slice(0, 12),
         });
       }
+      // Wire connections holding a lease too: their transactions roll back, their clients are told.
+      this.wire.endAll(new LessorError("stale_generation", { retryAfterSeconds: 1 }));
     }
     await this.finishIfIdle();
   }

@@ -26,6 +26,7 @@ import {
 import {
   advanceErase,
   commitErase,
+  detachAdoptedDatabase,
   type EraseJob,
   eraseCampaignRows,
   eraseCredentials,
@@ -45,6 +46,7 @@ import type { TenantAuth } from "./auth.ts";
 import type { TenantPool } from "./pool.ts";
 import type { EraseGate, TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
+import type { WireConnections } from "./wire.ts";
 
 /** Claims older than this are dead, as the campaign runner presumes (core/campaign.ts). */
 const campaignClaimTimeoutMs = 10 * 60_000;
@@ -69,6 +71,7 @@ export class TenantErase {
     private readonly auth: TenantAuth,
     private readonly pool: TenantPool,
     private readonly sessions: SessionLeases,
+    private readonly wire: WireConnections,
   ) {
     this.provider = localPostgresProvider(rt.env, rt.config);
   }
@@ -422,6 +425,8 @@ export class TenantErase {
         this.sessions.end(session, new Error("tenant erased"), "lost");
         forcedSessions++;
       }
+      forcedSessions += this.wire.size;
+      this.wire.endAll(new LessorError("tenant_erasing", { retryAfterSeconds: 5 }));
       ended = await this.pool.waitForNoLeases(1_000);
       if (!ended && rt.record) {
         backendsEnded = await this.pool.credentials.fence(rt.record, "erase");
@@ -430,6 +435,8 @@ export class TenantErase {
       if (!ended) throw new Error(`${this.pool.leases} lease(s) would not end`);
       logEvent("warn", "erase_leases_forced", { tenant: rt.tenantId, forcedSessions, backendsEnded });
     }
+    // Wire connections between transactions hold no lease, but they end with the tenant too.
+    this.wire.endAll(new LessorError("tenant_erasing", { retryAfterSeconds: 5 }));
     return { leasesHeld: held, waitedMs: Date.now() - started, forcedSessions, backendsEnded };
   }
 
@@ -449,8 +456,16 @@ export class TenantErase {
     return { generation, poolsStopped: wasOpen ? 1 : 0, allocationsReleased: released };
   }
 
-  /** `database`: the provider removes the database and the role (idempotent). */
+  /**
+   * `database`: the provider removes the database and the role (idempotent). A customer's database
+   * is detached instead: Lessor never connects there to drop anything; where it is goes from the
+   * catalog, audited (its credential goes at the next stage).
+   */
   private async database(job: EraseJob): Promise<Record<string, number>> {
+    if (job.detached) {
+      const detached = await this.onControlPlane((db) => detachAdoptedDatabase(db, job));
+      return { databases: 0, roles: 0, ...detached };
+    }
     if (job.databaseName === null || job.roleName === null) return { databases: 0, roles: 0 };
     const removed: DatabaseRemoval = await this.provider.remove({
       tenantId: job.tenantId,
@@ -494,7 +509,11 @@ function addCounts(before: Record<string, number>, now: Record<string, number>):
 
 function statusOf(job: EraseJob): EraseStatus {
   if (job.state === "erased") {
-    return { state: "erased", erasedAt: (job.erasedAt ?? job.updatedAt).toISOString() };
+    return {
+      state: "erased",
+      erasedAt: (job.erasedAt ?? job.updatedAt).toISOString(),
+      ...(job.detached ? { database: "detached" as const } : {}),
+    };
   }
   return {
     state: "erasing",

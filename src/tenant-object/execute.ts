@@ -36,7 +36,9 @@ import {
 const resultFrameBytes = 128;
 
 import { LessorError } from "../errors/index.ts";
+import type { PhasedSubmittable } from "../postgres/index.ts";
 import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
+import { sessionResetSql } from "./connection-state.ts";
 
 /** One statement's result: its rows already encoded as the JSON they are answered with. */
 export type RawResult = EncodedResult;
@@ -79,6 +81,7 @@ export type OverrunHandler = (why: Overrun) => void;
 const drainSlackBytes = 4 * 1024 * 1024;
 
 interface ProtocolConnection {
+  query(text: string): void;
   parse(config: { text: string; name: string; types: number[] }): void;
   bind(config: { portal: string; statement: string; values: (string | null)[] }): void;
   describe(config: { type: "P"; name: string }): void;
@@ -96,12 +99,27 @@ interface DataStream {
 /**
  * A driver `Submittable`: the client hands it the connection to write messages to and calls its
  * `handle…` methods with each backend message until ReadyForQuery (or an error).
+ *
+ * With `resetSql`, the per-request reset rides in the same flight, as a simple query after the
+ * statement's Sync: Postgres runs it right after the statement, whatever the statement did (its
+ * error, its open transaction), and the connection is clean one ReadyForQuery later, without a
+ * round trip of its own. The statement's result settles at its own ReadyForQuery (the caller is
+ * answered then); `resetDone` settles at the reset's (src/postgres/index.ts keeps the statement
+ * the client's active query until then, so nothing else is sent on the connection meanwhile).
  */
-class BoundedStatement {
+class BoundedStatement implements PhasedSubmittable {
   readonly result: Promise<RawResult>;
+  /** Settles when the pipelined reset has run: undefined if clean, the error if not; null without one. */
+  readonly resetDone: Promise<Error | undefined> | null;
+  phasesLeft: number;
+  private resolveReset: (failed: Error | undefined) => void = () => undefined;
+  private readyForQueries = 0;
+  private statementSettled = false;
+  private resetSettled = false;
   private resolve: (result: RawResult) => void = () => undefined;
   private reject: (error: unknown) => void = () => undefined;
   private fields: FieldDescription[] = [];
+  private fieldsJson: string | undefined;
   private encode: RowEncoder | null = null;
   private rows: string[] = [];
   private command = "";
@@ -124,12 +142,31 @@ class BoundedStatement {
     private readonly budget: ResponseBudget,
     private readonly onOverrun: OverrunHandler,
     private readonly prelude: Statement | null = null,
+    private readonly resetSql: string | null = null,
   ) {
     this.inPrelude = prelude !== null;
     this.result = new Promise<RawResult>((resolve, reject) => {
       this.resolve = resolve;
       this.reject = reject;
     });
+    this.phasesLeft = resetSql === null ? 1 : 2;
+    this.resetDone =
+      resetSql === null
+        ? null
+        : new Promise<Error | undefined>((resolve) => {
+            this.resolveReset = resolve;
+          });
+  }
+
+  /** Messages after the statement's ReadyForQuery are the reset's: nothing of them is answered. */
+  private get inReset(): boolean {
+    return this.readyForQueries > 0;
+  }
+
+  private finishReset(failed: Error | undefined): void {
+    if (this.resetSettled) return;
+    this.resetSettled = true;
+    this.resolveReset(failed);
   }
 
   submit(connection: ProtocolConnection): null {
@@ -148,6 +185,7 @@ class BoundedStatement {
     connection.describe({ type: "P", name: "" });
     connection.execute({ portal: "", rows: 0 });
     connection.sync();
+    if (this.resetSql !== null) connection.query(this.resetSql);
     return null;
   }
 
@@ -165,7 +203,7 @@ class BoundedStatement {
   }
 
   handleRowDescription(message: { fields: FieldDescription[] }): void {
-    if (this.inPrelude) return;
+    if (this.inPrelude || this.inReset) return;
     this.fields = message.fields.map((field) => ({
       name: field.name,
       tableID: field.tableID,
@@ -176,12 +214,14 @@ class BoundedStatement {
       format: field.format,
     }));
     this.encode = rowEncoder(this.fields, this.budget.mode);
-    // The field list travels too (and the result's frame: command, counts, keys).
-    if (!this.budget.take(utf8Length(JSON.stringify(this.fields)) + resultFrameBytes)) this.overrun();
+    // The field list travels too (and the result's frame: command, counts, keys); its JSON is made
+    // once, here, and reused for the answer.
+    this.fieldsJson = JSON.stringify(this.fields);
+    if (!this.budget.take(utf8Length(this.fieldsJson) + resultFrameBytes)) this.overrun();
   }
 
   handleDataRow(message: { fields: (string | null)[] }): void {
-    if (this.overran || this.inPrelude) return;
+    if (this.overran || this.inPrelude || this.inReset) return;
     const row = (this.encode ?? rowEncoder([], this.budget.mode))(message.fields);
     // The row as it will travel, and the comma before the next one.
     if (!this.budget.take(utf8Length(row) + 1)) {
@@ -192,6 +232,7 @@ class BoundedStatement {
   }
 
   handleCommandComplete(message: { text?: string; command?: string }): void {
+    if (this.inReset) return;
     if (this.inPrelude) {
       this.inPrelude = false;
       return;
@@ -203,6 +244,7 @@ class BoundedStatement {
   }
 
   handleEmptyQuery(): void {
+    if (this.inReset) return;
     this.command = "";
   }
 
@@ -215,16 +257,32 @@ class BoundedStatement {
   }
 
   handleCopyData(message: { chunk?: Uint8Array }): void {
+    if (this.inReset) return;
     // COPY TO STDOUT: nothing of it is answered, but it still counts against the budget.
     if (!this.budget.take(message.chunk?.byteLength ?? 0)) this.overrun();
   }
 
   handleError(error: unknown): void {
-    this.settle();
-    this.reject(this.overran ? tooLarge(this.budget.max) : error);
+    if (!this.statementSettled && !this.inReset) {
+      this.statementSettled = true;
+      this.settle();
+      this.reject(this.overran ? tooLarge(this.budget.max) : error);
+      // A server's ErrorResponse ends the statement only: its Sync's ReadyForQuery and the reset
+      // follow. Anything else (the connection died) ends the whole flight.
+      if (!isServerError(error)) this.finishReset(asError(error));
+      return;
+    }
+    this.finishReset(asError(error));
   }
 
   handleReadyForQuery(): void {
+    this.readyForQueries++;
+    if (this.readyForQueries > 1) {
+      this.finishReset(undefined);
+      return;
+    }
+    if (this.statementSettled) return;
+    this.statementSettled = true;
     this.settle();
     if (this.overran || this.budget.exceeded) {
       this.reject(tooLarge(this.budget.max));
@@ -234,10 +292,20 @@ class BoundedStatement {
       command: this.command,
       rowCount: this.rowCount,
       fields: this.fields,
+      ...(this.fieldsJson === undefined ? {} : { fieldsJson: this.fieldsJson }),
       rows: this.rows,
       rowAsArray: this.budget.mode.arrayMode,
     });
   }
+}
+
+/** An ErrorResponse the server sent (the connection lives on), as opposed to a dead connection. */
+function isServerError(error: unknown): boolean {
+  return typeof (error as { severity?: unknown } | null)?.severity === "string";
+}
+
+function asError(error: unknown): Error {
+  return error instanceof Error ? error : new Error("the connection failed");
 }
 
 function tooLarge(max: number): LessorError {
@@ -256,8 +324,19 @@ export async function runStatement(
   budget: ResponseBudget,
   onOverrun: OverrunHandler,
   prelude: Statement | null = null,
+  pipelinedReset: ((done: Promise<Error | undefined>) => void) | null = null,
 ): Promise<RawResult> {
-  const bounded = new BoundedStatement(statement, budget, onOverrun, prelude);
+  // COPY changes the protocol's state mid-flight (a CopyInResponse waits for data the pipelined
+  // query would be taken for): a statement that may be one is reset the plain way, after.
+  const pipeline = pipelinedReset !== null && !mayCopy(statement) && (prelude === null || !mayCopy(prelude));
+  const bounded = new BoundedStatement(
+    statement,
+    budget,
+    onOverrun,
+    prelude,
+    pipeline ? sessionResetSql : null,
+  );
+  if (pipeline && bounded.resetDone) pipelinedReset(bounded.resetDone);
   (client as unknown as { query(submittable: BoundedStatement): void }).query(bounded);
   const result = await bounded.result;
   if (result.command === "PREPARE TRANSACTION") {
@@ -298,9 +377,16 @@ SELECT x.gid, x.owner::pg_catalog.text AS owner, x.owner OPERATOR(pg_catalog.=) 
  WHERE x.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
    AND (x.owner OPERATOR(pg_catalog.=) SESSION_USER OR pg_catalog.pg_has_role(SESSION_USER, x.owner, 'SET'))`;
 
+/** Whether a statement's text could be a COPY (a cheap, conservative test: any "copy" in it). */
+function mayCopy(statement: Statement): boolean {
+  return /copy/i.test(statement.query);
+}
+
 /**
  * Executes the request. A Postgres error propagates with its fields; a failed transaction is rolled
- * back before the error propagates. `prelude` (JWT mode) runs in the first statement's flight, inside
+ * back before the error propagates. With `pipelinedReset`, a single statement carries the
+ * per-request reset in its flight and hands over the promise of its end (a batch's transaction is
+ * reset the plain way, after). `prelude` (JWT mode) runs in the first statement's flight, inside
  * its transaction.
  */
 export async function executeSqlRequest(
@@ -309,9 +395,10 @@ export async function executeSqlRequest(
   budget: ResponseBudget,
   onOverrun: OverrunHandler,
   prelude: Statement | null = null,
+  pipelinedReset: ((done: Promise<Error | undefined>) => void) | null = null,
 ): Promise<RawResult[]> {
   if (request.kind === "single") {
-    return [await runStatement(client, request.statement, budget, onOverrun, prelude)];
+    return [await runStatement(client, request.statement, budget, onOverrun, prelude, pipelinedReset)];
   }
   if (request.statements.length === 0) return [];
   await client.query(beginStatement(request.options));

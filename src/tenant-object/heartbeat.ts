@@ -1,7 +1,7 @@
 /**
  * The object's one alarm, a heartbeat while the pool is warm: reclaims abandoned session leases
  * and any lease held past its bound (pool.ts `reclaimOverdueLeases`), reports an overdue drain, drains an idle pool (core/lifecycle.ts decides), tells the budget how
- * the pool is used, flushes the outboxes, and re-arms for the next thing due. Every step is safe to
+ * the pool is used, reviews an adaptive pool's size (sizing.ts), flushes the outboxes, and re-arms for the next thing due. Every step is safe to
  * run twice or to be cut short: a restarted object re-arms from what storage holds.
  */
 import { idleDecision } from "../core/lifecycle.ts";
@@ -52,14 +52,23 @@ export async function heartbeat(
     idleTimeoutMs: rt.config.idleTimeoutMs,
     heartbeatMs,
   });
+  let nextReview: number | null = null;
   if (decision.kind === "drain" && !rt.lifecycle.migrating) await pool.stop("idle_timeout");
-  else await pool.reportToBudget().catch(() => undefined);
+  else {
+    await pool.reportToBudget().catch(() => undefined);
+    // Adaptive hosts: give back what sat idle (sizing.ts; the policy is core/adaptive.ts).
+    nextReview = await pool.sizing.review(now).catch((error: unknown) => {
+      logEvent("warn", "pool_review_failed", { tenant: rt.tenantId, failure: describeFailure(error) });
+      return null;
+    });
+  }
   pool.persistLastUsed();
   await flushOutboxes(rt).catch((error: unknown) =>
     logEvent("warn", "outbox_flush_failed", { tenant: rt.tenantId, failure: describeFailure(error) }),
   );
   const wakeups = [
     decision.kind === "rearm" ? decision.at : null,
+    nextReview,
     ...sessions.all().map((s) => s.expiresAt),
     rt.lifecycle.state === "draining" ? now + heartbeatMs : null,
     hasPendingOutbox(rt) ? now + heartbeatMs : null,

@@ -10,8 +10,10 @@
  *     storage.ts    the object's SQLite tables (storage-schema.ts, drizzle migrations)
  *     auth.ts       the tenant record and the key check
  *     pool.ts       admission, single-flight start, generation ledger, leases, stop
+ *     sizing.ts     adaptive pool size: observed use, growth and shrink (the policy is core/adaptive.ts)
  *     query.ts      `/sql` on a pooled connection (execute.ts speaks the protocol)
  *     sessions.ts   session leases, TTL, reclaim
+ *     wire.ts       Postgres wire protocol connections (transaction and session mode)
  *     drain.ts      operator drain and budget eviction
  *     migrate.ts    schema migrations under the object
  *     rotation.ts   credential rotation through overlapping generations
@@ -27,7 +29,7 @@ import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantObject } from "../placement/index.ts";
-import type { EvictOutcome, GenerationCheck } from "../rpc/budget.ts";
+import type { EvictOutcome, GenerationCheck, ShrinkOutcome } from "../rpc/budget.ts";
 import type {
   EraseAnswer,
   KeyProof,
@@ -41,6 +43,7 @@ import type {
   TenantRuntimeStatus,
   Verdict,
 } from "../rpc/tenant.ts";
+import { parseWireOpen, wireOpenHeader } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import { TenantAuth } from "./auth.ts";
 import { TenantDrain } from "./drain.ts";
@@ -53,6 +56,7 @@ import { TenantQueries } from "./query.ts";
 import { CredentialRotation } from "./rotation.ts";
 import { type EraseGate, type MoveGate, TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
+import { WireConnections } from "./wire.ts";
 
 export class TenantObject extends DurableObject<Env> {
   private readonly rt: TenantRuntime;
@@ -60,6 +64,7 @@ export class TenantObject extends DurableObject<Env> {
   private readonly pool: TenantPool;
   private readonly queries: TenantQueries;
   private readonly sessions: SessionLeases;
+  private readonly wire: WireConnections;
   private readonly drains: TenantDrain;
   private readonly migration: SchemaMigration;
   private readonly rotation: CredentialRotation;
@@ -91,10 +96,11 @@ export class TenantObject extends DurableObject<Env> {
     });
     this.queries = new TenantQueries(rt, this.auth, this.pool);
     this.sessions = new SessionLeases(rt, this.auth, this.pool);
-    this.drains = new TenantDrain(rt, this.pool, this.sessions);
+    this.wire = new WireConnections(rt, this.auth, this.pool, this.sessions);
+    this.drains = new TenantDrain(rt, this.pool, this.sessions, this.wire);
     this.migration = new SchemaMigration(rt, this.auth, this.pool);
     this.rotation = new CredentialRotation(rt, this.auth, this.pool);
-    this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions);
+    this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions, this.wire);
     this.moves = new TenantMove(rt, this.auth, this.pool, this.sessions);
     ctx.blockConcurrencyWhile(() => this.load());
   }
@@ -146,6 +152,8 @@ export class TenantObject extends DurableObject<Env> {
     if (this.rt.move !== null) return;
     await this.auth.install(record);
     this.sessions.endLeasesOfRemovedKeys(record);
+    this.wire.endForRemovedKeys(record);
+    if (record.status === "disabled") this.wire.endAll(new LessorError("tenant_disabled"));
   }
 
   /** Pins or unpins the pool: a pinned pool is never chosen as an eviction victim. */
@@ -233,6 +241,28 @@ export class TenantObject extends DurableObject<Env> {
   }
 
   /**
+   * A wire connection the edge authenticated (src/routes/wire.ts): the key hash is checked here too,
+   * and the answer is the WebSocket its traffic crosses, or a JSON refusal (wire.ts).
+   */
+  override async fetch(request: Request): Promise<Response> {
+    const open = parseWireOpen(request.headers.get(wireOpenHeader));
+    if (!open || request.headers.get("Upgrade")?.toLowerCase() !== "websocket") {
+      return Response.json(
+        { error: new LessorError("not_found").toWire(), authenticated: false },
+        { status: 404 },
+      );
+    }
+    const moved = this.moveRefusal(open.tenantId, "new");
+    if (moved) return Response.json({ error: moved, authenticated: false }, { status: 409 });
+    return this.counted(this.wire.accept(open));
+  }
+
+  /** A CancelRequest for the wire connection with this cancel key; true if a statement was cancelled. */
+  async cancelWire(pid: number, secret: number): Promise<boolean> {
+    return this.wire.cancel(pid, secret);
+  }
+
+  /**
    * Has the usage the work counted saved soon after (runtime.ts, `noteUsage`): batched, never a
    * storage write per request.
    */
@@ -281,6 +311,8 @@ export class TenantObject extends DurableObject<Env> {
       rotatingTo: lc.rotatingTo,
       erasing: this.rt.erasing,
       move: this.rt.move ? { state: this.rt.move.state, to: this.rt.move.to } : null,
+      storageRowsWritten: this.rt.storage.rowsWritten,
+      pool: this.pool.sizing.status(),
     };
   }
 
@@ -295,6 +327,16 @@ export class TenantObject extends DurableObject<Env> {
     const owner = this.newOwner();
     if (owner) return owner.evictIfIdle(generation);
     return this.drains.evictIfIdle(generation);
+  }
+
+  /**
+   * Asked by the BudgetObject while a start or a growth waits: give back up to `want` idle
+   * connections of `generation` (adaptive hosts; see sizing.ts). Never a lease in use.
+   */
+  shrinkIdle(generation: number, want: number): Promise<ShrinkOutcome> {
+    const owner = this.newOwner();
+    if (owner) return owner.shrinkIdle(generation, want);
+    return this.pool.sizing.shrinkIdle(generation, want);
   }
 
   /** For the orphan reaper: does this object still hold connections of `generation`? */
@@ -336,6 +378,24 @@ export class TenantObject extends DurableObject<Env> {
     if (moved) return { ok: false, error: moved };
     // A rotation starts a pool (a pool start is counted in usage).
     return this.counted(this.rotation.rotate(tenantId));
+  }
+
+  /**
+   * Moves a customer's database to a credential its customer supplied, through overlapping
+   * generations (see rotation.ts `supply`); `user` null keeps the role.
+   */
+  async supplyCredential(
+    tenantId: string,
+    user: string | null,
+    password: string,
+    actor: string,
+  ): Promise<RotateOutcome> {
+    if (this.rt.erase !== null) {
+      const code = this.rt.erasing ? "tenant_erasing" : "tenant_erased";
+      return { ok: false, error: new LessorError(code, { retryAfterSeconds: 5 }).toWire() };
+    }
+    const record = await this.auth.resolve(tenantId).catch(() => null);
+    return this.counted(this.rotation.supply(tenantId, user ?? record?.roleName ?? "", password, actor));
   }
 
   /** Migrates the tenant's database to `targetVersion` (see migrate.ts). */

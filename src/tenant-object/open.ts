@@ -14,7 +14,11 @@ import {
   withControlPlane,
 } from "../control-plane/index.ts";
 import { skipGeneration } from "../core/lifecycle.ts";
-import { poolApplicationName, tenantMaintenanceApplicationName } from "../core/names.ts";
+import {
+  lessorApplicationPrefix,
+  poolApplicationName,
+  tenantMaintenanceApplicationName,
+} from "../core/names.ts";
 import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { endPool, openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
@@ -36,6 +40,20 @@ SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(a.pid, 
   FROM pg_catalog.pg_stat_activity a
  WHERE a.usename OPERATOR(pg_catalog.=) CURRENT_USER
    AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+   AND NOT (COALESCE(a.application_name, '') OPERATOR(pg_catalog.=) ANY($1::pg_catalog.text[]))`;
+
+/**
+ * The fence on a customer's database (adopted): as `ownBackendsFenceSql`, but only Lessor's own
+ * backends of the role (`lessor:<role>:…`, `$2`): the role is the customer's, and their own sessions
+ * under it are none of Lessor's business. (Through a tunnel, a dead generation's backends also end
+ * on their own within a second of its sockets: `client_connection_check_interval`.)
+ */
+export const ownLessorBackendsFenceSql = `
+SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(a.pid, 5000))::pg_catalog.int4 AS ended
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.usename OPERATOR(pg_catalog.=) CURRENT_USER
+   AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+   AND pg_catalog.starts_with(COALESCE(a.application_name, ''), $2::pg_catalog.text)
    AND NOT (COALESCE(a.application_name, '') OPERATOR(pg_catalog.=) ANY($1::pg_catalog.text[]))`;
 
 export class GenerationOpener {
@@ -77,9 +95,10 @@ export class GenerationOpener {
     return sealed;
   }
 
-  open(record: TenantRecord, generation: number, credential: UnsealedCredential): Pool {
+  /** The generation's driver pool, holding at most `max` connections (its allowance; adaptive pools move it). */
+  open(record: TenantRecord, generation: number, credential: UnsealedCredential, max: number): Pool {
     return openPool(this.rt.config, credential.target, {
-      max: record.poolSize,
+      max,
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
@@ -101,6 +120,7 @@ export class GenerationOpener {
     record: TenantRecord,
     generation: number,
     credential: UnsealedCredential,
+    max: number,
   ): Promise<Pool> {
     try {
       await this.firstQuery(pool, record);
@@ -108,11 +128,14 @@ export class GenerationOpener {
     } catch (error) {
       const code = (error as { code?: unknown }).code;
       if (code !== "28P01" && code !== "42501" && code !== "53300") throw error;
+      // A customer's database: its role is the customer's, so Lessor repairs and fences nothing
+      // there; the start fails and says why (a refused credential is `credential_revoked`).
+      if (record.adopted) throw error;
       await endPool(pool);
       // A password or a CONNECT that drifted: the repair sets both back.
       if (code === "28P01" || code === "42501") await this.credentials.repair(record, credential, generation);
       else await this.credentials.fence(record, "role connection limit reached");
-      const retried = this.open(record, generation, credential);
+      const retried = this.open(record, generation, credential, max);
       try {
         await this.firstQuery(retried, record);
       } catch (again) {
@@ -133,9 +156,10 @@ export class GenerationOpener {
       await pool.query("SELECT 1");
       return;
     }
-    const { rows } = await pool.query(ownBackendsFenceSql, [
-      [tenantMaintenanceApplicationName(record.roleName, "migrate")],
-    ]);
+    const keep = [tenantMaintenanceApplicationName(record.roleName, "migrate")];
+    const { rows } = record.adopted
+      ? await pool.query(ownLessorBackendsFenceSql, [keep, `${lessorApplicationPrefix}${record.roleName}:`])
+      : await pool.query(ownBackendsFenceSql, [keep]);
     const ended = Number(rows[0]?.ended ?? 0);
     if (ended > 0) {
       this.rt.note(`fenced: ${ended} backend(s) of the dead generation ended`);

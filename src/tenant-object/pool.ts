@@ -7,8 +7,10 @@
  * The in-memory `starting` promise makes the second join the first; the persisted generation makes
  * a restarted object start a new generation instead of pretending the old pool is alive.
  *
- * Capacity: a start reserves its full pool size from the host's BudgetObject before it opens a
- * connection, and the allocation is released only after the pool's connections are closed.
+ * Capacity: a start reserves its pool size from the host's BudgetObject before it opens a
+ * connection, and the allocation is released only after the pool's connections are closed. On an
+ * adaptive host the size then moves (sizing.ts): every growth is admitted before the driver pool may
+ * open more, and connections are closed before the budget gets them back.
  *
  * End users (JWT mode, docs/adr/012-end-user-jwts.md) get connections of their own, logged in as the
  * tenant's end-user login role, from a second pool of the same generation opened on first use. Both
@@ -31,16 +33,20 @@ import {
 } from "../core/lifecycle.ts";
 import { poolApplicationName } from "../core/names.ts";
 import { restartJitterMs } from "../core/placement.ts";
+import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
 import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../postgres/index.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
+import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
+import { driverPoolMax, setDriverPoolMax } from "./driver-pool.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
+import { PoolSizing, type SizedPool } from "./sizing.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
 export interface LiveLease {
@@ -78,10 +84,13 @@ export type PoolRepair = "lease_reclaimed" | "close_forced";
 /** Where the pool keeps its last use for the next instance of the object (kv). */
 const lastUsedKey = "lastUsed";
 
+/** A bound on the passes of a give-back beyond the connections it gives back. */
+const maxPoolSizeBound = 8;
+
 /** How long a checkout waits for a connection of the shared capacity (the driver pool's own bound). */
 const checkoutWaitMs = 10_000;
 
-export class TenantPool {
+export class TenantPool implements SizedPool {
   /** The pool of the current generation; null unless the lifecycle is ready or draining. */
   private pool: Pool | null = null;
   private poolGeneration = 0;
@@ -127,6 +136,8 @@ export class TenantPool {
   readonly credentials: TenantCredentials;
   /** Opens a generation's connections: control-plane claim, driver pool, proof, maintenance. */
   readonly opener: GenerationOpener;
+  /** The pool's size on an adaptive host: observed use, growth and shrink (sizing.ts). */
+  readonly sizing: PoolSizing;
 
   constructor(
     private readonly rt: TenantRuntime,
@@ -147,6 +158,7 @@ export class TenantPool {
     this.opener = new GenerationOpener(rt, this.credentials, (generation, error) =>
       this.onPoolError(generation, error),
     );
+    this.sizing = new PoolSizing(rt, this);
   }
 
   get leases(): number {
@@ -201,6 +213,82 @@ export class TenantPool {
   /** Whether a pool of the current generation is open. */
   get isOpen(): boolean {
     return this.pool !== null;
+  }
+
+  // ── Size (adaptive admission: sizing.ts decides, these apply) ──────────────────────────────────
+
+  /** The generation whose pool is open. */
+  get openGeneration(): number {
+    return this.poolGeneration;
+  }
+
+  /** Connections the current generation may hold, both kinds together: what its ledger row holds. */
+  get allowance(): number {
+    return this.poolMax;
+  }
+
+  /** Checkouts waiting now because every connection of the generation is in use. */
+  waitingCheckouts(): number {
+    return (this.pool?.waitingCount ?? 0) + (this.jwtPool?.waitingCount ?? 0) + this.capacityWaiters.length;
+  }
+
+  /** The host admitted `by` more connections: the driver pools may open them now. */
+  raiseAllowance(by: number): void {
+    if (!this.pool || by <= 0) return;
+    this.poolMax += by;
+    setDriverPoolMax(this.pool, this.poolMax);
+    if (this.jwtPool) setDriverPoolMax(this.jwtPool, this.poolMax);
+    this.wakeCapacityWaiters();
+  }
+
+  /**
+   * Lowers the allowance by up to `want` (never below `lowest`) and closes idle connections until
+   * the generation holds no more than it; resolves with how many connections of allowance it gave
+   * back. Only idle connections are closed, each one's backend gone before this resolves, so the
+   * budget never gives away a connection that still exists: a connection checked out meanwhile
+   * stays, and is not given back. Relative to the allowance on purpose: a growth admitted while
+   * this runs adds up with it in either order.
+   */
+  async giveBackIdle(want: number, lowest: number): Promise<number> {
+    const pool = this.pool;
+    if (!pool || this.waitingCheckouts() > 0) return 0;
+    const generation = this.poolGeneration;
+    const lowered = Math.min(want, this.poolMax - lowest);
+    if (lowered <= 0) return 0;
+    this.poolMax -= lowered;
+    setDriverPoolMax(pool, this.poolMax);
+    if (this.jwtPool) setDriverPoolMax(this.jwtPool, this.poolMax);
+    const open = () => pool.totalCount + (this.jwtPool?.totalCount ?? 0) + this.closingForRoom;
+    // Bounded: each pass closes one idle connection, or stops.
+    for (let pass = 0; pass < lowered + maxPoolSizeBound && open() > this.poolMax; pass++) {
+      const jwtPool = this.jwtPool;
+      const from =
+        pool.idleCount - this.claimsOn(pool) > 0
+          ? pool
+          : jwtPool && jwtPool.idleCount - this.claimsOn(jwtPool) > 0
+            ? jwtPool
+            : null;
+      if (!from) break;
+      const idle = await this.claiming(from, () => from.connect());
+      markEndedOnPurpose(idle);
+      this.closingForRoom++;
+      try {
+        await terminateAndWait(idle);
+      } finally {
+        this.closingForRoom--;
+        idle.release(new Error("given back to the host's budget"));
+      }
+    }
+    // The generation stopped meanwhile: its whole allocation goes with it, nothing to give back here.
+    if (this.pool !== pool || this.poolGeneration !== generation) return 0;
+    // Connections checked out while this ran are still open: the allowance keeps them.
+    const kept = Math.min(lowered, Math.max(0, open() - this.poolMax));
+    if (kept > 0) {
+      this.poolMax += kept;
+      setDriverPoolMax(pool, this.poolMax);
+      if (this.jwtPool) setDriverPoolMax(this.jwtPool, this.poolMax);
+    }
+    return lowered - kept;
   }
 
   /** Whether this object still holds connections (or budget) of `generation`: live, retiring, being prepared, or closing. */
@@ -258,6 +346,7 @@ export class TenantPool {
           });
           this.idleSince = null;
           this.touch();
+          this.sizing.onLeases(this.held.size);
           return { id, generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":
@@ -287,10 +376,7 @@ export class TenantPool {
           if (decision.reason === "misconfigured") {
             throw new LessorError("misconfigured", { internal: "start failed (misconfigured); backing off" });
           }
-          throw new LessorError("tenant_starting_failed", {
-            internal: `start failed (${decision.reason}); backing off`,
-            retryAfterSeconds: decision.retryAfterMs / 1000,
-          });
+          throw startRefusal(record, decision.reason, decision.retryAfterMs / 1000);
         case "refuse_draining":
           throw new LessorError("tenant_draining", { retryAfterSeconds: 1 });
       }
@@ -317,7 +403,10 @@ export class TenantPool {
       if (old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
       return;
     }
-    if (this.held.delete(lease.id)) this.afterRelease();
+    if (this.held.delete(lease.id)) {
+      this.sizing.onLeases(this.held.size);
+      this.afterRelease();
+    }
   }
 
   /**
@@ -357,6 +446,7 @@ export class TenantPool {
     }
     const before = this.held.size;
     sweep(this.held);
+    if (this.held.size !== before) this.sizing.onLeases(this.held.size);
     if (before > 0 && this.held.size === 0) this.afterRelease();
     if (reclaimed > 0) {
       this.hooks.onRepair("lease_reclaimed", reclaimed);
@@ -431,7 +521,11 @@ export class TenantPool {
         }
         continue;
       }
-      if (!(await this.capacityReturned(deadline))) {
+      const returned = this.capacityReturned(deadline);
+      // Queued now: the pool's growth sees this checkout waiting.
+      this.sizing.onQueued();
+      if (!(await returned)) {
+        this.sizing.onRefusal();
         throw new LessorError("lease_timeout", {
           internal: "no connection of the shared capacity came back",
         });
@@ -455,9 +549,19 @@ export class TenantPool {
   }
 
   private async checkoutFrom(pool: Pool): Promise<PoolClient> {
+    const current = pool === this.pool || (pool === this.jwtPool && pool !== null);
+    const queuedAt = Date.now();
     try {
       const generation = pool === this.pool ? this.poolGeneration : (this.retiring?.generation ?? -1);
-      const client = await pool.connect();
+      const connecting = pool.connect();
+      // connect() has queued the checkout or opened a connection, synchronously: more checkouts now
+      // wait than idle connections and room for new ones can serve, so this one waits for a release,
+      // and the pool may grow.
+      const queued =
+        current && pool.waitingCount > pool.idleCount + Math.max(0, driverPoolMax(pool) - pool.totalCount);
+      if (queued) this.sizing.onQueued();
+      const client = await connecting;
+      if (queued) this.sizing.onWait(Date.now() - queuedAt);
       trackTransactionStatus(client, (error) => this.onPoolError(generation, error));
       return client;
     } catch (error) {
@@ -480,7 +584,9 @@ export class TenantPool {
           await Promise.race([change.catch(() => undefined), sleep(this.rt.config.admissionWaitMs)]);
         if (this.pool !== null && pool !== this.pool && pool !== this.jwtPool) throw new CredentialMoved();
       }
-      throw new LessorError(/timeout/i.test(String(error)) ? "lease_timeout" : "connection_lost", {
+      const timedOut = /timeout/i.test(String(error));
+      if (timedOut && current) this.sizing.onRefusal();
+      throw new LessorError(timedOut ? "lease_timeout" : "connection_lost", {
         internal: "pool checkout failed",
         cause: error,
       });
@@ -612,9 +718,17 @@ export class TenantPool {
     // After a restart (a deploy restarts every object), pools come back spread over a moment
     // rather than all in the same one (src/core/placement.ts).
     if (rt.fencePending) await sleep(restartJitterMs(Math.random(), rt.config.admissionWaitMs));
+    // A fixed pool reserves its tier's size; an adaptive one its start size, and says its floor.
+    const bounds = this.sizing.bounds(record);
     let admitted: AdmitResult;
     try {
-      admitted = await budget.admit(record.host, record.tenantId, generation, record.poolSize);
+      admitted = await budget.admit(
+        record.host,
+        record.tenantId,
+        generation,
+        bounds.start,
+        bounds.adaptive ? bounds.floor : null,
+      );
     } catch (error) {
       // The budget object restarted mid-call. Whatever it reserved is released (or reconciled).
       logEvent("warn", "budget_unavailable", {
@@ -627,9 +741,17 @@ export class TenantPool {
       throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
     }
     if (!admitted.granted) {
-      const why = admitted.closed ? "tenant_erasing" : admitted.unfit ? "host_unfit" : "capacity_saturated";
+      const why = admitted.closed
+        ? "tenant_erasing"
+        : admitted.unfit
+          ? "host_unfit"
+          : admitted.tunnel
+            ? `tunnel_${admitted.tunnel}`
+            : "capacity_saturated";
       rt.apply(startRefused(rt.lifecycle), why);
       if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+      // The tenant's own tunnel is full, or its breaker is open: only tenants behind it see this.
+      if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
       if (admitted.unfit) {
         throw new LessorError("host_unfit", {
           internal: admitted.unfit,
@@ -642,18 +764,24 @@ export class TenantPool {
     try {
       const credential = await this.credentials.open(record, sealed);
       this.jwtCredential = await this.credentials.openJwt(record, credential);
-      pool = this.opener.open(record, generation, credential);
+      pool = this.opener.open(record, generation, credential, bounds.start);
       // One connection proves the credentials and the database before the pool is declared ready.
-      pool = await this.opener.prove(pool, record, generation, credential);
+      pool = await this.opener.prove(pool, record, generation, credential, bounds.start);
       this.pool = pool;
       this.poolGeneration = generation;
       this.poolTarget = credential.target;
-      this.poolMax = record.poolSize;
+      this.poolMax = bounds.start;
+      this.sizing.onStart();
       this.idleSince = Date.now();
       rt.usage.poolStarts++;
       rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
+      // The tunnel carried a start: its breaker closes.
+      if (record.adopted) await budget.recordTunnelOutcome(record.host, "ok").catch(() => undefined);
       await budget.confirm(record.host, record.tenantId, generation, this.report());
       await rt.ensureAlarm(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
+      // An adaptive pool above its floor is reviewed once a window has passed (sizing.ts).
+      const review = this.sizing.nextReviewAt();
+      if (review !== null) await rt.ensureAlarm(review);
     } catch (error) {
       if (pool) await endPool(pool);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
@@ -675,22 +803,32 @@ export class TenantPool {
       rt.apply(startRefused(rt.lifecycle), error.code);
       return error;
     }
-    const reason: FailureReason = classifyStartFailure(error);
-    logEvent(reason === "misconfigured" ? "error" : "warn", "pool_start_failed", {
-      tenant: rt.record?.tenantId,
-      generation: rt.lifecycle.generation,
-      reason,
-      failure: describeFailure(error),
-    });
+    const record = rt.record;
+    const reason: FailureReason = adoptedFailure(record, error, classifyStartFailure(error));
+    logEvent(
+      reason === "misconfigured" || reason === "credential_revoked" ? "error" : "warn",
+      "pool_start_failed",
+      {
+        tenant: record?.tenantId,
+        generation: rt.lifecycle.generation,
+        reason,
+        failure: describeFailure(error),
+      },
+    );
+    // A customer's tunnel learns what the start found out about it (core/tunnel.ts).
+    const fault = tunnelFaultOf(reason);
+    if (record?.adopted) {
+      await rt
+        .budget(record.host)
+        .recordTunnelOutcome(record.host, fault ?? "ok")
+        .catch(() => undefined);
+    }
     rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
     await rt.ensureAlarm(Date.now() + 1_000);
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
     // Retrying will not help until the operator fixes the configuration: say so.
     if (reason === "misconfigured" && error instanceof LessorError) return error;
-    return new LessorError("tenant_starting_failed", {
-      internal: `start failed (${reason})`,
-      retryAfterSeconds: (retryAt - Date.now()) / 1000,
-    });
+    return startRefusal(record, reason, (retryAt - Date.now()) / 1000);
   }
 
   /**
@@ -701,16 +839,25 @@ export class TenantPool {
     record: TenantRecord,
     generation: number,
     credential: UnsealedCredential,
+    size: number,
   ): Promise<PreparedGeneration> {
     const jwtCredential = await this.credentials.openJwt(record, credential);
-    const pool = this.opener.open(record, generation, credential);
+    const pool = this.opener.open(record, generation, credential, size);
     try {
       await pool.query("SELECT 1");
     } catch (error) {
       await endPool(pool);
       throw error;
     }
-    return { pool, target: credential.target, jwtCredential };
+    return { pool, target: credential.target, jwtCredential, size };
+  }
+
+  /**
+   * The size a rotation's new generation is admitted and opened at: the current generation's
+   * allowance (a grown or shrunk pool keeps its size through a rotation), or the start size.
+   */
+  rotationSize(record: TenantRecord): number {
+    return this.pool ? this.poolMax : this.sizing.bounds(record).start;
   }
 
   /**
@@ -730,6 +877,8 @@ export class TenantPool {
     this.pool = prepared.pool;
     this.poolGeneration = generation;
     this.poolTarget = prepared.target;
+    this.poolMax = prepared.size;
+    this.sizing.onStart();
     this.held = new Map();
     this.idleSince = Date.now();
     this.lastUsed = Date.now();
@@ -791,6 +940,7 @@ export class TenantPool {
     this.pool = null;
     this.jwtPool = null;
     this.idleSince = null;
+    this.sizing.onStop();
     this.closing.add(generation);
     rt.apply(beginDrain(rt.lifecycle), reason);
     rt.apply(stopped(rt.lifecycle, generation), "drained");
@@ -799,6 +949,7 @@ export class TenantPool {
       await this.closePools(generation, pool, jwtPool);
     } finally {
       this.closing.delete(generation);
+      rt.deadlines.quiesce();
     }
     // Only now are the connections closed; releasing is idempotent (an evicting budget releases too).
     if (rt.record) {
@@ -837,15 +988,18 @@ export class TenantPool {
       idleSince: this.held.size === 0 ? this.idleSince : null,
       pinned: this.rt.pinned,
       migrating: this.rt.lifecycle.migrating,
+      ...this.sizing.reportFields(),
     };
   }
 
   async reportToBudget(): Promise<void> {
     const { record, lifecycle } = this.rt;
     if (!record || lifecycle.state !== "ready") return;
-    await this.rt
+    const pressure = await this.rt
       .budget(record.host)
       .report(record.host, record.tenantId, lifecycle.generation, this.report());
+    // An older BudgetObject answers nothing: no pressure known.
+    if (pressure) this.sizing.notePressure(pressure);
   }
 
   /** The budget asked to evict while leases were held: report the moment the last one goes. */
@@ -859,6 +1013,8 @@ export interface PreparedGeneration {
   pool: Pool;
   target: ConnectionTarget;
   jwtCredential: JwtCredential;
+  /** Connections the generation was admitted with (its allowance once it serves). */
+  size: number;
 }
 
 /** A checkout refused because a rotation moved the credential: retry on the current generation. */
@@ -866,6 +1022,44 @@ export class CredentialMoved extends Error {
   constructor() {
     super("the credential moved to a new generation during checkout");
   }
+}
+
+/**
+ * What a failed start of a customer's database says, beyond the driver's error: a credential the
+ * server refused is one its customer revoked or changed (Lessor owns no role there to repair), and
+ * a lost `CONNECT` likewise. Any other tenant's reason stays as classified.
+ */
+function adoptedFailure(record: TenantRecord | null, error: unknown, reason: FailureReason): FailureReason {
+  if (!record?.adopted) return reason;
+  const code = (error as { code?: unknown }).code;
+  if (reason === "auth_failed" || code === "42501") return "credential_revoked";
+  return reason;
+}
+
+/**
+ * The answer to a start that failed (or is backing off after one): on a customer's database a
+ * refused credential (`credential_revoked`) and a tunnel that is slow or down (`tunnel_unavailable`)
+ * are told apart from everything else (`tenant_starting_failed`).
+ */
+function startRefusal(
+  record: TenantRecord | null,
+  reason: FailureReason,
+  retryAfterSeconds: number,
+): LessorError {
+  if (record?.adopted) {
+    if (reason === "credential_revoked") {
+      return new LessorError("credential_revoked", {
+        internal: "the customer's database refused the credential",
+        retryAfterSeconds,
+      });
+    }
+    const fault = tunnelFaultOf(reason);
+    if (fault) return tunnelUnavailable(fault, retryAfterSeconds);
+  }
+  return new LessorError("tenant_starting_failed", {
+    internal: `start failed (${reason})`,
+    retryAfterSeconds,
+  });
 }
 
 function sleep(ms: number): Promise<void> {

@@ -18,7 +18,12 @@ import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
-import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
+import {
+  isConnectionFatal,
+  isIdleOutsideTransaction,
+  markEndedOnPurpose,
+  resetConnection,
+} from "./connection-state.ts";
 import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
 import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
 import { type ConnectionKind, CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
@@ -66,8 +71,12 @@ export class TenantQueries {
         });
       }
       if (requiredSchemaVersion !== null && record.schemaVersion < requiredSchemaVersion) {
+        // A customer's database changes only through a campaign that includes it, never on demand.
         throw new LessorError("schema_too_old", {
-          publicMessage: `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
+          publicMessage: record.adopted
+            ? `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}. The database is its customer's: Lessor migrates it only in a campaign that includes customers' databases.`
+            : `The tenant's schema is at version ${record.schemaVersion}; this request needs ${requiredSchemaVersion}.`,
+          ...(record.adopted ? { details: { database: "adopted" } } : {}),
         });
       }
       let results: RawResult[];
@@ -149,6 +158,7 @@ export class TenantQueries {
     const watchdog = new StatementWatchdog(this.rt, this.pool.credentials, record, lease.target, client);
     const budget = new ResponseBudget(this.rt.config.maxResponseBytes, request.output);
     let broken: Error | undefined;
+    let reset: Promise<Error | undefined> | null = null;
     watchdog.arm();
     try {
       if (endUser) prelude = await this.preludeFor(client, endUser);
@@ -156,7 +166,9 @@ export class TenantQueries {
         { tenantId: record.tenantId, generation: lease.generation, leaseId: "sql" },
         () => {
           requireTenantScope(record.tenantId);
-          return executeSqlRequest(client, request, budget, watchdog.onOverrun, prelude);
+          return executeSqlRequest(client, request, budget, watchdog.onOverrun, prelude, (done) => {
+            reset = done;
+          });
         },
       );
     } catch (error) {
@@ -166,6 +178,10 @@ export class TenantQueries {
         broken = error instanceof Error ? error : new Error("query failed");
         throw new LessorError("connection_lost", { internal: "connection failed mid-query", cause: error });
       }
+      // Its clean-up ran statements after the pipelined reset: the connection is not reused.
+      if (error instanceof LessorError && error.code === "prepared_transaction_refused") {
+        broken = new Error("a prepared transaction was rolled back on it");
+      }
       throw error;
     } finally {
       watchdog.disarm();
@@ -174,28 +190,46 @@ export class TenantQueries {
         watchdog.connectionSuspect ? (broken ?? new Error("statement stopped")) : broken,
         lease,
         leasedAt,
+        reset,
       );
     }
   }
 
   /**
    * Ends the lease with the answer, and returns the connection after it: a broken one is destroyed,
-   * a sound one is reset first, off the caller's path. A stop that comes meanwhile waits for it:
-   * the pool ends only once every connection is back, and only then is the budget released.
+   * a sound one once it is reset, off the caller's path: the reset that rode in the statement's
+   * flight (`reset`), or one sent now. A stop that comes meanwhile waits for it: the pool ends only
+   * once every connection is back, and only then is the budget released.
    */
-  private giveBack(client: PoolClient, broken: Error | undefined, lease: LiveLease, leasedAt: number): void {
+  private giveBack(
+    client: PoolClient,
+    broken: Error | undefined,
+    lease: LiveLease,
+    leasedAt: number,
+    reset: Promise<Error | undefined> | null,
+  ): void {
     this.endLease(lease, leasedAt);
     if (broken) {
       markEndedOnPurpose(client);
       client.release(broken);
       return;
     }
-    this.rt.ctx.waitUntil(this.resetAndReturn(client));
+    this.rt.ctx.waitUntil(this.resetAndReturn(client, reset));
   }
 
-  private async resetAndReturn(client: PoolClient): Promise<void> {
-    if (tenantHooksForTests.beforeReset) await tenantHooksForTests.beforeReset(this.rt.tenantId, client);
-    client.release(await resetConnection(client));
+  private async resetAndReturn(
+    client: PoolClient,
+    pipelined: Promise<Error | undefined> | null,
+  ): Promise<void> {
+    if (tenantHooksForTests.beforeReturn) await tenantHooksForTests.beforeReturn(this.rt.tenantId, client);
+    if (pipelined === null) {
+      client.release(await resetConnection(client));
+      return;
+    }
+    const failed = await pipelined;
+    client.release(
+      failed ?? (isIdleOutsideTransaction(client) ? undefined : new Error("reset left a transaction open")),
+    );
   }
 
   private endLease(lease: LiveLease, leasedAt: number): void {

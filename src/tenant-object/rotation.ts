@@ -15,10 +15,19 @@
  * to it (28P01 → repair); after it, the role and the control plane agree on the new one. Both
  * generations die with the object, so no two live generations are ever left without leases.
  */
-import { appendGeneration, resealCredential, withControlPlane } from "../control-plane/index.ts";
+import { eq, sql } from "drizzle-orm";
+import { writeAudit } from "../audit/index.ts";
+import {
+  appendGeneration,
+  type ControlPlane,
+  resealCredential,
+  withControlPlane,
+} from "../control-plane/index.ts";
+import { adoptedDatabases, tenants } from "../control-plane/schema.ts";
 import {
   beginRotation,
   classifyStartFailure,
+  credentialReplaced,
   rotationAbandoned,
   rotationDecision,
   rotationSwitched,
@@ -29,12 +38,56 @@ import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { endPool } from "../postgres/index.ts";
 import type { RotateOutcome, TenantRecord } from "../rpc/tenant.ts";
+import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { flushOutboxes } from "./outbox.ts";
 import type { TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { type RotationStep, tenantHooksForTests } from "./test-hooks.ts";
+
+/** Where a new credential comes from: Lessor makes it, or a customer supplied it. */
+type CredentialSource =
+  | { kind: "generated" }
+  | { kind: "supplied"; user: string; password: string; actor: string };
+
+/**
+ * Keeps a new credential in the control plane, in one transaction: the sealed password, and for a
+ * supplied one the role it names and an audit row (never the password). `sealed_at` moves with it.
+ */
+async function recordCredential(
+  db: ControlPlane,
+  record: TenantRecord,
+  next: TenantRecord,
+  sealed: string,
+  source: CredentialSource,
+  overlapped: boolean,
+): Promise<void> {
+  if (source.kind === "generated") {
+    await resealCredential(db, record.tenantId, sealed);
+    return;
+  }
+  await db.transaction(async (tx) => {
+    const session = tx as unknown as ControlPlane;
+    await resealCredential(session, record.tenantId, sealed);
+    if (next.roleName !== record.roleName) {
+      await tx
+        .update(tenants)
+        .set({ roleName: next.roleName, updatedAt: sql`now()` })
+        .where(eq(tenants.id, record.tenantId));
+    }
+    await tx
+      .update(adoptedDatabases)
+      .set({ updatedAt: sql`now()` })
+      .where(eq(adoptedDatabases.tenantId, record.tenantId));
+    await writeAudit(tx, {
+      actor: source.actor,
+      action: "tenant.credentials",
+      tenantId: record.tenantId,
+      detail: { role: next.roleName, previousRole: record.roleName, overlapped },
+    });
+  });
+}
 
 export class CredentialRotation {
   /** The rotation in progress: one at a time per tenant. */
@@ -53,12 +106,27 @@ export class CredentialRotation {
     return this.running;
   }
 
-  async rotate(tenantId: string): Promise<RotateOutcome> {
+  /** Rotates to a password Lessor makes (its hosts' tenants, and customers' roles Lessor manages). */
+  rotate(tenantId: string): Promise<RotateOutcome> {
+    return this.change(tenantId, { kind: "generated" });
+  }
+
+  /**
+   * Moves a customer's database to a credential its customer supplied (docs/customer-databases.md):
+   * proved first (nothing changes if the server refuses it), then through overlapping generations
+   * exactly as a rotation, so no request fails; the old credential may be revoked once the old
+   * generation has retired.
+   */
+  supply(tenantId: string, user: string, password: string, actor: string): Promise<RotateOutcome> {
+    return this.change(tenantId, { kind: "supplied", user, password, actor });
+  }
+
+  private async change(tenantId: string, source: CredentialSource): Promise<RotateOutcome> {
     try {
       if (this.running) throw new LessorError("rotation_in_progress", { retryAfterSeconds: 1 });
       const record = await this.auth.resolve(tenantId);
       if (!record) throw new LessorError("tenant_not_found");
-      const work = this.run(record);
+      const work = this.run(record, source);
       this.running = work;
       try {
         return await work;
@@ -70,22 +138,48 @@ export class CredentialRotation {
     }
   }
 
-  private async run(record: TenantRecord): Promise<RotateOutcome> {
+  private async run(record: TenantRecord, source: CredentialSource): Promise<RotateOutcome> {
     const rt = this.rt;
+    if (source.kind === "generated" && record.adopted?.credentials === "customer") {
+      throw new LessorError("adopted_database", {
+        publicMessage:
+          "This tenant's credential is its customer's: they issue a new one and hand it over (PUT /v1/tenants/:id/credentials); Lessor does not change it.",
+      });
+    }
+    if (source.kind === "supplied" && !record.adopted) {
+      throw new LessorError("invalid_request", {
+        publicMessage:
+          "Only a tenant attached to a customer's database takes a supplied credential; Lessor makes its own hosts' credentials (POST /v1/tenants/:id/rotate-credentials).",
+      });
+    }
     const decision = rotationDecision(rt.lifecycle);
     if (decision.kind === "refuse") {
       throw new LessorError(decision.code, { retryAfterSeconds: 1 });
     }
-    const password = generateDatabasePassword();
+    // A supplied credential may name another role (a customer overlaps two roles, since a role has
+    // one password): the record moves to it with the credential.
+    const next: TenantRecord = source.kind === "supplied" ? { ...record, roleName: source.user } : record;
+    const password = source.kind === "supplied" ? source.password : generateDatabasePassword();
     const sealed = await seal(rt.env.LESSOR_SEAL_KEY, record.tenantId, password);
+    if (source.kind === "supplied") await this.pool.credentials.proveSupplied(next, password);
 
     if (decision.kind === "update_credential") {
-      const keyId = await this.pool.credentials.changePassword(record, password, "rotate");
+      const keyId =
+        source.kind === "generated"
+          ? await this.pool.credentials.changePassword(record, password, "rotate")
+          : "";
       await withControlPlane(rt.config, rt.env, rt.region, (db) =>
-        resealCredential(db, record.tenantId, sealed),
+        recordCredential(db, record, next, sealed, source, false),
       );
-      rt.note("credential_rotated: stopped, credential updated");
-      logEvent("info", "credential_rotated", { tenant: record.tenantId, overlapped: false });
+      if (next !== record) await this.auth.install(next);
+      // A tenant backing off after a refused credential may start again at once.
+      rt.apply(credentialReplaced(rt.lifecycle), "credential_replaced");
+      rt.note(`credential_rotated: stopped, credential updated (${source.kind})`);
+      logEvent("info", "credential_rotated", {
+        tenant: record.tenantId,
+        overlapped: false,
+        source: source.kind,
+      });
       // No generation runs under an older password: its guard key can go now.
       await this.pool.credentials.retireGuardKeys(record, keyId).catch((error: unknown) => {
         logEvent("warn", "guard_key_retire_failed", {
@@ -102,14 +196,18 @@ export class CredentialRotation {
     const to = rt.lifecycle.rotatingTo ?? from + 1;
     rt.note(`rotation_started: generation ${to} prepares under a new credential`);
     const budget = rt.budget(record.host);
+    // The new generation holds what the current one holds now (a grown or shrunk pool keeps its size).
+    const size = this.pool.rotationSize(record);
+    const bounds = this.pool.sizing.bounds(record);
     let admitted: Awaited<ReturnType<typeof budget.admitRotation>>;
     try {
       admitted = await budget.admitRotation(
         record.host,
         record.tenantId,
         to,
-        record.poolSize,
+        size,
         rt.config.admissionWaitMs,
+        bounds.adaptive ? bounds.floor : null,
       );
     } catch (error) {
       await budget.release(record.host, record.tenantId, to).catch(() => undefined);
@@ -120,31 +218,32 @@ export class CredentialRotation {
       rt.apply(rotationAbandoned(rt.lifecycle), "rotation_abandoned");
       rt.note("rotation_refused: no room in the rotation reserve");
       void flushOutboxes(rt).catch(() => undefined);
+      // A customer's tunnel has no rotation reserve beyond its capacity: both generations fit in it.
+      if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
       throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
     }
     let prepared: Awaited<ReturnType<TenantPool["prepare"]>> | null = null;
     try {
       await this.step(record, "admitted");
-      const keyId = await this.pool.credentials.changePassword(
-        record,
-        password,
-        "rotate",
-        2 * record.poolSize + 1,
-      );
+      const keyId =
+        source.kind === "generated"
+          ? await this.pool.credentials.changePassword(record, password, "rotate", 2 * record.poolSize + 1)
+          : "";
       await this.step(record, "password_changed");
       await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
         if (!(await appendGeneration(db, record.tenantId, to, record.poolSize))) {
           throw new LessorError("internal", { internal: "rotation generation already taken" });
         }
-        await resealCredential(db, record.tenantId, sealed);
+        await recordCredential(db, record, next, sealed, source, true);
       });
       await this.step(record, "resealed");
-      const credential = await this.pool.credentials.credentialFor(record, password);
-      prepared = await this.pool.prepare(record, to, credential);
+      const credential = await this.pool.credentials.credentialFor(next, password);
+      prepared = await this.pool.prepare(next, to, credential, size);
       await this.step(record, "prepared");
-      const next = rotationSwitched(rt.lifecycle, from);
-      if (!next) {
+      const switched = rotationSwitched(rt.lifecycle, from);
+      if (!switched) {
         // The pool stopped meanwhile (drained, evicted): the new credential stands, the next start uses it.
+        if (next !== record) await this.auth.install(next);
         throw new LessorError("tenant_draining", {
           internal: "the pool stopped during the rotation",
           retryAfterSeconds: 1,
@@ -152,11 +251,18 @@ export class CredentialRotation {
       }
       // Same turn, no await: from here new leases go to the new generation.
       this.pool.switchTo(prepared, to);
-      rt.apply(next, "credential_rotated");
+      rt.apply(switched, "credential_rotated");
       prepared = null;
       this.currentKeyId = keyId;
       rt.usage.poolStarts++;
-      logEvent("info", "credential_rotated", { tenant: record.tenantId, from, to, overlapped: true });
+      if (next !== record) await this.auth.install(next);
+      logEvent("info", "credential_rotated", {
+        tenant: record.tenantId,
+        from,
+        to,
+        overlapped: true,
+        source: source.kind,
+      });
       await budget.confirm(record.host, record.tenantId, to, this.pool.report()).catch(() => undefined);
       if (this.pool.holds(from)) await budget.draining(record.tenantId, from).catch(() => undefined);
       await this.step(record, "switched");

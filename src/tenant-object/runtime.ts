@@ -4,12 +4,14 @@
  * state decided by core/lifecycle.ts, persists it and records the transition in the outbox, in one
  * storage transaction. Rooms never build a lifecycle by hand.
  */
+
 import { type LessorConfig, loadConfig } from "../config/index.ts";
 import { initialLifecycle, type Lifecycle } from "../core/lifecycle.ts";
 import { parseTenantObjectName } from "../core/placement.ts";
 import { budgetObject } from "../placement/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
+import { Deadlines } from "./deadlines.ts";
 import { TenantStorage } from "./storage.ts";
 import { tenantHooksForTests } from "./test-hooks.ts";
 
@@ -85,6 +87,8 @@ export class TenantRuntime {
   readonly maintenanceHeld = new Set<string>();
   /** Minute (epoch ms, floored) each key was last used in, not yet written to the catalog. */
   readonly keyUses = new Map<string, number>();
+  /** The statements' deadlines, with at most one timer armed (deadlines.ts). */
+  readonly deadlines = new Deadlines();
   /** Set once an erase of this tenant started; null otherwise. */
   erase: EraseGate | null = null;
   /** Set once a move of this tenant to another region started; null otherwise. */

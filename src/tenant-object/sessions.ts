@@ -55,6 +55,8 @@ export class SessionLeases {
   private readonly sessions = new Map<string, Session>();
   /** Opens in flight: counted against the limit before their awaits, so concurrent opens cannot overshoot. */
   private opening = 0;
+  /** Wire connections in session mode (src/tenant-object/wire.ts): session leases of their own kind. */
+  private wireHeld = 0;
 
   constructor(
     private readonly rt: TenantRuntime,
@@ -77,8 +79,10 @@ export class SessionLeases {
     try {
       const record = await this.auth.authenticate(tenantId, proof);
       const ttl = Math.min(Math.max(1_000, Math.floor(ttlMs)), this.rt.config.leaseMaxTtlMs);
-      // Checked and counted with no await in between: the limit holds under concurrency.
-      if (this.sessions.size + this.opening >= record.poolSize) {
+      // Checked and counted with no await in between: the limit holds under concurrency. The limit
+      // is the most connections the pool may hold: its tier's maximum on an adaptive host (it grows
+      // to hold them), its size on a fixed one.
+      if (this.sessions.size + this.opening + this.wireHeld >= this.pool.sizing.bounds(record).max) {
         throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
       }
       this.opening++;
@@ -125,6 +129,21 @@ export class SessionLeases {
     } finally {
       if (counted) this.opening--;
     }
+  }
+
+  /**
+   * Counts a session-mode wire connection against the same limit as session leases (the most
+   * connections the pool may hold), or refuses it with `lease_limit`; `releaseForWire` gives the slot back.
+   */
+  holdForWire(record: TenantRecord): void {
+    if (this.sessions.size + this.opening + this.wireHeld >= this.pool.sizing.bounds(record).max) {
+      throw new LessorError("lease_limit", { retryAfterSeconds: 1 });
+    }
+    this.wireHeld++;
+  }
+
+  releaseForWire(): void {
+    this.wireHeld = Math.max(0, this.wireHeld - 1);
   }
 
   /** Runs one statement on a session lease's pinned connection, extending its TTL. */

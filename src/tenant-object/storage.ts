@@ -34,8 +34,23 @@ const endedCodes = { lost: 1, expired: 2 } as const;
 
 export class TenantStorage {
   private db: DrizzleSqliteDODatabase<typeof tenantObjectSchema> | null = null;
+  private written = 0;
+  /** What the tables are written through: the object's storage, counting the rows each statement writes. */
+  private readonly counting: DurableObjectStorage;
 
-  constructor(private readonly storage: DurableObjectStorage) {}
+  constructor(private readonly storage: DurableObjectStorage) {
+    this.counting = countingRowsWritten(storage, (rows) => {
+      this.written += rows;
+    });
+  }
+
+  /**
+   * Rows this instance's statements have written (inserted, updated or deleted): what Cloudflare
+   * bills a SQLite-backed object's storage by. For the status and the bench's price of a cold start.
+   */
+  get rowsWritten(): number {
+    return this.written;
+  }
 
   /** Whether this object has served a tenant before (its tables exist). Reading creates nothing. */
   hasTables(): boolean {
@@ -52,7 +67,7 @@ export class TenantStorage {
   /** Creates or upgrades the tables. Call only for a tenant known to exist. Idempotent. */
   async open(): Promise<void> {
     if (this.db) return;
-    const db = drizzle(this.storage, { schema: tenantObjectSchema });
+    const db = drizzle(this.counting, { schema: tenantObjectSchema });
     await migrate(db, tenantObjectMigrations);
     this.db = db;
   }
@@ -320,4 +335,33 @@ export class TenantStorage {
     if (!this.db) return;
     this.db.delete(sessionTokens).where(lte(sessionTokens.expiresAt, before)).run();
   }
+}
+
+/**
+ * The object's storage as drizzle sees it, except that every statement's `rowsWritten` is counted
+ * (drizzle's durable-sqlite driver runs everything through `sql.exec` and `transactionSync`). A
+ * write statement without RETURNING has run by the time `exec` returns, so its count is final then.
+ */
+function countingRowsWritten(
+  storage: DurableObjectStorage,
+  count: (rows: number) => void,
+): DurableObjectStorage {
+  const sql = storage.sql;
+  const countingSql = {
+    exec(query: string, ...bindings: unknown[]) {
+      const cursor = sql.exec(query, ...bindings);
+      count(cursor.rowsWritten);
+      return cursor;
+    },
+    get databaseSize() {
+      return sql.databaseSize;
+    },
+  };
+  return new Proxy(storage, {
+    get(target, property) {
+      if (property === "sql") return countingSql;
+      const value: unknown = Reflect.get(target, property);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
 }

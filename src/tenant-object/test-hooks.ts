@@ -23,6 +23,12 @@ export type RotationStep = "admitted" | "password_changed" | "resealed" | "prepa
  */
 export type FlushStep = "events_appended" | "appended";
 
+/**
+ * The steps of an adaptive pool's growth (sizing.ts): the host's BudgetObject granted it (the
+ * ledger holds more), and the driver pool was let open more.
+ */
+export type GrowStep = "granted" | "applied";
+
 export interface TenantStepEvent<Step> {
   tenantId: string;
   step: Step;
@@ -33,13 +39,15 @@ export interface TenantStepEvent<Step> {
 export interface TenantHooksForTests {
   onRotationStep?: (event: TenantStepEvent<RotationStep>) => void | Promise<void>;
   onFlushStep?: (event: TenantStepEvent<FlushStep>) => void | Promise<void>;
+  onGrowStep?: (event: TenantStepEvent<GrowStep>) => void | Promise<void>;
   /** The usage counted so far (`queries` of it) was saved to the object's storage (runtime.ts `saveUsage`). */
   onUsageSaved?: (tenantId: string, queries: number) => void;
   /**
-   * A `/sql` request answered and ended its lease; its connection (`client`) is about to be reset
-   * and returned to the pool. A test holds it here to land a fault in that window.
+   * A `/sql` request answered and ended its lease; its connection (`client`) is about to be
+   * returned to the pool, once its reset (pipelined in the statement's flight, or sent now) has
+   * run. A test holds it here to land a fault in that window.
    */
-  beforeReset?: (tenantId: string, client: object) => Promise<void>;
+  beforeReturn?: (tenantId: string, client: object) => Promise<void>;
   /** Settings that replace the configuration's for one tenant's object, read at each use. */
   config?: (tenantId: string) => Partial<LessorConfig> | undefined;
 }

@@ -27,15 +27,20 @@ const cancelGraceMs = 2_000;
 export class StatementWatchdog {
   private timedOut = false;
   private suspect = false;
-  private deadline: ReturnType<typeof setTimeout> | undefined;
+  private unwatch: (() => void) | null = null;
   private grace: ReturnType<typeof setTimeout> | undefined;
 
+  /**
+   * @param relayed the connection's traffic is relayed by the wire endpoint (src/tenant-object/wire.ts),
+   *   not run by the driver: a cancel goes to whatever its backend runs, and `onTimeout` is told
+   */
   constructor(
     private readonly rt: TenantRuntime,
     private readonly credentials: TenantCredentials,
     private readonly record: TenantRecord,
     private readonly target: ConnectionTarget,
     private readonly client: PoolClient,
+    private readonly relayed: { onTimeout: () => void } | null = null,
   ) {}
 
   /** What the statement runner calls when an answer overruns its budget. */
@@ -52,24 +57,46 @@ export class StatementWatchdog {
 
   /** Starts the clock: the statement (or the whole `/sql` transaction) must end within the bound. */
   arm(): void {
-    this.deadline = setTimeout(() => this.timeout(), this.rt.config.statementTimeoutMs);
+    this.unwatch?.();
+    this.unwatch = this.rt.deadlines.watch(Date.now() + this.rt.config.statementTimeoutMs, () =>
+      this.timeout(),
+    );
   }
 
   private timeout(): void {
     if (this.suspect) return;
     this.timedOut = true;
-    this.suspect = true;
     logEventSampled("warn", "statement_timeout", this.record.tenantId, {
       tenant: this.record.tenantId,
       limitMs: this.rt.config.statementTimeoutMs,
     });
-    sendCancel(this.rt.config, this.target, this.client);
+    this.cancel();
+    this.relayed?.onTimeout();
+  }
+
+  /**
+   * Asks the backend to stop what it runs, and cuts the connection if it has not stopped a grace
+   * period later. The connection is suspect from now on: it is never reused.
+   */
+  cancel(): void {
+    if (this.suspect) return;
+    this.suspect = true;
+    this.pause();
+    sendCancel(this.rt.config, this.target, this.client, this.relayed !== null);
     this.grace = setTimeout(() => this.cut(), cancelGraceMs);
   }
 
+  /** Stops the statement clock (the statement ended); the grace after a cancel too. */
   disarm(): void {
-    clearTimeout(this.deadline);
-    clearTimeout(this.grace);
+    this.unwatch?.();
+    this.unwatch = null;
+    if (this.grace !== undefined) clearTimeout(this.grace);
+  }
+
+  /** Stops the statement clock only: a cancel already sent still gets cut at the end of its grace. */
+  pause(): void {
+    this.unwatch?.();
+    this.unwatch = null;
   }
 
   /** Whether the connection must be destroyed rather than returned (a cancel was sent at it). */
@@ -87,8 +114,10 @@ export class StatementWatchdog {
     return null;
   }
 
-  /** The cancel did not stop it: cut the connection and end the backend through the admin role. */
-  private cut(): void {
+  /** The cancel did not stop it (or the answer flooded): cut the connection and end the backend through the admin role. */
+  cut(): void {
+    this.pause();
+    clearTimeout(this.grace);
     this.suspect = true;
     const pid = backendPid(this.client);
     markEndedOnPurpose(this.client);
@@ -107,7 +136,7 @@ export class StatementWatchdog {
     for (const [attempt, delayMs] of [0, ...terminateRetryDelaysMs].entries()) {
       if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
       try {
-        const outcome = await this.credentials.terminate(this.record, pid);
+        const outcome = await this.credentials.terminate(this.record, pid, this.target);
         if (outcome !== "still_running") {
           logEvent("warn", "statement_terminated", { tenant, outcome, attempts: attempt + 1 });
           return;

@@ -6,6 +6,7 @@
  * string's host and port as it does on a laptop.
  */
 import { exports } from "cloudflare:workers";
+import { neonConfig } from "@neondatabase/serverless";
 import { describe, expect, it } from "vitest";
 import { devJwtConfig, mintDevToken, newDevSigningKey } from "../../cli/jwt-dev.ts";
 import { main as drizzleExample } from "../../examples/drizzle.mjs";
@@ -13,6 +14,8 @@ import { main as leaseExample } from "../../examples/lease.mjs";
 import { main as quickstart } from "../../examples/quickstart.mjs";
 import { main as rlsExample } from "../../examples/rls.mjs";
 import { main as transactionExample } from "../../examples/transaction.mjs";
+import { main as wireDrizzleExample } from "../../examples/wire-drizzle.mjs";
+import { main as wirePoolExample } from "../../examples/wire-pool.mjs";
 import {
   admin,
   asSuperuser,
@@ -21,6 +24,7 @@ import {
   runtimeOf,
   uniqueTenantId,
 } from "./harness.ts";
+import { LessorWebSocket } from "./wire-client.ts";
 
 function lessorFetch(url: string, init: RequestInit): Promise<Response> {
   return exports.default.fetch(new Request(url, init));
@@ -29,6 +33,23 @@ function lessorFetch(url: string, init: RequestInit): Promise<Response> {
 async function options(prefix: string): Promise<{ tenant: CreatedTenant; connectionString: string }> {
   const tenant = await createTenant(uniqueTenantId(prefix));
   return { tenant, connectionString: tenant.connectionString };
+}
+
+/**
+ * Runs a wire example, which points the driver's global settings at Lessor as an app does, then
+ * puts them back: the harness's own connections use the same globals to reach the test Postgres.
+ */
+async function withDriverGlobals<T>(run: () => Promise<T>): Promise<T> {
+  const saved = {
+    wsProxy: neonConfig.wsProxy,
+    useSecureWebSocket: neonConfig.useSecureWebSocket,
+    webSocketConstructor: neonConfig.webSocketConstructor,
+  };
+  try {
+    return await run();
+  } finally {
+    Object.assign(neonConfig, saved);
+  }
 }
 
 /** The notes as Postgres has them, read around Lessor. */
@@ -91,5 +112,33 @@ describe("examples/", () => {
       alice: [{ user_id: "alice", task: "water the plants" }],
       bob: [{ user_id: "bob", task: "call the plumber" }],
     });
+  });
+
+  it("wire-pool.mjs: the Neon Pool over /v2, an interactive transaction, then a query", async () => {
+    const { tenant, connectionString } = await options("ex-wire-pool");
+    const rows = await withDriverGlobals(() =>
+      wirePoolExample({ connectionString, webSocketConstructor: LessorWebSocket }),
+    );
+    expect(rows).toEqual([{ id: 1, body: "hello over the wire", stars: 1 }]);
+    expect(await notesOf(tenant)).toEqual([{ body: "hello over the wire", stars: 1 }]);
+    expect((await runtimeOf(tenant.id)).leases).toBe(0);
+  });
+
+  it("wire-drizzle.mjs: drizzle neon-serverless commits one transaction and rolls one back inside", async () => {
+    const { tenant, connectionString } = await options("ex-wire-drizzle");
+    const outcome = await withDriverGlobals(() =>
+      wireDrizzleExample({ connectionString, webSocketConstructor: LessorWebSocket }),
+    );
+    expect(outcome).toEqual({
+      refused: "rolled back: Rollback",
+      kept: [
+        { body: "taker", stars: 2 },
+        { body: "giver", stars: 1 },
+      ],
+    });
+    expect(await notesOf(tenant)).toEqual([
+      { body: "giver", stars: 1 },
+      { body: "taker", stars: 2 },
+    ]);
   });
 });

@@ -91,7 +91,7 @@ async function warm(tenant: CreatedTenant): Promise<number> {
 }
 
 afterEach(() => {
-  tenantHooksForTests.beforeReset = undefined;
+  tenantHooksForTests.beforeReturn = undefined;
 });
 
 describe("a connection cut while it is being returned (the soak's leak)", () => {
@@ -105,7 +105,7 @@ describe("a connection cut while it is being returned (the soak's leak)", () => 
     const gate = new Promise<void>((resolve) => {
       letGo = resolve;
     });
-    tenantHooksForTests.beforeReset = async (tenantId, client) => {
+    tenantHooksForTests.beforeReturn = async (tenantId, client) => {
       if (tenantId !== tenant.id || held) return;
       const ended = new Promise<void>((resolve) =>
         (client as { once(event: "end", listener: () => void): void }).once("end", () => resolve()),

@@ -23,11 +23,33 @@ export interface LogMark {
   line: number;
 }
 
-function superuserClient(applicationName: string): Client {
+/**
+ * A Postgres whose log the tests read: the test cluster (the default), or the customer's server
+ * behind a tunnel (test/customer-server.ts), reached through the tunnel's proxy.
+ */
+export interface LoggedServer {
+  superuserUrl: string;
+  logPath: string;
+  /** The WebSocket proxy that reaches it, when it is not Lessor's own. */
+  proxy?: string;
+}
+
+const testCluster = (): LoggedServer => ({
+  superuserUrl: env.TEST_PG_SUPERUSER_URL,
+  logPath: env.TEST_PG_SERVER_LOG,
+});
+
+function superuserClient(applicationName: string, server: LoggedServer = testCluster()): Client {
   const client = new Client({
-    connectionString: env.TEST_PG_SUPERUSER_URL,
+    connectionString: server.superuserUrl,
     application_name: applicationName,
   });
+  const proxy = server.proxy;
+  if (proxy !== undefined) {
+    client.neonConfig.wsProxy = (host, port) => `${proxy}/v2?address=${host}:${port}`;
+    client.neonConfig.useSecureWebSocket = false;
+    client.neonConfig.pipelineConnect = false;
+  }
   client.on("error", () => undefined);
   return client;
 }
@@ -41,8 +63,9 @@ function superuserClient(applicationName: string): Client {
 async function connectionEvents(
   users: readonly string[],
   appPatterns: readonly string[],
+  server: LoggedServer = testCluster(),
 ): Promise<ConnectionEvent[]> {
-  const client = superuserClient("lessor-test-log-reader");
+  const client = superuserClient("lessor-test-log-reader", server);
   await client.connect();
   try {
     const { rows } = await client.query(
@@ -63,7 +86,7 @@ async function connectionEvents(
        UNION ALL
        SELECT n::int, kind, pid, usr, app FROM event WHERE kind = 'close' AND pid IN (SELECT pid FROM opened)
        ORDER BY 1`,
-      [env.TEST_PG_SERVER_LOG, users, appPatterns],
+      [server.logPath, users, appPatterns],
     );
     return rows as ConnectionEvent[];
   } finally {
@@ -75,20 +98,20 @@ async function connectionEvents(
  * Writes a mark into the server's log (a connection that opens and ends under a name of its own)
  * and waits until the log file holds it: from then on, everything logged before it is readable.
  */
-export async function markServerLog(): Promise<LogMark> {
+export async function markServerLog(server: LoggedServer = testCluster()): Promise<LogMark> {
   const name = `lessor-test-mark:${crypto.randomUUID()}`;
-  const client = superuserClient(name);
+  const client = superuserClient(name, server);
   await client.connect();
   await client.query("SELECT 1");
   await client.end();
-  const reader = superuserClient("lessor-test-log-reader");
+  const reader = superuserClient("lessor-test-log-reader", server);
   await reader.connect();
   try {
     // A cheap look for the mark's disconnection line while waiting, then its line number once.
     const logged = await pollUntil(
       async () => {
         const { rows } = await reader.query("SELECT strpos(pg_read_file($1), '|' || $2 || '|') > 0 AS seen", [
-          env.TEST_PG_SERVER_LOG,
+          server.logPath,
           name,
         ]);
         return rows[0]?.seen === true;
@@ -102,7 +125,7 @@ export async function markServerLog(): Promise<LogMark> {
         const { rows } = await reader.query(
           `SELECT n::int AS line FROM regexp_split_to_table(pg_read_file($1), E'\\n') WITH ORDINALITY AS t(l, n)
             WHERE strpos(l, '|' || $2 || '|') > 0 AND l LIKE '%disconnection:%'`,
-          [env.TEST_PG_SERVER_LOG, name],
+          [server.logPath, name],
         );
         return Number(rows[0]?.line ?? Number.NaN);
       },
@@ -117,14 +140,19 @@ export async function markServerLog(): Promise<LogMark> {
 }
 
 /** The lines the server logged between two marks that contain `text` (a deadlock, say). */
-export async function serverLogLines(from: LogMark, to: LogMark, text: string): Promise<string[]> {
-  const client = superuserClient("lessor-test-log-reader");
+export async function serverLogLines(
+  from: LogMark,
+  to: LogMark,
+  text: string,
+  server: LoggedServer = testCluster(),
+): Promise<string[]> {
+  const client = superuserClient("lessor-test-log-reader", server);
   await client.connect();
   try {
     const { rows } = await client.query(
       `SELECT l FROM regexp_split_to_table(pg_read_file($1), E'\\n') WITH ORDINALITY AS t(l, n)
         WHERE n > $2 AND n < $3 AND strpos(l, $4) > 0 ORDER BY n`,
-      [env.TEST_PG_SERVER_LOG, from.line, to.line, text],
+      [server.logPath, from.line, to.line, text],
     );
     return rows.map((row: { l: string }) => row.l);
   } finally {
@@ -155,8 +183,9 @@ export async function connectionPeaks(
   to: LogMark,
   select: { users: readonly string[]; appPatterns: readonly string[] },
   classify: (backend: { user: string; app: string }) => BackendClass | null,
+  server: LoggedServer = testCluster(),
 ): Promise<ConnectionPeaks> {
-  const events = await connectionEvents(select.users, select.appPatterns);
+  const events = await connectionEvents(select.users, select.appPatterns, server);
   const open = new Map<string, { app: string; kind: BackendClass }>();
   const count = { pool: 0, maintenance: 0 };
   const peaks: ConnectionPeaks = { pool: 0, maintenance: 0, total: 0, atPeak: [], opened: 0 };

@@ -43,7 +43,17 @@ describe("parseCampaignSpec", () => {
         drainTimeoutMs: campaignDefaults.drainTimeoutMs,
         stabilityWindowMs: campaignDefaults.stabilityWindowMs,
         tenants: null,
+        adopted: "skip",
       },
+    });
+  });
+
+  it("skips customers' databases unless told to include them", () => {
+    const included = parse({ toVersion: 2, adopted: "include" });
+    expect(included.ok && included.spec.adopted).toBe("include");
+    expect(parse({ toVersion: 2, adopted: "all" })).toEqual({
+      ok: false,
+      problem: 'adopted must be "skip" or "include".',
     });
   });
 

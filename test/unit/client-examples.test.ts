@@ -21,8 +21,16 @@ const readme = readFileSync(resolve(root, "README.md"), "utf8");
 const examplesPage = readFileSync(resolve(root, "docs/examples.md"), "utf8");
 
 describe("examples/", () => {
-  it("has the five the README promises", () => {
-    expect(examples).toEqual(["drizzle.mjs", "lease.mjs", "quickstart.mjs", "rls.mjs", "transaction.mjs"]);
+  it("has the seven the README promises", () => {
+    expect(examples).toEqual([
+      "drizzle.mjs",
+      "lease.mjs",
+      "quickstart.mjs",
+      "rls.mjs",
+      "transaction.mjs",
+      "wire-drizzle.mjs",
+      "wire-pool.mjs",
+    ]);
   });
 
   it.each(examples)(

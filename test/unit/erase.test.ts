@@ -14,6 +14,7 @@ const none: EraseLeftovers = {
   tenantJwt: 0,
   campaignTenants: 0,
   tenantCredentials: 0,
+  adoptedDatabases: 0,
   usageDeltas: 0,
   usageRollups: 0,
   lifecycleEvents: 0,
@@ -98,6 +99,10 @@ describe("recheckVerdict", () => {
       );
     expect(recheckVerdict({ ...none, campaignTenants: 1, tenantCredentials: 1 })).toMatchObject({
       resumeAt: "campaigns",
+    });
+    // Where a customer's database is goes at `database` (detached, never dropped).
+    expect(recheckVerdict({ ...none, adoptedDatabases: 1, tenantCredentials: 1 })).toMatchObject({
+      resumeAt: "database",
     });
   });
 });

@@ -104,6 +104,15 @@ const capacity: CapacityStatus = {
   saturations: 2,
   admissions: 40,
   leases: 7,
+  pooled: { inUse: 7, idle: 33, grown: 4, shrunk: 11, adaptivePools: 8 },
+  adaptive: {
+    enabled: true,
+    policy: { floor: 1, growthStep: 1, windowMs: 60_000 },
+    growths: 9,
+    growthsRefused: 1,
+    shrinks: 6,
+    reclaimShrinks: 5,
+  },
   candidates: [
     { tenantId: "t-099", generation: 4, size: 5, idleMs: 43 * 60_000 + 5_000, leases: 0, pinned: false },
   ],
@@ -121,6 +130,7 @@ describe("lessorctl capacity", () => {
     expect(run.stdout).toEqual([
       "repos host=local ready=8 starting=1 draining=1 failed=2",
       "connections allocated=40 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=10 leases=7",
+      "pooled adaptive=on in_use=7 idle=33 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16",
       "maintenance in_use=2 reserve=10 waiting=1",
       "capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 admin=neondb_owner probed=2026-12-01T10:00:00.000Z",
       'warning="temp_file_limit cannot be set per tenant role"',
@@ -138,6 +148,57 @@ describe("lessorctl capacity", () => {
     expect(run.code).toBe(0);
     expect(run.stdout[0]).toBe("repos host=local ready=8 starting=1 draining=1 failed=unknown");
     expect(run.stdout.filter((l) => l.startsWith("repos"))).toHaveLength(1);
+  });
+
+  it("shows each customer tunnel beside the hosts, with its health, and filters by --tunnel", async () => {
+    const tunnel: CapacityStatus = {
+      ...capacity,
+      host: "tunnel:acme-net",
+      budget: 8,
+      reserve: 1,
+      rotationReserve: 0,
+      poolCapacity: 7,
+      allocated: 2,
+      reserved: 0,
+      draining: 0,
+      pools: { reserved: 0, allocated: 1, draining: 0 },
+      maintenance: { inUse: 0, waiting: 0, byPurpose: {} },
+      capabilities: null,
+      waiters: 0,
+      leases: 1,
+      candidates: [],
+      tunnel: {
+        name: "acme-net",
+        health: "slow",
+        breaker: "open",
+        consecutiveFailures: 2,
+        openUntil: "2026-12-01T10:00:02.000Z",
+        lastOkAt: null,
+        lastFailureAt: "2026-12-01T10:00:00.000Z",
+        failures: { slow: 2, down: 0 },
+        refusedByBreaker: 3,
+      },
+    };
+    const answers = {
+      "GET /v1/capacity": () => ({ hosts: [capacity], tunnels: [tunnel] }),
+      "GET /v1/fleet/failing": () => ({ ...failing, byHost: { local: 2, "tunnel:acme-net": 1 } }),
+    };
+    const run = await lessorctl(["capacity"], answers);
+    expect(run.code).toBe(0);
+    expect(run.stdout.slice(-4)).toEqual([
+      "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
+      "connections allocated=2 budget=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1",
+      "maintenance in_use=0 reserve=1 waiting=0",
+      "tunnel health=slow breaker=open failures_slow=2 failures_down=0 refused_by_breaker=3 last_failure=2026-12-01T10:00:00.000Z",
+    ]);
+    expect(run.stdout[0]).toBe("repos host=local ready=8 starting=1 draining=1 failed=2");
+    const only = await lessorctl(["capacity", "--tunnel", "acme-net"], answers);
+    expect(only.stdout.filter((l) => l.startsWith("repos"))).toEqual([
+      "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
+    ]);
+    const unknown = await lessorctl(["capacity", "--tunnel", "nowhere"], answers);
+    expect(unknown.code).toBe(1);
+    expect(unknown.stderr.join("\n")).toContain("unknown_tunnel");
   });
 
   it("prints JSON with --json", async () => {
@@ -219,8 +280,56 @@ describe("lessorctl status, acquire, release", () => {
       }),
     });
     expect(run.stdout).toEqual([
-      "tenant=acme generation=8 state=failed pool_size=- leases=0 sessions=0 schema_version=3 last_used=- failure=unreachable retry_at=2026-11-30T14:02:31.412Z status=active tier=standard host=local pinned=false migrating=false",
+      "tenant=acme generation=8 state=failed pool_size=- pool_floor=- pool_max=- peak=- adaptive=- leases=0 sessions=0 schema_version=3 last_used=- failure=unreachable retry_at=2026-11-30T14:02:31.412Z status=active tier=standard host=local pinned=false migrating=false",
     ]);
+  });
+
+  it("shows an adaptive pool's size, floor, maximum and observed peak", async () => {
+    const run = await lessorctl(["status", "acme"], {
+      "GET /v1/tenants/acme": () => ({
+        tenant: { id: "acme", status: "active", tier: "standard", host: "local", schemaVersion: 3 },
+        runtime: {
+          state: "ready",
+          generation: 9,
+          poolSize: 6,
+          leases: 2,
+          lastUsedAt: null,
+          idleSince: null,
+          failureReason: null,
+          retryAt: null,
+          pendingEvents: 0,
+          sessions: 0,
+          pinned: false,
+          migrating: false,
+          schemaVersion: 3,
+          drain: null,
+          reclaimedLeases: 0,
+          pool: {
+            adaptive: true,
+            size: 3,
+            start: 2,
+            floor: 1,
+            max: 6,
+            observed: {
+              windowMs: 60_000,
+              coveredMs: 60_000,
+              peak: 3,
+              recentPeak: 2,
+              mean: 1.5,
+              waits: 4,
+              meanWaitMs: 12,
+              maxWaitMs: 30,
+              refusals: 0,
+            },
+            lastObserved: null,
+            lastDecision: null,
+          },
+        },
+      }),
+    });
+    expect(run.stdout[0]).toMatch(
+      /^tenant=acme generation=9 state=ready pool_size=3 pool_floor=1 pool_max=6 peak=3 adaptive=true leases=2 /,
+    );
   });
 
   it("acquires with the tenant's key, not the admin key, and releases", async () => {

@@ -16,9 +16,14 @@ export const budgetReconcileJob: CronJob = {
   timeoutMs: 30_000,
   async run(env, tick) {
     const config = loadConfig(env);
-    // The region's hosts: each region reconciles its own.
+    // The region's hosts: each region reconciles its own (docs/adr/023-regions.md).
     const hosts = [...config.hosts.values()].filter((host) => host.region === tick.region);
-    const results = await Promise.all(
+    const results: {
+      checked: number;
+      released: number;
+      maintenanceExpired: number;
+      orphans: { terminated: number };
+    }[] = await Promise.all(
       hosts.map(async (host) => {
         const budget = budgetObject(env, host.name);
         const ledger = await budget.reconcile(host.name);
@@ -31,13 +36,34 @@ export const budgetReconcileJob: CronJob = {
         return { ...ledger, orphans };
       }),
     );
+    // Customers' tunnels: the ledger only (Lessor has no admin on a customer's server; a killed
+    // object's connections through a tunnel die with its sockets, and their backends with them).
+    // Tunnels are the default region's (ADR 023: they name no region).
+    const tunnels = tick.region === config.defaultRegion ? [...config.tunnels.values()] : [];
+    for (const tunnel of tunnels) {
+      const ledger = await budgetObject(env, tunnel.budgetName)
+        .reconcile(tunnel.budgetName)
+        .catch((error: unknown) => {
+          logEvent("warn", "tunnel_reconcile_failed", {
+            tunnel: tunnel.name,
+            failure: describeFailure(error),
+          });
+          return { checked: 0, released: 0, maintenanceExpired: 0 };
+        });
+      results.push({
+        checked: ledger.checked,
+        released: ledger.released,
+        maintenanceExpired: ledger.maintenanceExpired,
+        orphans: { terminated: 0 },
+      });
+    }
     const sum = (pick: (r: (typeof results)[number]) => number) => results.reduce((n, r) => n + pick(r), 0);
     const checked = sum((r) => r.checked);
     const released = sum((r) => r.released);
     const maintenanceExpired = sum((r) => r.maintenanceExpired);
     const orphansTerminated = sum((r) => r.orphans.terminated);
     return {
-      summary: `checked ${checked} allocations on ${hosts.length} hosts, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
+      summary: `checked ${checked} allocations on ${hosts.length} hosts${tunnels.length > 0 ? ` and ${tunnels.length} tunnels` : ""}, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
       fields: { hosts: hosts.length, checked, released, maintenanceExpired, orphansTerminated },
       level: released + maintenanceExpired + orphansTerminated > 0 ? "warn" : "info",
     };

@@ -9,13 +9,20 @@
 import { and, asc, eq, lt, sql } from "drizzle-orm";
 import { type LessorConfig, loadConfig } from "../../config/index.ts";
 import { type ControlPlane, withControlPlane } from "../../control-plane/index.ts";
-import { tenantCredentials, tenants } from "../../control-plane/schema.ts";
+import { adoptedDatabases, tenantCredentials, tenants } from "../../control-plane/schema.ts";
 import { describeFailure } from "../../errors/index.ts";
 import { logEvent } from "../../log/index.ts";
 import { tenantObject } from "../../placement/index.ts";
 import type { CronJob } from "../fan-out.ts";
 
-/** Active tenants whose credential is older than the policy, oldest first. */
+/**
+ * A tenant whose credential Lessor may change: every tenant on Lessor's hosts, and an adopted one
+ * whose customer let Lessor manage its role's password (`credentials: "lessor"`). A customer-managed
+ * credential changes only when its customer supplies a new one.
+ */
+const lessorManaged = sql`NOT EXISTS (SELECT 1 FROM ${adoptedDatabases} a WHERE a.tenant_id = ${tenants.id} AND a.credential_policy = 'customer')`;
+
+/** Active tenants whose credential Lessor manages and is older than the policy, oldest first. */
 export function dueForRotation(db: ControlPlane, days: number, limit: number): Promise<{ id: string }[]> {
   return db
     .select({ id: tenants.id })
@@ -25,6 +32,7 @@ export function dueForRotation(db: ControlPlane, days: number, limit: number): P
       and(
         eq(tenants.status, "active"),
         lt(tenantCredentials.sealedAt, sql`now() - make_interval(days => ${days})`),
+        lessorManaged,
       ),
     )
     .orderBy(asc(tenantCredentials.sealedAt))
@@ -46,6 +54,7 @@ export async function rotationProgress(
       and(
         eq(tenants.status, "active"),
         lt(tenantCredentials.sealedAt, sql`now() - make_interval(days => ${days})`),
+        lessorManaged,
       ),
     );
   return { policyDays: days, due: Number(row?.due ?? 0) };

@@ -1,0 +1,316 @@
+/**
+ * `npm run bench:wire`: the Postgres wire protocol through Lessor (`/v2`), side by side with `/sql`
+ * and with the floor, on one warm tenant, at concurrency 1, 8 and 64, for `SELECT 1` and an indexed
+ * read (issue 29):
+ *
+ * - `/sql`: the official `neon()` client (HTTP, over `lightFetch`), as `npm run bench` measures it;
+ * - `wire tx`: the Neon driver's `Pool` over `/v2` in transaction mode (a connection of the tenant's
+ *   pool leased per statement), one WebSocket per driver client, `max` = the concurrency;
+ * - `wire session`: the same `Pool` in session mode (`lessor.pool_mode=session`): each driver client
+ *   holds one of the tenant's connections, so at most the pool size of them. Its clients hold those
+ *   connections while they live, so its `Pool` is opened (and warmed, unmeasured) for each of its
+ *   runs and ended after it: otherwise the other paths would wait for connections it keeps;
+ * - `floor`: the same `Pool` straight to Postgres through the local WebSocket-to-TCP proxy (what the
+ *   driver costs with no Lessor at all), as a superuser on a database of its own with the same table.
+ *
+ * It starts its own stack (a throwaway Postgres under .lessor/bench-wire-pg and the WebSocket proxy)
+ * and `wrangler dev` on the bench Worker bundled once (bench/processes.ts), provisions the tenant
+ * through Lessor's API, warms every path, then measures in rounds, interleaving the paths so drift
+ * on the machine hits all alike. Every answer is checked before it counts. Writes
+ * bench/results/wire-<date>.json and a markdown table with the ratios to `/sql` and to the floor.
+ *
+ *     npm run bench:wire                 # 400 requests per cell, 4 rounds
+ *     QUICK=1 npm run bench:wire         # a smoke run: 40 requests per cell, concurrency 1 and 8
+ */
+import { randomBytes } from "node:crypto";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { cpus, loadavg, totalmem } from "node:os";
+import { resolve } from "node:path";
+import { Client, neon, neonConfig, Pool } from "@neondatabase/serverless";
+import pg from "pg";
+import { freePort, root, startLocalStack, writeEnvFile } from "../local/stack.ts";
+import { wranglerVars } from "./harness.ts";
+import { lightFetch } from "./load.ts";
+import { buildWorker, type RunningWrangler, startWrangler } from "./processes.ts";
+
+const quick = process.env.QUICK === "1";
+const requestsPerCell = Number(process.env.REQUESTS ?? (quick ? 40 : 400));
+const rounds = quick ? 1 : 4;
+const concurrencies = quick ? [1, 8] : [1, 8, 64];
+const tableRows = 10_000;
+const stateDir = resolve(root, ".lessor");
+const pgDir = resolve(stateDir, "bench-wire-pg");
+const persistDir = resolve(stateDir, "bench-wire-wrangler");
+const envFile = resolve(stateDir, "bench-wire.vars");
+const adminKey = `lak_${randomBytes(24).toString("base64url")}`;
+
+type QueryName = "SELECT 1" | "indexed read";
+type PathName = "/sql" | "wire tx" | "wire session" | "floor";
+
+interface Cell {
+  path: PathName;
+  query: QueryName;
+  concurrency: number;
+  requests: number;
+  seconds: number;
+  requestsPerSecond: number;
+  p50Ms: number;
+  p99Ms: number;
+}
+
+function percentile(sorted: readonly number[], p: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
+}
+
+/** Runs `count` checked requests at `concurrency`; answers wall time and latencies. */
+async function measure(
+  count: number,
+  concurrency: number,
+  request: (n: number) => Promise<void>,
+): Promise<{ seconds: number; latencies: number[] }> {
+  const latencies: number[] = [];
+  let next = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < count) {
+        const n = next++;
+        const at = performance.now();
+        await request(n);
+        latencies.push(performance.now() - at);
+      }
+    }),
+  );
+  return { seconds: (performance.now() - started) / 1000, latencies };
+}
+
+/** The driver's per-client settings (its documented `client.neonConfig`), given to a Pool's clients. */
+function poolWith(config: ConstructorParameters<typeof Pool>[0], settings: Record<string, unknown>): Pool {
+  const pool = new Pool(config);
+  pool.Client = class extends Client {
+    constructor(...args: ConstructorParameters<typeof Client>) {
+      super(...args);
+      Object.assign(this.neonConfig, settings);
+    }
+  };
+  pool.on("error", () => undefined);
+  return pool;
+}
+
+/** The two queries, checked: the answer of `SELECT 1`, the row of the indexed read. */
+function queriesFor(run: (text: string, params: unknown[]) => Promise<Record<string, unknown>[]>) {
+  return {
+    "SELECT 1": async () => {
+      const rows = await run("SELECT 1 AS one", []);
+      if (rows[0]?.one !== 1) throw new Error("SELECT 1: wrong answer");
+    },
+    "indexed read": async (n: number) => {
+      const id = (n % tableRows) + 1;
+      const rows = await run("SELECT id, body FROM items WHERE id = $1", [id]);
+      if (rows[0]?.id !== id) throw new Error("indexed read: wrong row");
+    },
+  } satisfies Record<QueryName, (n: number) => Promise<void>>;
+}
+
+async function main(): Promise<void> {
+  mkdirSync(stateDir, { recursive: true });
+  rmSync(persistDir, { recursive: true, force: true });
+  const stack = await startLocalStack({
+    dataDir: pgDir,
+    pgPort: await freePort(),
+    pgPassword: randomBytes(18).toString("base64url"),
+    persistent: false,
+  });
+  let wrangler: RunningWrangler | null = null;
+  const pools: Pool[] = [];
+  const shutdown = async () => {
+    for (const pool of pools) await pool.end().catch(() => undefined);
+    await wrangler?.stop().catch(() => undefined);
+    await stack.stop().catch(() => undefined);
+  };
+  process.once("SIGINT", () => void shutdown().then(() => process.exit(130)));
+  try {
+    // The floor's own database, as the superuser: the same table, reached with no Lessor.
+    const superuser = new pg.Client(stack.pg.url("postgres"));
+    await superuser.connect();
+    await superuser.query("CREATE DATABASE bench_floor");
+    await superuser.end();
+    const floorUrl = stack.pg.url("bench_floor");
+    const floorSetup = new pg.Client(floorUrl);
+    await floorSetup.connect();
+    await floorSetup.query("CREATE TABLE items (id int PRIMARY KEY, body text NOT NULL)");
+    await floorSetup.query(
+      `INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, ${tableRows}) i`,
+    );
+    await floorSetup.query("ANALYZE items");
+    await floorSetup.end();
+
+    writeEnvFile(envFile, {
+      ...wranglerVars(),
+      LESSOR_ADMIN_KEY: adminKey,
+      LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
+      LESSOR_KEY_MAC_KEYS: randomBytes(32).toString("base64"),
+      LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
+      LESSOR_HOSTS: stack.hostsJson,
+      LESSOR_WS_PROXY: stack.wsProxy,
+      BENCH_DATABASE_URL: floorUrl,
+    });
+    console.log("bundling the bench Worker and starting wrangler dev …");
+    const script = await buildWorker(resolve(stateDir, "bench-wire-build"));
+    const port = await freePort();
+    wrangler = await startWrangler({
+      script,
+      port,
+      inspectorPort: await freePort(),
+      envFile,
+      persistTo: persistDir,
+    });
+    const base = `http://127.0.0.1:${port}`;
+
+    const created = await fetch(`${base}/v1/tenants`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
+      body: JSON.stringify({ id: `bench-wire-${randomBytes(3).toString("hex")}` }),
+    });
+    if (created.status !== 201) throw new Error(`create: ${created.status} ${await created.text()}`);
+    const { connectionString, tenant } = (await created.json()) as {
+      connectionString: string;
+      tenant: { poolSize?: number };
+    };
+    const poolSize = tenant.poolSize ?? 5;
+
+    neonConfig.fetchEndpoint = `${base}/sql`;
+    // As `npm run bench` does: node:http rather than Node's fetch, whose client work on loopback
+    // would be measured as the server's (bench/load.ts).
+    neonConfig.fetchFunction = lightFetch;
+    const http = neon(connectionString, { fullResults: true, disableWarningInBrowsers: true });
+    await http.transaction([
+      http`CREATE TABLE items (id int PRIMARY KEY, body text NOT NULL)`,
+      http`INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 10000) i`,
+      http`ANALYZE items`,
+    ]);
+
+    const toLessor = { wsProxy: () => `127.0.0.1:${port}/v2`, useSecureWebSocket: false };
+    const toPostgres = {
+      wsProxy: (host: string, p: number | string) => `${stack.wsProxy}/v2?address=${host}:${p}`,
+      useSecureWebSocket: false,
+      pipelineConnect: false,
+    };
+    const session = new URL(connectionString.replace(/^postgres:/, "http:"));
+    session.searchParams.set("options", "-c lessor.pool_mode=session");
+    const sessionString = session.toString().replace(/^http:/, "postgres:");
+
+    const cells: Cell[] = [];
+    for (const concurrency of concurrencies) {
+      const wireTx = poolWith({ connectionString, max: concurrency }, toLessor);
+      const floor = poolWith({ connectionString: floorUrl, max: Math.min(concurrency, 32) }, toPostgres);
+      pools.push(wireTx, floor);
+      let wireSession: Pool | null = null;
+      const paths: Record<PathName, ReturnType<typeof queriesFor>> = {
+        "/sql": queriesFor(async (text, params) => (await http.query(text, params)).rows),
+        "wire tx": queriesFor(async (text, params) => (await wireTx.query(text, params)).rows),
+        "wire session": queriesFor(async (text, params) => {
+          if (!wireSession) throw new Error("no session pool");
+          return (await wireSession.query(text, params)).rows;
+        }),
+        floor: queriesFor(async (text, params) => (await floor.query(text, params)).rows),
+      };
+      /** Opens the session-mode pool and warms its clients (unmeasured); `end` gives their connections back. */
+      const openSession = async () => {
+        wireSession = poolWith(
+          { connectionString: sessionString, max: Math.min(concurrency, poolSize) },
+          toLessor,
+        );
+        await measure(concurrency * 2, concurrency, paths["wire session"]["SELECT 1"]);
+      };
+      const endSession = async () => {
+        await wireSession?.end();
+        wireSession = null;
+      };
+      // Warm every path: the tenant's pool, the drivers' connections, the plans.
+      for (const [path, queries] of Object.entries(paths)) {
+        if (path === "wire session") await openSession();
+        await measure(concurrency * 4, concurrency, queries["SELECT 1"]);
+        await measure(concurrency * 4, concurrency, queries["indexed read"]);
+        if (path === "wire session") await endSession();
+      }
+      const totals = new Map<
+        string,
+        { path: PathName; query: QueryName; seconds: number; latencies: number[] }
+      >();
+      for (let round = 0; round < rounds; round++) {
+        for (const query of ["SELECT 1", "indexed read"] as const) {
+          for (const [path, queries] of Object.entries(paths) as [
+            PathName,
+            ReturnType<typeof queriesFor>,
+          ][]) {
+            if (path === "wire session") await openSession();
+            const run = await measure(Math.ceil(requestsPerCell / rounds), concurrency, queries[query]);
+            if (path === "wire session") await endSession();
+            const key = `${path}|${query}`;
+            const total = totals.get(key) ?? { path, query, seconds: 0, latencies: [] };
+            total.seconds += run.seconds;
+            total.latencies.push(...run.latencies);
+            totals.set(key, total);
+          }
+        }
+      }
+      for (const total of totals.values()) {
+        const sorted = [...total.latencies].sort((a, b) => a - b);
+        cells.push({
+          path: total.path,
+          query: total.query,
+          concurrency,
+          requests: sorted.length,
+          seconds: total.seconds,
+          requestsPerSecond: sorted.length / total.seconds,
+          p50Ms: percentile(sorted, 50),
+          p99Ms: percentile(sorted, 99),
+        });
+      }
+      for (const pool of [wireTx, floor]) await pool.end();
+      pools.length = 0;
+    }
+
+    const find = (path: PathName, query: QueryName, c: number) =>
+      cells.find((cell) => cell.path === path && cell.query === query && cell.concurrency === c);
+    console.log("\n| query, concurrency | path | req/s | p50 / p99 ms | ÷ /sql | ÷ floor |");
+    console.log("| --- | --- | --- | --- | --- | --- |");
+    for (const cell of cells) {
+      const sql = find("/sql", cell.query, cell.concurrency)?.requestsPerSecond ?? Number.NaN;
+      const floor = find("floor", cell.query, cell.concurrency)?.requestsPerSecond ?? Number.NaN;
+      console.log(
+        `| ${cell.query}, ${cell.concurrency} | ${cell.path} | ${cell.requestsPerSecond.toFixed(0)} | ${cell.p50Ms.toFixed(1)} / ${cell.p99Ms.toFixed(1)} | ${(cell.requestsPerSecond / sql).toFixed(2)} | ${(cell.requestsPerSecond / floor).toFixed(2)} |`,
+      );
+    }
+    const date = new Date().toISOString().slice(0, 10);
+    const out = resolve(root, "bench/results", `wire-${quick ? "quick-" : ""}${date}.json`);
+    mkdirSync(resolve(root, "bench/results"), { recursive: true });
+    writeFileSync(
+      out,
+      `${JSON.stringify(
+        {
+          date,
+          quick,
+          machine: { cpus: cpus().length, memoryGiB: Math.round(totalmem() / 2 ** 30), loadavg: loadavg() },
+          requestsPerCell,
+          rounds,
+          poolSize,
+          cells,
+        },
+        null,
+        2,
+      )}\n`,
+    );
+    console.log(`\nwrote ${out}`);
+  } catch (error) {
+    console.error(error);
+    console.error(wrangler?.output.slice(-40).join("\n") ?? "");
+    process.exitCode = 1;
+  } finally {
+    await shutdown();
+  }
+}
+
+await main();

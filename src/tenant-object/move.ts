@@ -126,7 +126,7 @@ export class TenantMove {
     }
     if (decision.kind === "running" || !record) {
       const job = await this.onControlPlane(rt.region, (db) => loadMoveOf(db, tenantId));
-      if (!job || job.state !== "moving") throw new LessorError("tenant_not_found");
+      if (job?.state !== "moving") throw new LessorError("tenant_not_found");
       if (job.toRegion !== to) throw new LessorError("tenant_moving", { retryAfterSeconds: 5 });
       this.adopt(job);
       await this.kick();

@@ -7,9 +7,11 @@
  */
 import { env } from "cloudflare:test";
 import { afterEach, describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config/index.ts";
 import { InterruptedForTests } from "../../src/erase/test-hooks.ts";
 import { moveHooksForTests } from "../../src/move/test-hooks.ts";
-import { tenantObject } from "../../src/placement/index.ts";
+import { budgetObject, tenantObject } from "../../src/placement/index.ts";
+import { reapOrphanBackends } from "../../src/tenant-db/orphans.ts";
 import { admin, asSuperuser, lessor, pollUntil, sqlRequest, uniqueTenantId } from "../integration/harness.ts";
 
 type RegionName = "us" | "eu";
@@ -184,6 +186,20 @@ describe("moving a tenant to another region", () => {
     expect(
       (await query({ ...tenant, key: fresh.key, connectionString: fresh.connectionString })).status,
     ).toBe(200);
+    // The host's budget and its reaper are the old region's (the database stayed on its host): they
+    // ask the old region's object, which forwards to the new owner, so neither takes the new
+    // owner's pool for an orphan.
+    const config = loadConfig(env);
+    const host = config.hosts.get("local");
+    if (!host) throw new Error("no host local");
+    const reconciled = await budgetObject(env, "local").reconcile("local", 0);
+    expect(reconciled.released).toBe(0);
+    const reaped = await reapOrphanBackends(env, config, host, 0);
+    expect(reaped.checked).toBeGreaterThan(0);
+    expect(reaped.terminated).toBe(0);
+    const still = await query(tenant);
+    expect(still.status).toBe(200);
+    expect(still.generation).toBe(after.generation);
     // The operator is told where it went.
     const stale = await admin(`/v1/tenants/${tenant.id}/move?region=us`, {
       method: "POST",

@@ -184,6 +184,46 @@ export async function prepareRegionControlPlane(
   return url;
 }
 
+/**
+ * `LESSOR_LOCAL_REGIONS` (`npm start`): region names besides the default one, comma-separated
+ * (`eu` or `eu,ap`), each a lowercase slug without hyphens; empty or unset: one region. Null with
+ * a problem when malformed.
+ */
+export function localRegionNames(raw: string | undefined): string[] | { problem: string } {
+  if (raw === undefined || raw.trim() === "") return [];
+  const names = raw.split(",").map((name) => name.trim());
+  for (const name of names) {
+    if (!/^[a-z][a-z0-9]{0,15}$/.test(name) || name === "default") {
+      return {
+        problem: `LESSOR_LOCAL_REGIONS: ${JSON.stringify(name)} is not a region name (a-z, 0-9, at most 16, not "default")`,
+      };
+    }
+  }
+  if (new Set(names).size !== names.length) return { problem: "LESSOR_LOCAL_REGIONS names a region twice" };
+  return names;
+}
+
+/**
+ * The local stack's `LESSOR_HOSTS` and `LESSOR_REGIONS` with `regions` besides the default one:
+ * each region gets a control-plane database of its own (`lessor_<region>`) and a host
+ * (`<region>-1`) on the same embedded Postgres.
+ */
+export async function localRegionsSetup(
+  stack: Pick<LocalStack, "pg" | "adminUrl">,
+  adminPassword: string,
+  regions: readonly string[],
+): Promise<{ hostsJson: string; regionsJson: string | null }> {
+  const hosts: Record<string, string> = { local: stack.adminUrl("postgres") };
+  if (regions.length === 0) return { hostsJson: JSON.stringify(hosts), regionsJson: null };
+  const declared: Record<string, unknown> = { default: {} };
+  for (const region of regions) {
+    const controlPlaneUrl = await prepareRegionControlPlane(stack.pg, adminPassword, region);
+    hosts[`${region}-1`] = stack.adminUrl("postgres");
+    declared[region] = { controlPlaneUrl, hosts: [`${region}-1`] };
+  }
+  return { hostsJson: JSON.stringify(hosts), regionsJson: JSON.stringify(declared) };
+}
+
 /** Applies drizzle/control-plane/ (drizzle's migrator: each migration once, in order). */
 export async function migrateControlPlane(url: string): Promise<void> {
   const client = new pg.Client(url);

@@ -365,3 +365,94 @@ describe("a move under traffic, killed between every pair of steps", () => {
     expect(audits).toBe(1);
   });
 });
+
+describe("moving back, and what a move refuses", () => {
+  it("moves a tenant back to the region it left: the stub is taken over, the pointer dropped, every key works", async () => {
+    const tenant = await createIn("us", "roundtrip");
+    const first = await query(tenant);
+    expect(first.status).toBe(200);
+    expect((await move(tenant, "us", "eu")).status).toBe(202);
+    expect((await untilMoved(tenant.id, "us")).state).toBe("moved");
+    const inEu = await query(tenant);
+    expect(inEu.status).toBe(200);
+    // A key minted while the tenant lives in eu names eu.
+    const minted = await lessor(`/v1/tenants/${tenant.id}/keys`, {
+      method: "POST",
+      headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
+      body: "{}",
+    });
+    expect(minted.status).toBe(201);
+    const euKey = await minted.json<{ key: string; connectionString: string }>();
+
+    // Back to us: the job runs in eu's object, and us's stub becomes the tenant again.
+    const back = await move(tenant, "eu", "us");
+    expect(back.status, await back.clone().text()).toBe(202);
+    expect((await untilMoved(tenant.id, "eu")).state).toBe("moved");
+    expect(await statusOf("us", tenant.id)).toBe("active");
+    expect(await statusOf("eu", tenant.id)).toBe("moved");
+    expect((await rowsAbout("eu", tenant.id)).tenant_keys).toBe(0);
+    expect((await rowsAbout("us", tenant.id)).tenant_keys).toBe(2);
+    // Both keys work: the us key goes straight to us's object (its pointer was dropped), the eu key
+    // is sent on by eu's object; each generation is above the last region's.
+    const home = await query(tenant);
+    expect(home.status).toBe(200);
+    expect(home.generation ?? 0).toBeGreaterThan(inEu.generation ?? 0);
+    expect((await tenantObject(env, "us", tenant.id).status()).move).toBeNull();
+    const viaEu = await query({ ...tenant, key: euKey.key, connectionString: euKey.connectionString });
+    expect(viaEu.status).toBe(200);
+    expect(viaEu.generation).toBe(home.generation);
+    // Two moves, two audit rows, in the region that holds the tenant now.
+    const moves = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        "SELECT detail->>'from' AS from, detail->>'to' AS to FROM audit_log WHERE tenant_id = $1 AND action = 'tenant.move' ORDER BY id",
+        [tenant.id],
+      );
+      return rows;
+    }, "lessor");
+    expect(moves).toEqual([
+      { from: "us", to: "eu" },
+      { from: "eu", to: "us" },
+    ]);
+  });
+
+  it("refuses an id the target region already has, a pinned tenant unless forced, and an unknown region", async () => {
+    const id = uniqueTenantId("twin");
+    for (const region of ["us", "eu"] as const) {
+      const created = await admin("/v1/tenants", { method: "POST", json: { id, region } });
+      expect(created.status).toBe(201);
+      await created.text();
+    }
+    const taken = await admin(`/v1/tenants/${id}/move?region=us`, { method: "POST", json: { region: "eu" } });
+    expect(taken.status).toBe(409);
+    expect(await taken.json()).toMatchObject({ code: "tenant_exists" });
+    // Nothing was fenced: the us tenant is active and served.
+    expect(await statusOf("us", id)).toBe("active");
+
+    const pinned = await createIn("us", "pinned");
+    expect((await admin(`/v1/tenants/${pinned.id}/pin`, { method: "POST" })).status).toBe(200);
+    const refused = await move(pinned, "us", "eu");
+    expect(refused.status).toBe(409);
+    expect(await refused.json()).toMatchObject({ code: "tenant_pinned" });
+    expect((await query(pinned)).status).toBe(200);
+    const forced = await admin(`/v1/tenants/${pinned.id}/move?region=us`, {
+      method: "POST",
+      json: { region: "eu", force: true },
+    });
+    expect(forced.status).toBe(202);
+    await forced.text();
+    expect((await untilMoved(pinned.id, "us")).state).toBe("moved");
+
+    const nowhere = await admin(`/v1/tenants/${pinned.id}/move?region=eu`, {
+      method: "POST",
+      json: { region: "mars" },
+    });
+    expect(nowhere.status).toBe(400);
+    expect(await nowhere.json()).toMatchObject({ code: "region_unknown" });
+    const noRegion = await admin(`/v1/tenants/${pinned.id}/move?region=mars`, {
+      method: "POST",
+      json: { region: "eu" },
+    });
+    expect(noRegion.status).toBe(400);
+    expect(await noRegion.json()).toMatchObject({ code: "region_unknown" });
+  });
+});

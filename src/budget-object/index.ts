@@ -371,6 +371,11 @@ export class BudgetObject extends DurableObject<Env> {
     }
   }
 
+  /** A maintenance slot's holder is alive: the slot expires `holdMs` from now. False if it is gone. */
+  async renewMaintenance(_hostName: string, leaseId: string, holdMs: number): Promise<boolean> {
+    return this.maintenance.renew(leaseId, holdMs);
+  }
+
   /** The maintenance connection is closed. Idempotent. */
   async releaseMaintenance(hostName: string, leaseId: string): Promise<void> {
     this.maintenance.release(this.host(hostName), leaseId);

@@ -189,6 +189,14 @@ export class CapacityLedger {
     return this.db.delete(maintenance).where(eq(maintenance.id, id)).returning().all().length > 0;
   }
 
+  /** Moves a held slot's expiry to `expiresAt`; false if it is no longer held. */
+  renewMaintenance(id: string, expiresAt: number): boolean {
+    return (
+      this.db.update(maintenance).set({ expiresAt }).where(eq(maintenance.id, id)).returning().all().length >
+      0
+    );
+  }
+
   /** Frees the slots whose holders outlived their deadline (they died): how many. */
   expireMaintenance(now: number): number {
     return this.db.delete(maintenance).where(lte(maintenance.expiresAt, now)).returning().all().length;

@@ -49,6 +49,14 @@ export class MaintenanceSlots {
     return grant;
   }
 
+  /**
+   * The holder is alive: its slot now expires `holdMs` from now. False if the slot is gone (it
+   * expired: the holder was presumed dead).
+   */
+  renew(leaseId: string, holdMs: number): boolean {
+    return this.ledger().renewMaintenance(leaseId, Date.now() + holdMs);
+  }
+
   /** The slot's connection is closed. Idempotent. */
   release(host: Pick<BudgetSubject, "budget">, leaseId: string): void {
     this.ledger().releaseMaintenance(leaseId);

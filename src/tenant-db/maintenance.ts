@@ -23,6 +23,12 @@ import { probeHostFacts } from "./capabilities.ts";
 export const adminDeadlineMs = 60_000;
 /** A slot is held this much longer than its holder's deadline (connect, cancel grace, close). */
 const holdMarginMs = 30_000;
+/**
+ * How long a maintenance slot is held without a renewal (a dead holder's slot comes back after
+ * this), and how often a living holder renews it (three chances within the hold). Tests shorten
+ * both; nothing else changes them.
+ */
+export const maintenanceRenewal = { holdMs: 30_000, everyMs: 10_000 };
 
 export interface MaintenanceSlot {
   purpose: string;
@@ -50,10 +56,15 @@ export async function withMaintenanceSlot<T>(
   work: (hostReport: HostReport | null) => Promise<T>,
 ): Promise<T> {
   const budget = budgetObject(env, host);
+  // A slot is held for a short while and renewed while its holder lives: a holder that dies (a
+  // killed cron tick, a request cut by a deploy) gives its slot back within that hold, not at
+  // the end of its whole deadline (the chaos soak: a dead create's slot held a reserve of 2 half
+  // full for three and a half minutes, and creates got `maintenance_busy` meanwhile; issue 32).
+  const holdMs = Math.min(slot.deadlineMs + holdMarginMs, maintenanceRenewal.holdMs);
   const grant = await budget.acquireMaintenance(host, {
     purpose: slot.purpose,
     tenantId: slot.tenantId,
-    holdMs: slot.deadlineMs + holdMarginMs,
+    holdMs,
     waitMs: slot.waitMs ?? config.admissionWaitMs,
   });
   if (!grant.granted) {
@@ -62,9 +73,13 @@ export async function withMaintenanceSlot<T>(
     });
   }
   slot.held?.add(grant.leaseId);
+  const renewal = setInterval(() => {
+    budget.renewMaintenance(host, grant.leaseId, holdMs).catch(() => undefined);
+  }, maintenanceRenewal.everyMs);
   try {
     return await work(grant.hostReport ?? null);
   } finally {
+    clearInterval(renewal);
     slot.held?.delete(grant.leaseId);
     // A release that fails leaves the slot to expire at its deadline: late, never lost.
     await budget.releaseMaintenance(host, grant.leaseId).catch((error: unknown) => {

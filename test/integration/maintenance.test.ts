@@ -15,6 +15,7 @@ import { unseal } from "../../src/crypto/seal.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import { sessionLimits, tenantCredential } from "../../src/tenant-db/connect.ts";
+import { maintenanceRenewal, withMaintenanceSlot } from "../../src/tenant-db/maintenance.ts";
 import { migrationLockKey } from "../../src/tenant-db/migrator.ts";
 import { reapOrphanBackends } from "../../src/tenant-db/orphans.ts";
 import {
@@ -382,6 +383,58 @@ describe("maintenance connections are leased from the budget", () => {
     const after = await capacity();
     expect(after.reconciled.maintenanceExpired).toBeGreaterThanOrEqual(before + 1);
     expect(after.maintenance.byPurpose["test-dead-holder"] ?? 0).toBe(0);
+  });
+
+  it("a living holder keeps its slot past the hold by renewing it; one that dies gives it back within the hold (issue 32)", async () => {
+    const saved = { ...maintenanceRenewal };
+    maintenanceRenewal.holdMs = 1_500;
+    maintenanceRenewal.everyMs = 300;
+    const config = loadConfig(env);
+    try {
+      const before = (await capacity()).reconciled.maintenanceExpired;
+      // Alive for four holds: renewed all along, never expired.
+      await withMaintenanceSlot(
+        env,
+        config,
+        host,
+        { purpose: "test-alive", tenantId: null, deadlineMs: 60_000 },
+        async () => {
+          await new Promise((resolve) => setTimeout(resolve, 4 * maintenanceRenewal.holdMs));
+          const during = await capacity();
+          expect(during.maintenance.byPurpose["test-alive"]).toBe(1);
+        },
+      );
+      expect((await capacity()).reconciled.maintenanceExpired).toBe(before);
+      // Dead: a holder whose renewals stopped (as a killed one's do) while its work never ends. It
+      // asked for a short hold, not its whole deadline (ten minutes here): the slot is free again
+      // within that hold.
+      maintenanceRenewal.everyMs = 3_600_000;
+      let finish: () => void = () => undefined;
+      const dead = withMaintenanceSlot(
+        env,
+        config,
+        host,
+        { purpose: "test-dead", tenantId: null, deadlineMs: 600_000 },
+        () =>
+          new Promise<void>((resolve) => {
+            finish = resolve;
+          }),
+      );
+      const held = await pollUntil(capacity, (s) => s.maintenance.byPurpose["test-dead"] === 1, {
+        attempts: 40,
+        intervalMs: 50,
+      });
+      expect(held.maintenance.byPurpose["test-dead"]).toBe(1);
+      const gone = await pollUntil(capacity, (s) => (s.maintenance.byPurpose["test-dead"] ?? 0) === 0, {
+        attempts: 40,
+        intervalMs: 100,
+      });
+      expect(gone.maintenance.byPurpose["test-dead"] ?? 0).toBe(0);
+      finish();
+      await dead;
+    } finally {
+      Object.assign(maintenanceRenewal, saved);
+    }
   });
 
   it("reconcile terminates a pooled backend that no object confirms, and leaves live ones", async () => {

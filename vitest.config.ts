@@ -99,6 +99,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             TEST_PG_SERVER_LOG: inject("pgServerLog"),
             // The customer's server behind a tunnel (test/customer-server.ts), in the half that has one.
             ...definedOnly({
+              // Unset (one region) but in the regions project.
+              LESSOR_REGIONS: inject("regionsJson"),
               LESSOR_TUNNELS: inject("tunnelsJson"),
               TEST_CUSTOMER_PG_SUPERUSER_URL: inject("customerPgSuperuserUrl"),
               TEST_TUNNEL_PROXY: inject("tunnelProxy"),
@@ -148,6 +150,8 @@ export default defineConfig({
       // Stops and restarts its own Postgres under load: kept apart so no other test sees the outage.
       workersProject("pg-restart", ["test/pg-restart/**/*.test.ts"], "./test/pg-restart/global-setup.ts"),
       // Cuts the control plane off (and only it): kept apart so no other test sees the outage.
+      // Two regions; stops one region's control plane at a time: kept apart so no other test sees it.
+      workersProject("regions", ["test/regions/**/*.test.ts"], "./test/regions/global-setup.ts"),
       workersProject(
         "control-plane-outage",
         ["test/control-plane-outage/**/*.test.ts"],

@@ -24,6 +24,8 @@ export interface ClientOptions {
   url: string;
   adminKey: string | undefined;
   fetch: typeof fetch;
+  /** The region every call is for (`?region=`, docs/adr/023-regions.md); null: the default region. */
+  region?: string | null;
 }
 
 /** A request: which key to send (the admin key unless a tenant key is given), and a JSON body. */
@@ -59,7 +61,12 @@ export class LessorClient {
     if (call.body !== undefined) headers["content-type"] = "application/json";
     let response: Response;
     try {
-      response = await this.options.fetch(new URL(path, this.options.url), {
+      const target = new URL(path, this.options.url);
+      // A tenant's own key names its region itself; the operator's calls say which region they are for.
+      if (this.options.region && !target.searchParams.has("region")) {
+        target.searchParams.set("region", this.options.region);
+      }
+      response = await this.options.fetch(target, {
         method,
         headers,
         ...(call.body === undefined ? {} : { body: JSON.stringify(call.body) }),

@@ -24,6 +24,7 @@ export interface GlobalOptions {
   url?: string;
   adminKey?: string;
   json?: boolean;
+  region?: string;
 }
 
 export interface CommandContext {
@@ -73,7 +74,8 @@ export function commandContext(environment: CliEnvironment): CommandContext {
         options.adminKey ??
         (environment.env.LESSOR_ADMIN_KEY || undefined) ??
         localAdminKey(url, environment.cwd);
-      return new LessorClient({ url, adminKey, fetch: environment.fetch });
+      const region = options.region ?? (environment.env.LESSOR_REGION || undefined) ?? null;
+      return new LessorClient({ url, adminKey, fetch: environment.fetch, region });
     },
     json: (command) => globals(command).json === true,
     print(command, data, lines) {

@@ -35,6 +35,10 @@ export function buildProgram(ctx: CommandContext, environment: CliEnvironment): 
       "the admin key (env LESSOR_ADMIN_KEY; for a loopback URL, .lessor/secrets.json of npm start)",
     )
     .option("--json", "print the API's JSON instead of key=value lines")
+    .option(
+      "--region <region>",
+      "the region an operator command is for (env LESSOR_REGION; default: the default region)",
+    )
     .showHelpAfterError()
     .exitOverride()
     .configureOutput({
@@ -57,7 +61,9 @@ Examples:
   npx lessorctl status acme
   npx lessorctl evict --dry-run --host local
   npx lessorctl campaign status cmp_0123456789abcdef --watch
-  npx lessorctl reseal`,
+  npx lessorctl reseal
+  npx lessorctl --region eu tenants list
+  npx lessorctl tenants move acme --to eu`,
     );
   for (const group of commandGroups) group.register(program, ctx);
   // Subcommands report usage errors through the same output and never exit the process themselves.

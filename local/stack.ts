@@ -155,6 +155,75 @@ export async function prepareHost(
   }
 }
 
+/**
+ * Another region's control-plane database on the same cluster (docs/adr/023-regions.md: locally, a
+ * region is a named control-plane database and hosts on the embedded Postgres): created owned by
+ * the host admin if missing, migrated, and its connection string (as the host admin) returned.
+ */
+export async function prepareRegionControlPlane(
+  pgServer: Pick<LocalPostgres, "url" | "host" | "port">,
+  adminPassword: string,
+  region: string,
+): Promise<string> {
+  if (!/^[a-z][a-z0-9]{0,15}$/.test(region))
+    throw new Error(`region ${region}: a lowercase slug, no hyphens`);
+  const database = `${controlPlaneDatabase}_${region}`;
+  const client = new pg.Client(pgServer.url());
+  await client.connect();
+  try {
+    const { rows } = await client.query("SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1", [
+      database,
+    ]);
+    if (rows.length === 0) await client.query(`CREATE DATABASE "${database}" OWNER ${localAdminRole}`);
+    await client.query(`REVOKE CONNECT, TEMPORARY ON DATABASE "${database}" FROM PUBLIC`);
+  } finally {
+    await client.end();
+  }
+  const url = hostAdminUrl(pgServer, adminPassword, database);
+  await migrateControlPlane(url);
+  return url;
+}
+
+/**
+ * `LESSOR_LOCAL_REGIONS` (`npm start`): region names besides the default one, comma-separated
+ * (`eu` or `eu,ap`), each a lowercase slug without hyphens; empty or unset: one region. Null with
+ * a problem when malformed.
+ */
+export function localRegionNames(raw: string | undefined): string[] | { problem: string } {
+  if (raw === undefined || raw.trim() === "") return [];
+  const names = raw.split(",").map((name) => name.trim());
+  for (const name of names) {
+    if (!/^[a-z][a-z0-9]{0,15}$/.test(name) || name === "default") {
+      return {
+        problem: `LESSOR_LOCAL_REGIONS: ${JSON.stringify(name)} is not a region name (a-z, 0-9, at most 16, not "default")`,
+      };
+    }
+  }
+  if (new Set(names).size !== names.length) return { problem: "LESSOR_LOCAL_REGIONS names a region twice" };
+  return names;
+}
+
+/**
+ * The local stack's `LESSOR_HOSTS` and `LESSOR_REGIONS` with `regions` besides the default one:
+ * each region gets a control-plane database of its own (`lessor_<region>`) and a host
+ * (`<region>-1`) on the same embedded Postgres.
+ */
+export async function localRegionsSetup(
+  stack: Pick<LocalStack, "pg" | "adminUrl">,
+  adminPassword: string,
+  regions: readonly string[],
+): Promise<{ hostsJson: string; regionsJson: string | null }> {
+  const hosts: Record<string, string> = { local: stack.adminUrl("postgres") };
+  if (regions.length === 0) return { hostsJson: JSON.stringify(hosts), regionsJson: null };
+  const declared: Record<string, unknown> = { default: {} };
+  for (const region of regions) {
+    const controlPlaneUrl = await prepareRegionControlPlane(stack.pg, adminPassword, region);
+    hosts[`${region}-1`] = stack.adminUrl("postgres");
+    declared[region] = { controlPlaneUrl, hosts: [`${region}-1`] };
+  }
+  return { hostsJson: JSON.stringify(hosts), regionsJson: JSON.stringify(declared) };
+}
+
 /** Applies drizzle/control-plane/ (drizzle's migrator: each migration once, in order). */
 export async function migrateControlPlane(url: string): Promise<void> {
   const client = new pg.Client(url);

@@ -18,7 +18,15 @@ import { startBanner } from "./banner.ts";
 import { localCronEnabled, startLocalCron } from "./cron.ts";
 import { lineSplitter, stackOutputFilter } from "./output-filter.ts";
 import { claimStateDir, describeRunning, portFromEnv, portInUse } from "./preflight.ts";
-import { type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
+import {
+  type LocalStack,
+  localRegionNames,
+  localRegionsSetup,
+  root,
+  startLocalStack,
+  wranglerDevArgs,
+  writeEnvFile,
+} from "./stack.ts";
 import { quietWranglerEnv } from "./wrangler-env.ts";
 
 interface LocalSecrets {
@@ -148,12 +156,18 @@ try {
 if (stack && !stopping) {
   // wrangler reads secrets from an env file; it is git-ignored and rewritten on every start.
   const envFile = resolve(stateDir, "dev.vars");
+  // More regions than the default one (docs/adr/023-regions.md), each a control-plane database and
+  // a host on this Postgres: LESSOR_LOCAL_REGIONS=eu npm start.
+  const regionNames = localRegionNames(process.env.LESSOR_LOCAL_REGIONS);
+  if ("problem" in regionNames) fail(regionNames.problem);
+  const regions = await localRegionsSetup(stack, secrets.pgPassword, regionNames);
   writeEnvFile(envFile, {
+    ...(regions.regionsJson === null ? {} : { LESSOR_REGIONS: regions.regionsJson }),
     LESSOR_ADMIN_KEY: adminKey,
     LESSOR_SEAL_KEY: secrets.sealKey,
     LESSOR_KEY_MAC_KEYS: secrets.keyMacKey,
     LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-    LESSOR_HOSTS: stack.hostsJson,
+    LESSOR_HOSTS: regions.hostsJson,
     LESSOR_WS_PROXY: stack.wsProxy,
   });
 

@@ -7,7 +7,7 @@
 import pg from "pg";
 import type { TestProject } from "vitest/node";
 import { localAdminRole, providerGroup } from "../local/host-setup.ts";
-import { freePort, type LocalStack, startLocalStack } from "../local/stack.ts";
+import { freePort, type LocalStack, prepareRegionControlPlane, startLocalStack } from "../local/stack.ts";
 import { type CustomerServer, startCustomerServer } from "./customer-server.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
@@ -27,6 +27,8 @@ declare module "vitest" {
     tunnelProxy?: string;
     tunnelProxyControlUrl?: string;
     customerPgServerLog?: string;
+    /** `LESSOR_REGIONS` of the regions project (unset elsewhere: one region). */
+    regionsJson?: string;
   }
 }
 
@@ -36,14 +38,14 @@ declare module "vitest" {
  */
 export function localStackSetup(
   name: string,
-  options: { controlPlaneAddress?: string; customerServer?: boolean } = {},
+  options: { controlPlaneAddress?: string; customerServer?: boolean; regions?: boolean } = {},
 ) {
   let stack: LocalStack | undefined;
   let jwks: JwksServer | undefined;
   let customer: CustomerServer | undefined;
   return {
     setup: async (project: TestProject) => {
-      stack = await startTestStack(project, name, options.controlPlaneAddress);
+      stack = await startTestStack(project, name, options.controlPlaneAddress, options.regions ?? false);
       jwks = await startJwksServer();
       project.provide("jwksServerUrl", jwks.url);
       if (options.customerServer) {
@@ -66,7 +68,8 @@ export function localStackSetup(
 async function startTestStack(
   project: TestProject,
   name: string,
-  controlPlaneAddress?: string,
+  controlPlaneAddress: string | undefined,
+  regions: boolean,
 ): Promise<LocalStack> {
   const dataDir = `.lessor/test-${name}-pg-${process.pid}`;
   // The server's own log (connections, and what tests make it log), read back by the tests
@@ -127,7 +130,28 @@ async function startTestStack(
       mass: admin,
       // Adaptive admission's host (adaptive.test.ts).
       adaptive: admin,
+      // The regions project's second region's hosts (test/regions).
+      ...(regions ? { "eu-1": admin, "eu-2": admin } : {}),
     }),
+  );
+  // Two regions (test/regions): the default one on the control plane above, and `eu` on a control
+  // plane of its own, reached as 127.0.0.2 so the proxy can cut either region's off alone.
+  project.provide(
+    "regionsJson",
+    regions
+      ? JSON.stringify({
+          us: { locationHint: "enam" },
+          eu: {
+            controlPlaneUrl: (
+              await prepareRegionControlPlane(stack.pg, "lessor-test-password", "eu")
+            ).replace("@127.0.0.1:", "@127.0.0.2:"),
+            hosts: ["eu-1", "eu-2"],
+            // No jurisdiction: workerd refuses `jurisdiction()` ("not implemented"); the code path
+            // that applies one is unit-tested (test/unit/regions.test.ts).
+            locationHint: "weur",
+          },
+        })
+      : "",
   );
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));

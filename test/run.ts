@@ -21,7 +21,7 @@ import { createInterface } from "node:readline";
 
 const halves: { name: string; projects: string[] }[] = [
   { name: "a", projects: ["unit", "workers", "pg-restart"] },
-  { name: "b", projects: ["workers-2", "control-plane-outage"] },
+  { name: "b", projects: ["workers-2", "control-plane-outage", "regions"] },
 ];
 
 /** workerd's report of an output gate broken by a test's own `ctx.abort("test: …")`. */

@@ -6,6 +6,8 @@ import { kv } from "../output.ts";
 
 /** The catalog half of `GET /v1/tenants/:id`, as lessorctl reads it. */
 export interface PublicTenant {
+  /** The tenant's region (answers that name one: a create, a read). */
+  region?: string;
   id: string;
   status: string;
   tier: string;

@@ -13,9 +13,10 @@ interface Usage {
   poolStarts: number;
 }
 
-function tenantLine(t: PublicTenant): string {
+function tenantLine(t: PublicTenant, region?: string): string {
   return kv("", {
     tenant: t.id,
+    ...(t.region !== undefined || region !== undefined ? { region: t.region ?? region } : {}),
     status: t.status,
     tier: t.tier,
     host: t.host,
@@ -46,6 +47,33 @@ function usageFields(u: Usage) {
     lease_ms: u.leaseMs,
     pool_starts: u.poolStarts,
   };
+}
+
+/** `POST /v1/tenants/:id/move` and `GET /v1/tenants/:id/move`. */
+interface MoveView {
+  state: "moving" | "moved";
+  from: string;
+  to: string;
+  stage?: string;
+  startedAt: string;
+  attempts?: number;
+  lastError?: string | null;
+  movedAt?: string;
+}
+
+function moveLine(tenantId: string, m: MoveView): string {
+  return m.state === "moved"
+    ? kv("", { tenant: tenantId, state: m.state, from: m.from, to: m.to, moved_at: m.movedAt })
+    : kv("", {
+        tenant: tenantId,
+        state: m.state,
+        from: m.from,
+        to: m.to,
+        stage: m.stage,
+        started_at: m.startedAt,
+        attempts: m.attempts,
+        last_error: m.lastError ?? "-",
+      });
 }
 
 /** `DELETE /v1/tenants/:id` and `GET /v1/tenants/:id/erase`. */
@@ -86,7 +114,7 @@ export function register(program: Command, ctx: CommandContext): void {
   const tenants = program
     .command("tenants")
     .description(
-      "the tenant catalog: list, search, create, key, disable/enable, drain, pin/unpin, events, usage, erase",
+      "the tenant catalog: list, search, create, key, disable/enable, drain, pin/unpin, events, usage, erase, move",
     );
   const id = (tenantId: string) => encodeURIComponent(tenantId);
 
@@ -95,12 +123,12 @@ export function register(program: Command, ctx: CommandContext): void {
   ).action(async (options: { limit: string; cursor?: string }, command: Command) => {
     const answer = await ctx
       .client(command)
-      .call<{ tenants: PublicTenant[]; nextCursor: string | null }>(
+      .call<{ region?: string; tenants: PublicTenant[]; nextCursor: string | null }>(
         "GET",
         `/v1/tenants?${pageQuery(options)}`,
       );
     ctx.print(command, answer, () => {
-      for (const t of answer.tenants) ctx.out.line(tenantLine(t));
+      for (const t of answer.tenants) ctx.out.line(tenantLine(t, answer.region));
       if (answer.nextCursor !== null) ctx.out.line(kv("", { next_cursor: answer.nextCursor }));
     });
   });
@@ -127,7 +155,11 @@ export function register(program: Command, ctx: CommandContext): void {
     )
     .argument("<tenant>", "tenant id: 1-40 lowercase letters, digits, inner hyphens")
     .option("--tier <tier>", "pool size tier (LESSOR_POOL_SIZES; default: standard)")
-    .option("--host <host>", "database host (LESSOR_HOSTS; default: the first)")
+    .option("--host <host>", "database host (LESSOR_HOSTS; default: the first of its region)")
+    .option(
+      "--in <region>",
+      "the region the tenant lives in (LESSOR_REGIONS; default: the host's, or the default region)",
+    )
     .option("--connection-string", "print only the connection string (for $(…))")
     .addHelpText(
       "after",
@@ -142,14 +174,14 @@ Output:
     .action(
       async (
         tenantId: string,
-        options: { tier?: string; host?: string; connectionString?: boolean },
+        options: { tier?: string; host?: string; in?: string; connectionString?: boolean },
         command: Command,
       ) => {
-        const { connectionString: only, ...placement } = options;
+        const { connectionString: only, in: region, ...placement } = options;
         const answer = await ctx
           .client(command)
           .call<{ tenant: PublicTenant; key: string; connectionString: string }>("POST", "/v1/tenants", {
-            body: { id: tenantId, ...placement },
+            body: { id: tenantId, ...placement, ...(region === undefined ? {} : { region }) },
           });
         if (only === true) return ctx.out.line(answer.connectionString);
         ctx.print(command, answer, () =>
@@ -289,6 +321,43 @@ Output:
         .client(command)
         .call<EraseView>("DELETE", `/v1/tenants/${id(tenantId)}?${query.toString()}`);
       ctx.print(command, answer, () => ctx.out.line(eraseLine(tenantId, answer)));
+    });
+
+  tenants
+    .command("move")
+    .description(
+      "move the tenant to another region, as a resumable, audited job (fence, drain, copy, switch, start, cleanup); its database stays on its host",
+    )
+    .argument("<tenant>", "tenant id")
+    .requiredOption("--to <region>", "the region to move it to")
+    .option("--force", "move a pinned tenant too")
+    .addHelpText(
+      "after",
+      `
+The tenant is in the region --region names (default: the default region).
+
+Output:
+  tenant=acme state=moving from=us to=eu stage=drain started_at=2026-12-01T18:02:31.412Z attempts=0 last_error=-
+
+  The answer comes once the fence is closed (new requests get 503 tenant_moving until the switch);
+  the stages run on. Follow them with: lessorctl tenants move-status <tenant>.`,
+    )
+    .action(async (tenantId: string, options: { to: string; force?: boolean }, command: Command) => {
+      const answer = await ctx.client(command).call<MoveView>("POST", `/v1/tenants/${id(tenantId)}/move`, {
+        body: { region: options.to, ...(options.force === true ? { force: true } : {}) },
+      });
+      ctx.print(command, answer, () => ctx.out.line(moveLine(tenantId, answer)));
+    });
+
+  tenants
+    .command("move-status")
+    .description(
+      "where the tenant's move out of --region stands: its stage, attempts and last error, or when it was done",
+    )
+    .argument("<tenant>", "tenant id")
+    .action(async (tenantId: string, _options: unknown, command: Command) => {
+      const answer = await ctx.client(command).call<MoveView>("GET", `/v1/tenants/${id(tenantId)}/move`);
+      ctx.print(command, answer, () => ctx.out.line(moveLine(tenantId, answer)));
     });
 
   tenants

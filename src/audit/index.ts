@@ -25,6 +25,7 @@ export const auditActions = [
   "tenant.attach",
   "tenant.detach",
   "tenant.credentials",
+  "tenant.move",
   "campaign.create",
   "campaign.pause",
   "campaign.resume",

@@ -39,6 +39,7 @@ import {
 } from "../core/tunnel.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { tenantObjectOnHost } from "../placement/index.ts";
 import type {
   AdmitResult,
   CapacityStatus,
@@ -525,7 +526,7 @@ export class BudgetObject extends DurableObject<Env> {
     for (const row of stale) {
       let check: GenerationCheck;
       try {
-        check = await this.env.TENANTS.getByName(row.tenantId).checkGeneration(row.generation);
+        check = await tenantObjectOnHost(this.env, hostName, row.tenantId).checkGeneration(row.generation);
       } catch (error) {
         logEvent("warn", "budget_reconcile_probe_failed", {
           host: hostName,
@@ -649,7 +650,7 @@ export class BudgetObject extends DurableObject<Env> {
       if (step.kind === "shrink") {
         let outcome: ShrinkOutcome | null;
         try {
-          outcome = await this.env.TENANTS.getByName(victim.tenantId).shrinkIdle(
+          outcome = await tenantObjectOnHost(this.env, host.name, victim.tenantId).shrinkIdle(
             victim.generation,
             step.take,
           );
@@ -675,7 +676,9 @@ export class BudgetObject extends DurableObject<Env> {
       let outcome: EvictOutcome | null;
       try {
         this.ledger.setPhase(victim.tenantId, victim.generation, "draining", null);
-        outcome = await this.env.TENANTS.getByName(victim.tenantId).evictIfIdle(victim.generation);
+        outcome = await tenantObjectOnHost(this.env, host.name, victim.tenantId).evictIfIdle(
+          victim.generation,
+        );
       } catch (error) {
         // Not an answer about the pool: nothing is learned about its leases (the reconcile asks
         // again later). It is only passed over for the rest of this reclaim.

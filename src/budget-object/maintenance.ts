@@ -10,6 +10,7 @@ import type { BudgetSubject } from "../config/index.ts";
 import { maintenanceFits } from "../core/budget.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { tenantObjectOnHost } from "../placement/index.ts";
 import type { CapacityStatus, MaintenanceGrant, MaintenanceRequest } from "../rpc/budget.ts";
 import type { CapacityLedger } from "./ledger.ts";
 import { WaitQueue } from "./wait-queue.ts";
@@ -63,8 +64,8 @@ export class MaintenanceSlots {
   }
 
   /** For the reconcile: frees expired slots and those a killed migration left; says how many. */
-  async reclaim(host: Pick<BudgetSubject, "budget">, cutoff: number): Promise<number> {
-    const freed = this.expire() + (await this.reclaimMigrationSlots(cutoff));
+  async reclaim(host: Pick<BudgetSubject, "budget" | "name">, cutoff: number): Promise<number> {
+    const freed = this.expire() + (await this.reclaimMigrationSlots(host.name, cutoff));
     this.serve(host);
     return freed;
   }
@@ -86,13 +87,13 @@ export class MaintenanceSlots {
    * object; its last statement may still finish on the host, then its transaction rolls back.
    * Slots granted after `cutoff` are left alone (their holder may not have noted them yet).
    */
-  private async reclaimMigrationSlots(cutoff: number): Promise<number> {
+  private async reclaimMigrationSlots(hostName: string, cutoff: number): Promise<number> {
     let reclaimed = 0;
     for (const row of this.ledger().maintenanceRows()) {
       if (row.purpose !== "migrate" || row.tenantId === null || row.acquiredAt >= cutoff) continue;
       let held = true;
       try {
-        held = await this.env.TENANTS.getByName(row.tenantId).holdsMaintenance(row.id);
+        held = await tenantObjectOnHost(this.env, hostName, row.tenantId).holdsMaintenance(row.id);
       } catch (error) {
         logEvent("warn", "budget_reconcile_probe_failed", {
           tenant: row.tenantId,

@@ -33,6 +33,7 @@ import {
 } from "../core/campaign.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent, redact } from "../log/index.ts";
+import { tenantObject } from "../placement/index.ts";
 import {
   activeCampaigns,
   appVersionsSeenSince,
@@ -59,6 +60,11 @@ export interface TickOptions {
   claimTimeoutMs?: number;
   /** Most campaigns one tick advances. */
   maxCampaigns?: number;
+  /**
+   * The region whose campaigns the tick advances (default: the default region). A campaign lives in
+   * one region's control plane and migrates that region's tenants only (docs/adr/023-regions.md).
+   */
+  region?: string;
 }
 
 export interface CampaignTickReport {
@@ -127,8 +133,9 @@ export async function runCampaignTick(env: Env, options: TickOptions = {}): Prom
   const reports: CampaignTickReport[] = [];
   // A host's, or a customer tunnel's (`tunnel:<name>`), maintenance reserve.
   const hostCap = (host: string) => Math.max(1, budgetSubject(config, host)?.budget.reserve ?? 1);
+  const region = options.region ?? config.defaultRegion;
   try {
-    await withControlPlane(config, env, async (db) => {
+    await withControlPlane(config, env, region, async (db) => {
       // Sightings older than any stability window are no longer evidence of anything.
       if (options.campaignId === undefined) {
         await trimAppVersionsSeen(db, clock() - seenRetentionMs);
@@ -157,6 +164,7 @@ export async function runCampaignTick(env: Env, options: TickOptions = {}): Prom
           deadline,
           steps,
           hostCap,
+          region,
           claimTimeoutMs: options.claimTimeoutMs ?? campaignDefaults.claimTimeoutMs,
         });
       }
@@ -172,6 +180,7 @@ interface AdvanceContext {
   deadline: number;
   steps: Steps;
   hostCap: (host: string) => number;
+  region: string;
   claimTimeoutMs: number;
 }
 
@@ -288,7 +297,7 @@ async function migrateAndRecord(
   ctx.steps.take(`migrate:${tenant.tenantId}`);
   const remaining = ctx.deadline - Date.now();
   const answer = await withinDeadline(
-    callMigrate(env, tenant.tenantId, campaign.toVersion, campaign.drainTimeoutMs),
+    callMigrate(env, ctx.region, tenant.tenantId, campaign.toVersion, campaign.drainTimeoutMs),
     remaining,
   );
   // The tick's time ran out with the migration still running inside the TenantObject (it goes on
@@ -324,12 +333,13 @@ async function migrateAndRecord(
 /** Calls the tenant's object; an exception (the object is unreachable) becomes `unanswered`. */
 async function callMigrate(
   env: Env,
+  region: string,
   tenantId: string,
   toVersion: number,
   drainTimeoutMs: number,
 ): Promise<MigrateAnswer | { outcome: "unanswered"; summary: string }> {
   try {
-    const answer: MigrateAnswer = await env.TENANTS.getByName(tenantId).migrate(
+    const answer: MigrateAnswer = await tenantObject(env, region, tenantId).migrate(
       tenantId,
       toVersion,
       drainTimeoutMs,

@@ -23,6 +23,8 @@ import type { SqlRequest } from "../core/neon-protocol.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
+import { tenantObject } from "../placement/index.ts";
+import { callOwner } from "../placement/moves.ts";
 import type { KeyProof, SqlOutcome } from "../rpc/tenant.ts";
 import { appVersionsSeenSince, noteAppVersionSeen } from "./store.ts";
 
@@ -71,6 +73,7 @@ export function upgradeOnDemand(env: Env): boolean {
  */
 export function noteAppSchemaVersion(
   env: Env,
+  region: string,
   tenantId: string,
   required: number,
   waitUntil: (promise: Promise<unknown>) => void,
@@ -82,7 +85,7 @@ export function noteAppSchemaVersion(
   if (last !== undefined && now - last < reportIntervalMs) return;
   if (reportedAt.size >= maxRemembered) reportedAt.clear();
   reportedAt.set(seen, now);
-  const write = withControlPlane(loadConfig(env), env, (db) => noteAppVersionSeen(db, version)).catch(
+  const write = withControlPlane(loadConfig(env), env, region, (db) => noteAppVersionSeen(db, version)).catch(
     (error: unknown) => {
       reportedAt.delete(seen);
       logEvent("warn", "app_schema_version_report_failed", { version, failure: describeFailure(error) });
@@ -115,10 +118,18 @@ export async function sqlWithSchemaVersion(
   bearer: string | null = null,
 ): Promise<SqlOutcome> {
   const required = requiredSchemaVersion(rawHeader);
-  const tenant = env.TENANTS.getByName(tenantId);
-  const outcome = await tenant.sql(tenantId, proof, request, required, bearer);
+  // The key named the tenant's region inside its MAC: its object there (or where it moved since),
+  // and nothing of another region.
+  const { answer: outcome, proof: owner } = await callOwner<SqlOutcome>(
+    env,
+    tenantId,
+    proof,
+    async (object, asked) => object.sql(tenantId, asked, request, required, bearer),
+  );
+  const tenant = tenantObject(env, owner.region, tenantId);
   const authenticated = outcome.ok || outcome.authenticated;
-  if (required !== null && authenticated) noteAppSchemaVersion(env, tenantId, required, waitUntil);
+  if (required !== null && authenticated)
+    noteAppSchemaVersion(env, owner.region, tenantId, required, waitUntil);
   if (
     required === null ||
     outcome.ok ||
@@ -131,8 +142,8 @@ export async function sqlWithSchemaVersion(
     return outcome;
   }
   // Only an authenticated caller gets `schema_too_old`, so only it can trigger an upgrade.
-  await upgradeTenantFor(env, tenantId, required, outcome.error.message);
-  return tenant.sql(tenantId, proof, request, required, bearer);
+  await upgradeTenantFor(env, owner.region, tenantId, required, outcome.error.message);
+  return tenant.sql(tenantId, owner, request, required, bearer);
 }
 
 /**
@@ -141,6 +152,7 @@ export async function sqlWithSchemaVersion(
  */
 async function upgradeTenantFor(
   env: Env,
+  region: string,
   tenantId: string,
   required: number,
   tooOldMessage: string,
@@ -154,7 +166,7 @@ async function upgradeTenantFor(
   // Contract steps up to the required version; steps at or below the recorded version are applied.
   if (contractStepsBetween(tenantMigrations, 0, required).length > 0) {
     const now = Date.now();
-    const verdict = await withControlPlane(config, env, async (db) => {
+    const verdict = await withControlPlane(config, env, region, async (db) => {
       const recorded = await db.query.tenants.findFirst({
         columns: { schemaVersion: true },
         where: (t, { eq }) => eq(t.id, tenantId),
@@ -173,7 +185,11 @@ async function upgradeTenantFor(
       });
     }
   }
-  const answer = await env.TENANTS.getByName(tenantId).migrate(tenantId, required, config.admissionWaitMs);
+  const answer = await tenantObject(env, region, tenantId).migrate(
+    tenantId,
+    required,
+    config.admissionWaitMs,
+  );
   switch (answer.outcome) {
     case "migrated":
       logEvent("info", "tenant_upgraded_on_demand", {

@@ -28,6 +28,8 @@ export interface DatabaseHost {
   containment: ContainmentLevel;
   /** Where Cloudflare should create the host's objects (a location hint), or null: near the first caller. */
   locationHint: LocationHint | null;
+  /** The region the host is in (docs/adr/023-regions.md): its tenants' catalog lives in that region's control plane. */
+  region: string;
   /**
    * Adaptive admission on this host (docs/adr/022-adaptive-admission.md), or null: every pool holds
    * its tier's size, as before. Off unless the host's budget says `"adaptive": true` (or settings).
@@ -82,6 +84,38 @@ export function budgetSubject(config: LessorConfig, name: string): BudgetSubject
     return { name, budget: tunnel.budget, locationHint: tunnel.locationHint, tunnel, adaptive: null };
   return null;
 }
+
+/** Cloudflare's Durable Object jurisdictions: objects created in one never leave it. */
+export const jurisdictions = ["eu", "fedramp", "fedramp-high", "us"] as const;
+export type Jurisdiction = (typeof jurisdictions)[number];
+
+/**
+ * A region (docs/adr/023-regions.md): a control-plane database of its own and the database hosts
+ * whose tenants it holds. A tenant's catalog row, keys, sealed credential, ledgers, erase progress
+ * and audit rows live only in its region's control plane, and its objects are created in the region.
+ */
+export interface Region {
+  name: string;
+  /** The region's control-plane connection string (a secret). */
+  controlPlaneUrl: string;
+  /** Hosts in the region, in the order declared. */
+  hosts: readonly string[];
+  /** Where the region's Durable Objects must stay (a guarantee), or null. */
+  jurisdiction: Jurisdiction | null;
+  /** Where the region's Durable Objects should be created (a preference), or null. */
+  locationHint: LocationHint | null;
+  /**
+   * The default region: its control plane is `LESSOR_CONTROL_PLANE_URL`, keys minted without a
+   * region name are its keys, and its objects keep the names they had before regions existed.
+   */
+  isDefault: boolean;
+}
+
+/** A region's name: a short lowercase slug (it rides in every key minted in the region). */
+export const regionNamePattern = /^[a-z][a-z0-9-]{0,15}$/;
+
+/** The one region of a deployment that declares none. */
+export const implicitRegionName = "default";
 
 /** Cloudflare's Durable Object location hints (developers.cloudflare.com, "Data location"). */
 export const locationHints = ["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"] as const;
@@ -141,6 +175,10 @@ export interface LessorConfig {
   resealBatch: number;
   /** Where the control plane's shards should be created (near its database), or null. */
   controlPlaneLocationHint: LocationHint | null;
+  /** The regions, in the order declared (one, named `default`, without `LESSOR_REGIONS`). */
+  regions: ReadonlyMap<string, Region>;
+  /** The default region's name: where tenants are created unless another region is named. */
+  defaultRegion: string;
 }
 
 /** Maintenance connections a host keeps back when its budget names no reserve. */
@@ -239,6 +277,159 @@ function isLoopbackAddress(address: string): boolean {
   const rest = address.replace(/^[a-z]+:\/\//i, "");
   const host = rest.startsWith("[") ? rest.slice(1, rest.indexOf("]")) : rest.replace(/[:/].*$/, "");
   return host === "localhost" || host === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
+/**
+ * `LESSOR_REGIONS` (optional; a secret, as it holds connection strings): region name →
+ * `{ "controlPlaneUrl"?, "hosts"?, "jurisdiction"?, "locationHint"? }`. Exactly one region leaves
+ * out `controlPlaneUrl`: it is the default region, on `LESSOR_CONTROL_PLANE_URL`, and it holds every
+ * host no region names. Unset: one region named `default` holds every host.
+ */
+function parseRegions(
+  raw: string | undefined,
+  controlPlaneUrl: string,
+  hostNames: readonly string[],
+  controlPlaneHint: LocationHint | null,
+): { regions: Map<string, Region>; hostRegion: Map<string, string>; defaultRegion: string } {
+  const hostRegion = new Map<string, string>();
+  if (raw === undefined || raw === "") {
+    for (const host of hostNames) hostRegion.set(host, implicitRegionName);
+    const region: Region = {
+      name: implicitRegionName,
+      controlPlaneUrl,
+      hosts: hostNames,
+      jurisdiction: null,
+      locationHint: controlPlaneHint,
+      isDefault: true,
+    };
+    return {
+      regions: new Map([[implicitRegionName, region]]),
+      hostRegion,
+      defaultRegion: implicitRegionName,
+    };
+  }
+  const declared = jsonObject("LESSOR_REGIONS", raw);
+  const regions = new Map<string, Region>();
+  let defaultRegion: string | null = null;
+  for (const [name, entry] of Object.entries(declared)) {
+    if (!regionNamePattern.test(name)) {
+      fail(
+        "LESSOR_REGIONS",
+        `region names are lowercase slugs of at most 16 characters (${JSON.stringify(name.slice(0, 40))} is not)`,
+      );
+    }
+    if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
+      fail("LESSOR_REGIONS", `region ${name} must be an object`);
+    }
+    const {
+      controlPlaneUrl: url,
+      hosts,
+      jurisdiction,
+      locationHint: hint,
+      ...rest
+    } = entry as Record<string, unknown>;
+    const unknown = Object.keys(rest);
+    if (unknown.length > 0) {
+      fail(
+        "LESSOR_REGIONS",
+        `region ${name} has unknown fields (${unknown.join(", ")}); known: controlPlaneUrl, hosts, jurisdiction, locationHint`,
+      );
+    }
+    if (url !== undefined && (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url))) {
+      fail("LESSOR_REGIONS", `region ${name}: controlPlaneUrl must be a postgres:// connection string`);
+    }
+    if (hosts !== undefined && (!Array.isArray(hosts) || hosts.some((h) => typeof h !== "string"))) {
+      fail("LESSOR_REGIONS", `region ${name}: hosts must be a list of host names`);
+    }
+    if (jurisdiction !== undefined && !(jurisdictions as readonly unknown[]).includes(jurisdiction)) {
+      fail("LESSOR_REGIONS", `region ${name}: jurisdiction must be one of ${jurisdictions.join(", ")}`);
+    }
+    if (hint !== undefined && !(locationHints as readonly unknown[]).includes(hint)) {
+      fail("LESSOR_REGIONS", `region ${name}: locationHint must be one of ${locationHints.join(", ")}`);
+    }
+    for (const host of (hosts ?? []) as string[]) {
+      if (!hostNames.includes(host))
+        fail("LESSOR_REGIONS", `region ${name} names host ${host}, which LESSOR_HOSTS does not declare`);
+      const other = hostRegion.get(host);
+      if (other !== undefined)
+        fail("LESSOR_REGIONS", `host ${host} is in two regions (${other} and ${name}); a host is in one`);
+      hostRegion.set(host, name);
+    }
+    if (url === undefined) {
+      if (defaultRegion !== null) {
+        fail(
+          "LESSOR_REGIONS",
+          `regions ${defaultRegion} and ${name} both leave out controlPlaneUrl; exactly one region (the default) uses LESSOR_CONTROL_PLANE_URL`,
+        );
+      }
+      defaultRegion = name;
+    }
+    regions.set(name, {
+      name,
+      controlPlaneUrl: (url as string | undefined) ?? controlPlaneUrl,
+      hosts: (hosts ?? []) as string[],
+      jurisdiction: (jurisdiction as Jurisdiction | undefined) ?? null,
+      locationHint: (hint as LocationHint | undefined) ?? null,
+      isDefault: url === undefined,
+    });
+  }
+  if (defaultRegion === null) {
+    fail(
+      "LESSOR_REGIONS",
+      "no region leaves out controlPlaneUrl; exactly one region (the default) uses LESSOR_CONTROL_PLANE_URL",
+    );
+  }
+  const urls = new Map<string, string>();
+  for (const region of regions.values()) {
+    const other = urls.get(region.controlPlaneUrl);
+    if (other !== undefined) {
+      fail(
+        "LESSOR_REGIONS",
+        `regions ${other} and ${region.name} share a control-plane database; each region has its own`,
+      );
+    }
+    urls.set(region.controlPlaneUrl, region.name);
+  }
+  // Hosts no region names are the default region's.
+  const home = regions.get(defaultRegion);
+  if (home) {
+    const unnamed = hostNames.filter((host) => !hostRegion.has(host));
+    for (const host of unnamed) hostRegion.set(host, defaultRegion);
+    regions.set(defaultRegion, {
+      ...home,
+      hosts: [...home.hosts, ...unnamed],
+      locationHint: home.locationHint ?? controlPlaneHint,
+    });
+  }
+  for (const region of regions.values()) {
+    if (region.hosts.length === 0)
+      fail("LESSOR_REGIONS", `region ${region.name} has no host; name at least one`);
+  }
+  return { regions, hostRegion, defaultRegion };
+}
+
+/** The region named `name`; `region_unknown` (400) if the deployment has none of that name. */
+export function regionNamed(config: LessorConfig, name: string | undefined | null): Region {
+  const region = config.regions.get(name ?? config.defaultRegion);
+  if (!region) {
+    throw new LessorError("region_unknown", {
+      publicMessage: `No region is named ${JSON.stringify(String(name).slice(0, 40))}; this deployment has ${[...config.regions.keys()].join(", ")}.`,
+    });
+  }
+  return region;
+}
+
+/**
+ * What a key minted in `region` names as its region: null in the default region (keys keep the
+ * format they had before regions existed), the region's name elsewhere.
+ */
+export function keyRegionOf(config: LessorConfig, region: string): string | null {
+  return region === config.defaultRegion ? null : region;
+}
+
+/** The region of a database host (its tenants' catalog is there). */
+export function regionOfHost(config: LessorConfig, host: string): string {
+  return config.hosts.get(host)?.region ?? config.defaultRegion;
 }
 
 /**
@@ -437,6 +628,7 @@ export function loadConfig(env: Env): LessorConfig {
       kind,
       containment: declared.containment ?? "full",
       locationHint: declared.locationHint ?? null,
+      region: "",
       adaptive: adaptivePolicy(name, adaptive),
     });
   }
@@ -450,7 +642,20 @@ export function loadConfig(env: Env): LessorConfig {
       `host ${neonHost.name} is of kind neon, whose role passwords are sent in plaintext, so its connections must use TLS; unset LESSOR_WS_PROXY (the driver then uses wss:// to the host) or point it at loopback`,
     );
   }
-  const defaultHost = [...hosts.keys()][0];
+  if (hosts.size === 0) fail("LESSOR_HOSTS", "names no host");
+  const controlPlaneLocationHint = locationHint(
+    "LESSOR_CONTROL_PLANE_LOCATION_HINT",
+    vars.LESSOR_CONTROL_PLANE_LOCATION_HINT,
+  );
+  const { regions, hostRegion, defaultRegion } = parseRegions(
+    vars.LESSOR_REGIONS,
+    env.LESSOR_CONTROL_PLANE_URL ?? "",
+    [...hosts.keys()],
+    controlPlaneLocationHint,
+  );
+  for (const host of hosts.values()) host.region = hostRegion.get(host.name) ?? defaultRegion;
+  // New tenants go to the default region's first host unless a host is named.
+  const defaultHost = regions.get(defaultRegion)?.hosts[0];
   if (!defaultHost) fail("LESSOR_HOSTS", "names no host");
   const tunnels = parseTunnels(vars.LESSOR_TUNNELS, new Set(hosts.keys()));
   const keyMacRing = parseKeyMacRing(env.LESSOR_KEY_MAC_KEYS);
@@ -507,10 +712,9 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_RESEAL_BATCH === "0"
         ? 0
         : positiveInt("LESSOR_RESEAL_BATCH", vars.LESSOR_RESEAL_BATCH, 100),
-    controlPlaneLocationHint: locationHint(
-      "LESSOR_CONTROL_PLANE_LOCATION_HINT",
-      vars.LESSOR_CONTROL_PLANE_LOCATION_HINT,
-    ),
+    controlPlaneLocationHint,
+    regions,
+    defaultRegion,
   };
   cache.set(env, config);
   return config;

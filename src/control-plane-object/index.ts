@@ -36,20 +36,37 @@ const resetSql = "ROLLBACK; SELECT pg_advisory_unlock_all(); RESET ALL";
 
 export class ControlPlaneObject extends DurableObject<Env> {
   private pool: Pool | null = null;
+  /** The region whose control plane this shard's pool reaches (a shard serves one region). */
+  private region: string | null = null;
   private readonly sessions = new Map<string, Session>();
 
-  private getPool(): Pool {
-    this.pool ??= openControlPlanePool(loadConfig(this.env), this.env.LESSOR_CONTROL_PLANE_URL, (error) =>
-      logEvent("warn", "control_plane_connection_error", { failure: describeFailure(error) }),
-    );
+  private getPool(region: string): Pool {
+    if (this.pool === null) {
+      const config = loadConfig(this.env);
+      const url = config.regions.get(region)?.controlPlaneUrl;
+      if (url === undefined) throw new Error(`control plane of unknown region ${region}`);
+      this.region = region;
+      this.pool = openControlPlanePool(config, url, (error) =>
+        logEvent("warn", "control_plane_connection_error", { region, failure: describeFailure(error) }),
+      );
+    }
     return this.pool;
   }
 
   /**
-   * Checks out a connection for a new session, named `applicationName` while it lasts;
-   * `control_plane_unavailable` if none can be had.
+   * Checks out a connection of `region`'s control plane for a new session, named `applicationName`
+   * while it lasts; `control_plane_unavailable` if none can be had. A shard is named for its region
+   * (src/core/placement.ts) and serves no other: asked for another, it refuses.
    */
-  async open(applicationName: string): Promise<RemoteSessionAnswer<string>> {
+  async open(applicationName: string, region: string): Promise<RemoteSessionAnswer<string>> {
+    if (this.region !== null && this.region !== region) {
+      return {
+        ok: false,
+        error: new LessorError("misconfigured", {
+          internal: `a shard of region ${this.region} was asked for region ${region}`,
+        }).toWire(),
+      };
+    }
     if (this.sessions.size >= maxSessions) {
       return {
         ok: false,
@@ -58,9 +75,9 @@ export class ControlPlaneObject extends DurableObject<Env> {
     }
     let client: PoolClient;
     try {
-      client = await this.getPool().connect();
+      client = await this.getPool(region).connect();
     } catch (error) {
-      logEvent("warn", "control_plane_unreachable", { failure: describeFailure(error) });
+      logEvent("warn", "control_plane_unreachable", { region, failure: describeFailure(error) });
       return {
         ok: false,
         error: new LessorError("control_plane_unavailable", { retryAfterSeconds: 2 }).toWire(),

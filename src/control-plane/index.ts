@@ -41,7 +41,9 @@ export const controlPlaneOutageForTests = { active: false };
 export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: Queryable };
 
 /**
- * Runs `work` on a control-plane session: one warm connection of a ControlPlaneObject shard,
+ * Runs `work` on a control-plane session of `region` (its own control-plane database: a tenant's
+ * catalog is only in its region's, docs/adr/023-regions.md): one warm connection of one of the
+ * region's ControlPlaneObject shards,
  * checked out for `work` and returned after it (reset), with drizzle over it exactly as over a
  * direct connection, transactions included. No handshake happens here: the shard keeps its
  * connections open (docs/adr/010-control-plane-pool-and-maintenance-reserve.md). `applicationName`
@@ -51,19 +53,23 @@ export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: 
 export async function withControlPlane<T>(
   config: LessorConfig,
   env: Env,
+  region: string,
   work: (db: ControlPlane) => Promise<T>,
   applicationName = "lessor-control-plane",
 ): Promise<T> {
+  if (!config.regions.has(region)) {
+    throw new LessorError("misconfigured", { internal: `control plane of unknown region ${region}` });
+  }
   if (controlPlaneOutageForTests.active) {
     throw new LessorError("control_plane_unavailable", {
       internal: "control plane down (test fault injection)",
       retryAfterSeconds: 1,
     });
   }
-  const shard = controlPlaneShard(env, `shard-${Math.floor(Math.random() * config.controlPlaneShards)}`);
+  const shard = controlPlaneShard(env, region, Math.floor(Math.random() * config.controlPlaneShards));
   let opened: Awaited<ReturnType<typeof shard.open>>;
   try {
-    opened = await shard.open(applicationName);
+    opened = await shard.open(applicationName, region);
   } catch (error) {
     throw new LessorError("control_plane_unavailable", {
       internal: "control-plane object unreachable",
@@ -82,9 +88,15 @@ export async function withControlPlane<T>(
   }
 }
 
+/** Whether a catalog row is a tenant its region serves now (not provisioning, erasing, moving or moved). */
+export function isServable(status: string): status is "active" | "disabled" {
+  return status === "active" || status === "disabled";
+}
+
 /**
  * The catalog record a TenantObject needs, or null if the tenant does not exist, is not provisioned
- * yet, or is being erased (its object learns why from the erase's row: `erasuresOf`).
+ * yet, is being erased (its object learns why from the erase's row: `erasuresOf`), or is moving to
+ * or has moved to another region (docs/adr/023-regions.md).
  */
 export async function loadTenantRecord(
   db: ControlPlane,
@@ -92,7 +104,7 @@ export async function loadTenantRecord(
   tenantId: string,
 ): Promise<TenantRecord | null> {
   const [row] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
-  if (!row || row.status === "provisioning" || row.status === "erasing") return null;
+  if (!row || !isServable(row.status)) return null;
   return tenantRecordFromRow(
     row,
     await loadUsableKeys(db, tenantId),
@@ -173,7 +185,7 @@ export function tenantRecordFromRow(
   jwt: TenantJwt | null = null,
   adopted: AdoptedPlacement | null = null,
 ): TenantRecord | null {
-  if (row.status === "provisioning" || row.status === "erasing") return null;
+  if (!isServable(row.status)) return null;
   return {
     tenantId: row.id,
     status: row.status,

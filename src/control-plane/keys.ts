@@ -28,6 +28,9 @@ async function lockTenant(tx: Pick<ControlPlane, "select">, tenantId: string): P
     .for("update");
   if (!row) throw new LessorError("tenant_not_found");
   if (row.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+  // A key is issued where the tenant lives: not while it moves, not in the region it left.
+  if (row.status === "moving") throw new LessorError("tenant_moving", { retryAfterSeconds: 5 });
+  if (row.status === "moved") throw new LessorError("tenant_moved");
 }
 
 /** Adds a key, unless the tenant already holds `limit` usable keys. */

@@ -23,9 +23,14 @@ export const tenants = pgTable("tenants", {
   ordinal: bigint("ordinal", { mode: "number" }).generatedAlwaysAsIdentity().notNull().unique(),
   /**
    * provisioning → active ⇄ disabled → erasing. An erasing tenant's row goes at the erase's commit;
-   * its tombstone (`tenant_erasures`) and the audit log are what remain.
+   * its tombstone (`tenant_erasures`) and the audit log are what remain. A move between regions
+   * (docs/adr/023-regions.md) marks the row `moving` in both regions while it runs; at its switch
+   * the new region's row takes the status back and the old region's becomes `moved`: a stub that
+   * says where the tenant went and which database on this region's host is still its own.
    */
-  status: text("status", { enum: ["provisioning", "active", "disabled", "erasing"] }).notNull(),
+  status: text("status", {
+    enum: ["provisioning", "active", "disabled", "erasing", "moving", "moved"],
+  }).notNull(),
   tier: text("tier").notNull(),
   host: text("host").notNull(),
   databaseName: text("database_name").notNull(),
@@ -420,6 +425,50 @@ export const auditLog = pgTable(
   ],
 );
 
+/**
+ * Tenant moves between regions (src/move/, docs/adr/023-regions.md), kept in the region the tenant
+ * moves from. While `state` is `moving` the row is the job's progress: the stage to run next,
+ * written before it starts, with the counts of the stages done. Once `moved` it is the record of
+ * where the tenant went: no key, credential or usage of the tenant stays beside it.
+ */
+export const tenantMoves = pgTable(
+  "tenant_moves",
+  {
+    id: bigint("id", { mode: "number" }).generatedAlwaysAsIdentity().primaryKey(),
+    tenantId: text("tenant_id").notNull(),
+    fromRegion: text("from_region").notNull(),
+    toRegion: text("to_region").notNull(),
+    state: text("state", { enum: ["moving", "moved"] }).notNull(),
+    stage: text("stage", {
+      enum: ["drain", "copy", "switch", "start", "cleanup", "commit"],
+    }).notNull(),
+    /** The tenant's status when the move started: what it has again in its new region. */
+    tenantStatus: text("tenant_status", { enum: ["active", "disabled"] }).notNull(),
+    /** The tenant's host (it stays: the new region's object uses the same database). */
+    host: text("host").notNull(),
+    /** The generation that served last in the old region: the new owner starts above it. */
+    fencedGeneration: integer("fenced_generation").notNull().default(0),
+    /** Who asked (an admin key's fingerprint, never the key). */
+    actor: text("actor").notNull(),
+    /** Counts per finished stage: what each did. No secret, no tenant data. */
+    counts: jsonb("counts").$type<Record<string, Record<string, number>>>().notNull().default({}),
+    attempts: integer("attempts").notNull().default(0),
+    /** Why the last attempt failed (secret-free); null once a stage succeeds after it. */
+    lastError: text("last_error"),
+    /** The cron trigger resumes the job from here on (the object's alarm does so itself). */
+    nextAttemptAt: timestamp("next_attempt_at", { withTimezone: true }).notNull().defaultNow(),
+    startedAt: timestamp("started_at", { withTimezone: true }).notNull().defaultNow(),
+    updatedAt: timestamp("updated_at", { withTimezone: true }).notNull().defaultNow(),
+    movedAt: timestamp("moved_at", { withTimezone: true }),
+  },
+  (t) => [
+    // One running move per tenant id.
+    uniqueIndex("tenant_moves_running").on(t.tenantId).where(sql`${t.state} = 'moving'`),
+    index("tenant_moves_tenant").on(t.tenantId, t.id),
+    index("tenant_moves_due").on(t.nextAttemptAt).where(sql`${t.state} = 'moving'`),
+  ],
+);
+
 export const controlPlaneSchema = {
   tenants,
   tenantKeys,
@@ -435,5 +484,6 @@ export const controlPlaneSchema = {
   campaignTenants,
   appSchemaVersionsSeen,
   tenantErasures,
+  tenantMoves,
   auditLog,
 };

@@ -13,6 +13,11 @@ export interface CronTick {
   cron: string;
   /** The tick's scheduled time, epoch milliseconds: the same on a redelivery of the same tick. */
   scheduledTime: number;
+  /**
+   * The region this run is for (docs/adr/023-regions.md): every job runs once per region, reads and
+   * writes only that region's control plane and hosts, and fails or times out on its own.
+   */
+  region: string;
 }
 
 /** What a job reports when it finishes. */
@@ -40,6 +45,8 @@ export interface CronJob {
 
 export interface JobReport {
   job: string;
+  /** The region the run was for. */
+  region: string;
   status: "ok" | "failed" | "timed_out";
   summary: string;
   durationMs: number;
@@ -56,7 +63,12 @@ export function isDue(job: CronJob, tick: CronTick): boolean {
 /** Runs one job, never throwing: every way it can end becomes a report and a log line. */
 export async function runGuarded(job: CronJob, env: Env, tick: CronTick): Promise<JobReport> {
   const started = Date.now();
-  const base = { job: job.name, cron: tick.cron, scheduledAt: new Date(tick.scheduledTime).toISOString() };
+  const base = {
+    job: job.name,
+    region: tick.region,
+    cron: tick.cron,
+    scheduledAt: new Date(tick.scheduledTime).toISOString(),
+  };
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timeoutMs = job.timeoutMs ?? defaultJobTimeoutMs;
   const timedOut = new Promise<"timed_out">((resolve) => {
@@ -69,7 +81,7 @@ export async function runGuarded(job: CronJob, env: Env, tick: CronTick): Promis
     if (result === "timed_out") {
       const summary = `still running after ${timeoutMs} ms`;
       logEvent("error", "cron_job", { ...base, status: "timed_out", summary, durationMs });
-      return { job: job.name, status: "timed_out", summary, durationMs };
+      return { job: job.name, region: tick.region, status: "timed_out", summary, durationMs };
     }
     logEvent(result.level ?? "info", "cron_job", {
       ...base,
@@ -78,28 +90,34 @@ export async function runGuarded(job: CronJob, env: Env, tick: CronTick): Promis
       durationMs,
       ...result.fields,
     });
-    return { job: job.name, status: "ok", summary: result.summary, durationMs };
+    return { job: job.name, region: tick.region, status: "ok", summary: result.summary, durationMs };
   } catch (error) {
     const durationMs = Date.now() - started;
     const failure = describeFailure(error);
     logEvent("error", "cron_job", { ...base, status: "failed", failure, durationMs });
-    return { job: job.name, status: "failed", summary: failure, durationMs };
+    return { job: job.name, region: tick.region, status: "failed", summary: failure, durationMs };
   } finally {
     clearTimeout(timer);
   }
 }
 
 /**
- * Starts every job due on `tick` at once, hands each run to `waitUntil` (so the Worker stays
- * alive until all of them settle), and resolves with their reports. Never rejects.
+ * Starts every job due on `tick` at once, once per region in `regions`, hands each run to
+ * `waitUntil` (so the Worker stays alive until all of them settle), and resolves with their
+ * reports. Never rejects. A region whose control plane is down fails its own runs only.
  */
 export function runJobs(
   jobs: readonly CronJob[],
   env: Env,
-  tick: CronTick,
+  tick: Omit<CronTick, "region">,
+  regions: readonly string[],
   waitUntil: (promise: Promise<unknown>) => void,
 ): Promise<JobReport[]> {
-  const runs = jobs.filter((job) => isDue(job, tick)).map((job) => runGuarded(job, env, tick));
+  const runs = regions.flatMap((region) =>
+    jobs
+      .filter((job) => isDue(job, { ...tick, region }))
+      .map((job) => runGuarded(job, env, { ...tick, region })),
+  );
   for (const run of runs) waitUntil(run);
   return Promise.all(runs);
 }

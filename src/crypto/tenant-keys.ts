@@ -12,12 +12,24 @@
  *       [2..9]   key id (public: it names the key in the key list and the audit log)
  *       [10..31] secret (176 bits)
  *       [32..47] MAC = HMAC-SHA256(ring key, "lessor-tenant-key|<tenant id>|" ‖ bytes[0..31])[0..15]
+ *
+ * A key of a tenant outside the default region also names its region (docs/adr/023-regions.md), so
+ * the Worker routes it to the region's object and control plane without reading anything. The
+ * region is inside the MAC: a key whose region was changed is a forged key.
+ *
+ *     lsk_ + base64url(48 + n bytes):
+ *       [0]      format (2)
+ *       [1..31]  as above
+ *       [32..47] MAC = HMAC-SHA256(ring key, "lessor-tenant-key|<tenant id>|<region>|" ‖ bytes[0..31])[0..15]
+ *       [48..]   the region's name (n bytes of ASCII, 1 to 16)
  */
 import { fromBase64, fromBase64Url, toBase64Url, toHex } from "./encoding.ts";
 
 export const tenantKeyPrefix = "lsk_";
 const formatVersion = 1;
+const regionalFormatVersion = 2;
 const keyBytes = 48;
+const maxRegionBytes = 16;
 const signedBytes = 32;
 const macBytes = 16;
 
@@ -40,8 +52,15 @@ function importMacKey(secret: string): Promise<CryptoKey> {
   return key;
 }
 
-async function mac(secret: string, tenantId: string, signed: Uint8Array): Promise<Uint8Array> {
-  const label = new TextEncoder().encode(`lessor-tenant-key|${tenantId}|`);
+async function mac(
+  secret: string,
+  tenantId: string,
+  region: string | null,
+  signed: Uint8Array,
+): Promise<Uint8Array> {
+  const label = new TextEncoder().encode(
+    region === null ? `lessor-tenant-key|${tenantId}|` : `lessor-tenant-key|${tenantId}|${region}|`,
+  );
   const message = new Uint8Array(label.byteLength + signed.byteLength);
   message.set(label);
   message.set(signed, label.byteLength);
@@ -64,15 +83,27 @@ export interface MintedKey {
   key: string;
 }
 
-/** Mints a new key for `tenantId` under the ring's current MAC key. */
-export async function mintTenantKey(ring: KeyMacRing, tenantId: string): Promise<MintedKey> {
+/**
+ * Mints a new key for `tenantId` under the ring's current MAC key: naming `region`, or (null) a key
+ * of the default region, in the format keys had before regions existed.
+ */
+export async function mintTenantKey(
+  ring: KeyMacRing,
+  tenantId: string,
+  region: string | null = null,
+): Promise<MintedKey> {
   const secret = ring.keys.get(ring.current);
   if (secret === undefined) throw new Error("the current MAC key is not in the ring");
-  const bytes = new Uint8Array(keyBytes);
-  bytes[0] = formatVersion;
+  const regionBytes = new TextEncoder().encode(region ?? "");
+  if (region !== null && (regionBytes.byteLength < 1 || regionBytes.byteLength > maxRegionBytes)) {
+    throw new Error("a region name is 1 to 16 bytes");
+  }
+  const bytes = new Uint8Array(keyBytes + regionBytes.byteLength);
+  bytes[0] = region === null ? formatVersion : regionalFormatVersion;
   bytes[1] = ring.current;
   bytes.set(crypto.getRandomValues(new Uint8Array(signedBytes - 2)), 2);
-  bytes.set(await mac(secret, tenantId, bytes.subarray(0, signedBytes)), signedBytes);
+  bytes.set(await mac(secret, tenantId, region, bytes.subarray(0, signedBytes)), signedBytes);
+  bytes.set(regionBytes, keyBytes);
   return { keyId: keyIdOf(bytes), key: tenantKeyPrefix + toBase64Url(bytes) };
 }
 
@@ -80,16 +111,20 @@ function keyIdOf(bytes: Uint8Array): string {
   return `k_${toHex(bytes.subarray(2, 10))}`;
 }
 
+/** A region name as it rides in a key: a lowercase slug (src/config, `regionNamePattern`). */
+const regionInKey = /^[a-z][a-z0-9-]{0,15}$/;
+
 /**
- * The key's id if `key` is a key Lessor minted for `tenantId` under a MAC key still in the ring,
- * else null. Everything that is not such a key (another format, a forged MAC, another tenant's key)
- * takes the same path and the same time.
+ * The key's id and region (null: the default region) if `key` is a key Lessor minted for
+ * `tenantId` under a MAC key still in the ring, else null. Everything that is not such a key
+ * (another format, a forged MAC, another tenant's key, a region changed) takes the same path and
+ * the same time. Whether the region exists is the caller's to check.
  */
 export async function verifyTenantKey(
   ring: KeyMacRing,
   tenantId: string,
   key: string,
-): Promise<{ keyId: string } | null> {
+): Promise<{ keyId: string; region: string | null } | null> {
   let bytes: Uint8Array;
   try {
     bytes = key.startsWith(tenantKeyPrefix)
@@ -98,13 +133,23 @@ export async function verifyTenantKey(
   } catch {
     bytes = new Uint8Array();
   }
+  let region: string | null = null;
+  let wellFormed = bytes.byteLength === keyBytes && bytes[0] === formatVersion;
+  if (bytes[0] === regionalFormatVersion && bytes.byteLength > keyBytes) {
+    const name = new TextDecoder().decode(bytes.subarray(keyBytes));
+    if (bytes.byteLength <= keyBytes + maxRegionBytes && regionInKey.test(name)) {
+      region = name;
+      wellFormed = true;
+    }
+  }
   // A malformed key is still checked against a MAC (of zeros), so it costs what a wrong one costs.
-  const wellFormed = bytes.byteLength === keyBytes && bytes[0] === formatVersion;
-  const material = wellFormed ? bytes : new Uint8Array(keyBytes);
+  const material = wellFormed ? bytes.subarray(0, keyBytes) : new Uint8Array(keyBytes);
   const secret = ring.keys.get(material[1] ?? -1) ?? ring.keys.get(ring.current) ?? "";
-  const expected = await mac(secret, tenantId, material.subarray(0, signedBytes));
+  const expected = await mac(secret, tenantId, region, material.subarray(0, signedBytes));
   const matches = equalBytes(expected, material.subarray(signedBytes));
-  return wellFormed && matches && ring.keys.has(material[1] ?? -1) ? { keyId: keyIdOf(material) } : null;
+  return wellFormed && matches && ring.keys.has(material[1] ?? -1)
+    ? { keyId: keyIdOf(material), region }
+    : null;
 }
 
 /**

@@ -31,7 +31,7 @@ const activeCampaignStates = ["pending", "canary", "rollout"] as const;
 export type OpenEraseOutcome =
   | { kind: "started"; job: EraseJob }
   | { kind: "running"; job: EraseJob }
-  | { kind: "refused"; code: "tenant_in_campaign" }
+  | { kind: "refused"; code: "tenant_in_campaign" | "tenant_moving" | "tenant_moved" }
   | { kind: "not_found" };
 
 /**
@@ -48,6 +48,9 @@ export function openErase(
   return db.transaction(async (tx): Promise<OpenEraseOutcome> => {
     const [row] = await tx.select().from(tenants).where(eq(tenants.id, input.tenantId)).for("update");
     if (!row || row.status === "provisioning") return { kind: "not_found" };
+    // A tenant moving away is the move's; one that moved is another region's to erase.
+    if (row.status === "moving") return { kind: "refused", code: "tenant_moving" };
+    if (row.status === "moved") return { kind: "refused", code: "tenant_moved" };
     if (row.status === "erasing") {
       const [job] = await tx
         .select()

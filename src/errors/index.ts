@@ -117,6 +117,22 @@ export const errorCatalog = {
   },
   erase_not_found: { status: 404, message: "This tenant has no erase." },
   unknown_host: { status: 400, message: "No database host with that name is configured." },
+  region_unknown: { status: 400, message: "No region with that name is configured." },
+  tenant_moving: {
+    status: 503,
+    message: "The tenant is moving to another region; it is served again once the move switches over.",
+    retryable: true,
+  },
+  tenant_moved: {
+    status: 409,
+    message: "The tenant moved to another region (details.region); ask that region (?region=).",
+  },
+  move_same_region: { status: 409, message: "The tenant is already in that region." },
+  move_not_found: { status: 404, message: "This tenant has no move in this region." },
+  host_not_in_region: {
+    status: 400,
+    message: "That database host is in another region; a tenant's host is in the tenant's region.",
+  },
   unknown_tier: { status: 400, message: "No tier with that name is configured." },
   stale_generation: {
     status: 409,

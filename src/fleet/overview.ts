@@ -15,7 +15,7 @@ import { describeFailure } from "../errors/index.ts";
 import { foldOptionsFromVars } from "../folds/options.ts";
 import { type MaintenanceStatus, readMaintenanceStatus } from "../folds/status.ts";
 import { logEvent } from "../log/index.ts";
-import { budgetObject } from "../placement/index.ts";
+import { budgetObject, tenantObject } from "../placement/index.ts";
 import type { CapacityStatus } from "../rpc/budget.ts";
 import { type FleetUsage, readFleetUsage } from "../usage/readers.ts";
 import {
@@ -32,14 +32,15 @@ import {
 /** A host's BudgetObject status, or why it could not be read. */
 export type HostReading = { host: string; ok: true; status: CapacityStatus } | { host: string; ok: false };
 
-/** Reads every configured host's BudgetObject, each on its own (one failing host hides no other). */
+/** Reads the BudgetObject of every host of `region`, each on its own (one failing host hides no other). */
 export async function readHosts(
   env: Env,
   config: LessorConfig,
+  region: string,
   candidateLimit: number,
 ): Promise<HostReading[]> {
   return Promise.all(
-    [...config.hosts.keys()].map(async (host): Promise<HostReading> => {
+    (config.regions.get(region)?.hosts ?? []).map(async (host): Promise<HostReading> => {
       try {
         return { host, ok: true, status: await budgetObject(env, host).status(host, candidateLimit) };
       } catch (error) {
@@ -72,6 +73,10 @@ export interface CampaignProgress {
 /** `GET /v1/fleet/overview`. */
 export interface FleetOverview {
   asOf: string;
+  /** The region this overview is of (docs/adr/023-regions.md); each region is read on its own. */
+  region: string;
+  /** Every region of the deployment, for a picker. */
+  regions: string[];
   hosts: CapacityStatus[];
   /** Hosts whose BudgetObject did not answer. */
   hostsUnavailable: string[];
@@ -122,20 +127,25 @@ async function readControlPlane(env: Env, db: ControlPlane): Promise<ControlPlan
   return { failing, events, campaigns, folds };
 }
 
-/** Gathers the overview. Never throws for an unreachable source: it reports it instead. */
-export async function readOverview(env: Env, config: LessorConfig): Promise<FleetOverview> {
-  const readings = await readHosts(env, config, overviewLimits.candidates);
+/**
+ * Gathers the overview of one region. Never throws for an unreachable source: it reports it
+ * instead (another region's control plane is never read).
+ */
+export async function readOverview(env: Env, config: LessorConfig, region: string): Promise<FleetOverview> {
+  const readings = await readHosts(env, config, region, overviewLimits.candidates);
   const hosts = readings.flatMap((r) => (r.ok ? [r.status] : []));
   let cp: ControlPlaneReadings | null = null;
   try {
-    cp = await withControlPlane(config, env, (db) => readControlPlane(env, db), "lessor-operator");
+    cp = await withControlPlane(config, env, region, (db) => readControlPlane(env, db), "lessor-operator");
   } catch (error) {
-    logEvent("warn", "overview_control_plane_failed", { failure: describeFailure(error) });
+    logEvent("warn", "overview_control_plane_failed", { region, failure: describeFailure(error) });
   }
-  const failingTenants = cp ? await withRuntime(env, cp.failing.tenants) : [];
+  const failingTenants = cp ? await withRuntime(env, region, cp.failing.tenants) : [];
   const sum = (pick: (s: CapacityStatus) => number) => hosts.reduce((n, s) => n + pick(s), 0);
   return {
     asOf: new Date().toISOString(),
+    region,
+    regions: [...config.regions.keys()],
     hosts,
     hostsUnavailable: readings.filter((r) => !r.ok).map((r) => r.host),
     pools: {
@@ -181,11 +191,15 @@ export async function readOverview(env: Env, config: LessorConfig): Promise<Flee
  * Adds each listed failing tenant's retry time from its object (at most `overviewLimits.failing`
  * calls). A tenant whose object has recovered since is dropped: its recovery event is on its way.
  */
-async function withRuntime(env: Env, events: readonly FailingTenantEvent[]): Promise<FailingTenant[]> {
+async function withRuntime(
+  env: Env,
+  region: string,
+  events: readonly FailingTenantEvent[],
+): Promise<FailingTenant[]> {
   const tenants = await Promise.all(
     events.map(async (event): Promise<FailingTenant | null> => {
       try {
-        const runtime = await env.TENANTS.getByName(event.tenantId).status();
+        const runtime = await tenantObject(env, region, event.tenantId).status();
         if (runtime.state !== "failed") return null;
         return { ...event, state: runtime.state, retryAt: runtime.retryAt };
       } catch {
@@ -198,6 +212,8 @@ async function withRuntime(env: Env, events: readonly FailingTenantEvent[]): Pro
 
 /** Everything `/metrics` derives its series from: counts and totals only, never a tenant id. */
 export interface MetricsReadings {
+  /** The region these readings are of: every series carries it as its `region` label. */
+  region: string;
   hosts: HostReading[];
   controlPlaneUp: boolean;
   usage: FleetUsage | null;
@@ -207,14 +223,24 @@ export interface MetricsReadings {
   folds: MaintenanceStatus | null;
 }
 
-/** Gathers what `/metrics` needs; like the overview it reports a missing source instead of failing. */
-export async function readMetricsReadings(env: Env, config: LessorConfig): Promise<MetricsReadings> {
-  const hosts = await readHosts(env, config, 0);
+/**
+ * Gathers what `/metrics` needs, region by region (each on its own: a region whose control plane is
+ * down reports `controlPlaneUp: false` and hides no other); like the overview it reports a missing
+ * source instead of failing.
+ */
+export function readMetricsReadings(env: Env, config: LessorConfig): Promise<MetricsReadings[]> {
+  return Promise.all([...config.regions.keys()].map((region) => readRegionReadings(env, config, region)));
+}
+
+async function readRegionReadings(env: Env, config: LessorConfig, region: string): Promise<MetricsReadings> {
+  const hosts = await readHosts(env, config, region, 0);
   try {
     return await withControlPlane(
       config,
       env,
+      region,
       async (db) => ({
+        region,
         hosts,
         controlPlaneUp: true,
         usage: await readFleetUsage(db),
@@ -226,8 +252,9 @@ export async function readMetricsReadings(env: Env, config: LessorConfig): Promi
       "lessor-metrics",
     );
   } catch (error) {
-    logEvent("warn", "metrics_control_plane_failed", { failure: describeFailure(error) });
+    logEvent("warn", "metrics_control_plane_failed", { region, failure: describeFailure(error) });
     return {
+      region,
       hosts,
       controlPlaneUp: false,
       usage: null,

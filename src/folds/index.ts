@@ -11,12 +11,19 @@ import type { FoldOptions } from "./options.ts";
 export type { FoldRun } from "./fold.ts";
 export { describeFoldOutcome, type FoldOutcome } from "./outcome.ts";
 
-/** One fold run on its own connection (`lessor-fold`). */
+/** One fold run of `region`'s control plane, on its own connection (`lessor-fold`). */
 export function foldOnce(
   config: LessorConfig,
   env: Env,
+  region: string,
   options: FoldOptions,
   scheduledAt: number | null,
 ): Promise<FoldRun> {
-  return withControlPlane(config, env, (db) => runFold(db.$client, options, { scheduledAt }), "lessor-fold");
+  return withControlPlane(
+    config,
+    env,
+    region,
+    (db) => runFold(db.$client, options, { scheduledAt }),
+    "lessor-fold",
+  );
 }

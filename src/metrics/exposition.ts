@@ -5,7 +5,7 @@
  *
  * Names follow prometheus-community/pgbouncer_exporter with a `lessor_` prefix: `_config_` for
  * settings, `_connections` for connection counts, base units, `_total` counters. Label values come
- * only from closed sets: configured hosts, configured tiers (anything else is `other`), catalog
+ * only from closed sets: configured regions and hosts, configured tiers (anything else is `other`), catalog
  * statuses, pool states, campaign states and fold outcomes. No label ever carries a tenant id, so
  * the number of series depends on the configuration, never on the number of tenants.
  */
@@ -32,9 +32,13 @@ const foldOutcomeKinds = [
   "failed",
 ] as const satisfies readonly FoldOutcomeKind[];
 
-/** Renders the readings; returns the body and its content type. */
+/**
+ * Renders the readings, one entry per region; returns the body and its content type. Every series
+ * derived from a region's hosts or control plane carries a `region` label (a configured region,
+ * never a tenant: docs/adr/023-regions.md), so one region's series never mix with another's.
+ */
 export async function renderMetrics(
-  readings: MetricsReadings,
+  regionReadings: readonly MetricsReadings[],
   config: LessorConfig,
   format: MetricsFormat,
 ): Promise<{ body: string; contentType: string }> {
@@ -49,30 +53,31 @@ export async function renderMetrics(
     new Gauge({ name, help, labelNames, registers });
   const counter = (name: string, help: string, labelNames: readonly string[] = []) =>
     new Counter({ name, help, labelNames, registers });
-  const hosts = [...config.hosts.values()];
   const tiers = [...config.poolSizes.keys()];
   const tierLabel = (tier: string) => (config.poolSizes.has(tier) ? tier : "other");
+  const any = (pick: (r: MetricsReadings) => boolean) => regionReadings.some(pick);
 
   gauge("lessor_up", "Whether this Worker answered the scrape (always 1 when there is an answer).").set(1);
-  gauge(
+  const controlPlaneUp = gauge(
     "lessor_control_plane_up",
-    "Whether the control-plane database answered this scrape; series derived from it are absent when 0.",
-  ).set(readings.controlPlaneUp ? 1 : 0);
+    "Whether the region's control-plane database answered this scrape; series derived from it are absent when 0.",
+    ["region"],
+  );
 
   // ── Configuration ──────────────────────────────────────────────────────────────────────────────
   const maxConnections = gauge(
     "lessor_config_max_connections",
     "Connection budget of the host: the most connections Lessor opens on it (LESSOR_BUDGETS).",
-    ["host"],
+    ["region", "host"],
   );
   const reserveConnections = gauge(
     "lessor_config_reserve_connections",
     "Part of the host's budget kept for maintenance connections; pools never use it.",
-    ["host"],
+    ["region", "host"],
   );
-  for (const host of hosts) {
-    maxConnections.set({ host: host.name }, host.budget.connections);
-    reserveConnections.set({ host: host.name }, host.budget.reserve);
+  for (const host of config.hosts.values()) {
+    maxConnections.set({ region: host.region, host: host.name }, host.budget.connections);
+    reserveConnections.set({ region: host.region, host: host.name }, host.budget.reserve);
   }
   const poolSize = gauge(
     "lessor_config_pool_size",
@@ -89,185 +94,240 @@ export async function renderMetrics(
   const adaptiveEnabled = gauge(
     "lessor_config_adaptive",
     "Whether the host runs adaptive admission (pools sized by observed use between a floor and the tier's maximum).",
-    ["host"],
+    ["region", "host"],
   );
-  for (const host of hosts) adaptiveEnabled.set({ host: host.name }, host.adaptive ? 1 : 0);
+  for (const host of config.hosts.values()) {
+    adaptiveEnabled.set({ region: host.region, host: host.name }, host.adaptive ? 1 : 0);
+  }
 
   // ── Budgets (each host's BudgetObject) ─────────────────────────────────────────────────────────
   const budgetUp = gauge("lessor_budget_up", "Whether the host's BudgetObject answered this scrape.", [
+    "region",
     "host",
   ]);
   const connections = gauge(
     "lessor_budget_connections",
     "Connections held against the host's budget, by phase: reserved (pools starting), allocated (ready), draining.",
-    ["host", "phase"],
+    ["region", "host", "phase"],
   );
   const pools = gauge(
     "lessor_pools",
     "Pools by state. starting/ready/draining from the host's budget ledger; failed: tenants whose latest lifecycle event in the last 24 h moved them to failed.",
-    ["host", "state"],
+    ["region", "host", "state"],
   );
   const waiting = gauge(
     "lessor_admission_waiting_starts",
     "Pool starts waiting for budget on the host (bounded FIFO; each waits at most LESSOR_ADMISSION_WAIT_MS).",
-    ["host"],
+    ["region", "host"],
   );
   const leases = gauge(
     "lessor_leases_in_use",
     "Leases held on the host's pools, as each pool last reported (at most one 30 s heartbeat old).",
-    ["host"],
+    ["region", "host"],
   );
   const admissions = counter(
     "lessor_admissions_total",
     "Pool starts the host's budget granted, or refused for want of capacity (capacity_saturated).",
-    ["host", "outcome"],
+    ["region", "host", "outcome"],
   );
   const evictions = counter(
     "lessor_evictions_total",
     "Idle pools the host's budget drained to admit another start.",
-    ["host"],
+    ["region", "host"],
   );
   const pooled = gauge(
     "lessor_pooled_connections",
     "Connections of allocated pools by use: in_use (leases, as each pool last reported) and idle (the rest of their allowances).",
-    ["host", "use"],
+    ["region", "host", "use"],
   );
   const resized = gauge(
     "lessor_pool_resized_connections",
     "Connections pools hold now past (grown) or below (shrunk) the size they started at (adaptive admission).",
-    ["host", "direction"],
+    ["region", "host", "direction"],
   );
   const growths = counter(
     "lessor_pool_growths_total",
     "Growths of adaptive pools: connections the host's budget admitted (granted), and growths it refused (refused).",
-    ["host", "outcome"],
+    ["region", "host", "outcome"],
   );
   const shrinks = counter(
     "lessor_pool_shrunk_connections_total",
     "Connections adaptive pools gave back: idle for a whole window (idle), or taken back for a waiting start or growth (reclaimed).",
-    ["host", "reason"],
+    ["region", "host", "reason"],
   );
   const repairs = counter(
     "lessor_repairs_total",
     "Accounting repairs on the host, each also logged: allocation_released (the reconcile released an allocation no pool holds), lease_count_corrected (a ledger lease count differed from its pool's), lease_reclaimed (a pool reclaimed a lease held past its bound), close_forced (a generation's close was cut past its bound), orphan_terminated, maintenance_expired. Any non-zero rate is a defect caught.",
-    ["host", "repair"],
+    ["region", "host", "repair"],
   );
-  for (const reading of readings.hosts) {
-    const host = reading.host;
-    budgetUp.set({ host }, reading.ok ? 1 : 0);
-    if (!reading.ok) continue;
-    const s = reading.status;
-    connections.set({ host, phase: "allocated" }, s.allocated);
-    connections.set({ host, phase: "reserved" }, s.reserved);
-    connections.set({ host, phase: "draining" }, s.draining);
-    pools.set({ host, state: "starting" }, s.pools.reserved);
-    pools.set({ host, state: "ready" }, s.pools.allocated);
-    pools.set({ host, state: "draining" }, s.pools.draining);
-    waiting.set({ host }, s.waiters);
-    leases.set({ host }, s.leases);
-    admissions.inc({ host, outcome: "granted" }, s.admissions);
-    admissions.inc({ host, outcome: "refused" }, s.saturations);
-    evictions.inc({ host }, s.evictions);
-    // Absent from a BudgetObject older than adaptive admission (mid-deploy): no series then.
-    if (s.pooled && s.adaptive) {
-      pooled.set({ host, use: "in_use" }, s.pooled.inUse);
-      pooled.set({ host, use: "idle" }, s.pooled.idle);
-      resized.set({ host, direction: "grown" }, s.pooled.grown);
-      resized.set({ host, direction: "shrunk" }, s.pooled.shrunk);
-      growths.inc({ host, outcome: "granted" }, s.adaptive.growths);
-      growths.inc({ host, outcome: "refused" }, s.adaptive.growthsRefused);
-      shrinks.inc({ host, reason: "idle" }, s.adaptive.shrinks);
-      shrinks.inc({ host, reason: "reclaimed" }, s.adaptive.reclaimShrinks);
-    }
-    const r = s.reconciled;
-    repairs.inc({ host, repair: "allocation_released" }, r.allocationsReleased);
-    repairs.inc({ host, repair: "orphan_terminated" }, r.orphansTerminated);
-    repairs.inc({ host, repair: "maintenance_expired" }, r.maintenanceExpired);
-    for (const kind of repairKinds) repairs.inc({ host, repair: kind }, r[kind]);
-  }
-  if (readings.failingByHost) {
-    for (const host of hosts)
-      pools.set({ host: host.name, state: "failed" }, readings.failingByHost.get(host.name) ?? 0);
-  }
+  const tenants = any((r) => r.controlPlaneUp)
+    ? gauge("lessor_tenants", "Tenants in the catalog, by host, tier and status.", [
+        "region",
+        "host",
+        "tier",
+        "status",
+      ])
+    : null;
+  const usageCounters = any((r) => r.usage !== null)
+    ? {
+        queries: counter(
+          "lessor_stats_queries_total",
+          "Statements run on the region's tenant databases (exact).",
+          ["region"],
+        ),
+        errors: counter("lessor_stats_errors_total", "Statements that failed, in the region (exact).", [
+          "region",
+        ]),
+        rows: counter("lessor_stats_rows_returned_total", "Rows returned to the region's tenants (exact).", [
+          "region",
+        ]),
+        leaseSeconds: counter(
+          "lessor_stats_lease_seconds_total",
+          "Time the region's connections were leased, in seconds.",
+          ["region"],
+        ),
+        poolStarts: counter("lessor_pool_starts_total", "Pools started in the region (exact).", ["region"]),
+      }
+    : null;
+  const campaignGauges = any((r) => r.campaigns !== null)
+    ? {
+        campaigns: gauge("lessor_campaigns", "Migration campaigns of the region by state.", [
+          "region",
+          "state",
+        ]),
+        tenants: gauge(
+          "lessor_campaign_tenants",
+          "Tenants of unfinished campaigns (pending, canary, rollout, paused) by their state in the campaign.",
+          ["region", "state"],
+        ),
+      }
+    : null;
+  const foldGauges = any((r) => r.folds !== null)
+    ? {
+        backlog: gauge("lessor_fold_backlog_deltas", "Usage deltas waiting for the region's fold.", [
+          "region",
+        ]),
+        oldest: gauge(
+          "lessor_fold_backlog_oldest_age_seconds",
+          "Age of the oldest usage delta waiting (0 when none).",
+          ["region"],
+        ),
+        pinned: gauge(
+          "lessor_fold_horizon_pinned",
+          "Whether a backend genuinely pins the region's control-plane MVCC horizon now (folds stand down).",
+          ["region"],
+        ),
+        runs: gauge(
+          "lessor_fold_runs",
+          "Fold runs by outcome over the retained outcomes (LESSOR_FOLD_OUTCOMES_RETENTION_DAYS, 7 days): a window, not a counter.",
+          ["region", "outcome"],
+        ),
+        lastOutcome: gauge("lessor_fold_last_outcome", "1 for the outcome of the latest fold run.", [
+          "region",
+          "outcome",
+        ]),
+        lastRun: gauge(
+          "lessor_fold_last_run_timestamp_seconds",
+          "When the latest fold run started (0: never).",
+          ["region"],
+        ),
+        lastFolded: gauge(
+          "lessor_fold_last_folded_timestamp_seconds",
+          "When a fold last drained deltas (0: never).",
+          ["region"],
+        ),
+      }
+    : null;
 
-  // ── Control plane: catalog, usage, campaigns, folds ────────────────────────────────────────────
-  if (readings.controlPlaneUp) {
-    const tenants = gauge("lessor_tenants", "Tenants in the catalog, by host, tier and status.", [
-      "host",
-      "tier",
-      "status",
-    ]);
-    // Every combination is written, so a series never appears or vanishes with a tenant.
-    for (const host of hosts)
-      for (const tier of [...tiers, "other"])
-        for (const status of catalogStatuses) tenants.set({ host: host.name, tier, status }, 0);
-    for (const row of readings.tenants) {
-      if (!config.hosts.has(row.host)) continue;
-      const status = catalogStatuses.find((s) => s === row.status);
-      if (!status) continue;
-      tenants.inc({ host: row.host, tier: tierLabel(row.tier), status }, row.count);
+  for (const readings of regionReadings) {
+    const region = readings.region;
+    const hosts = [...config.hosts.values()].filter((host) => host.region === region);
+    controlPlaneUp.set({ region }, readings.controlPlaneUp ? 1 : 0);
+    for (const reading of readings.hosts) {
+      const host = reading.host;
+      budgetUp.set({ region, host }, reading.ok ? 1 : 0);
+      if (!reading.ok) continue;
+      const s = reading.status;
+      connections.set({ region, host, phase: "allocated" }, s.allocated);
+      connections.set({ region, host, phase: "reserved" }, s.reserved);
+      connections.set({ region, host, phase: "draining" }, s.draining);
+      pools.set({ region, host, state: "starting" }, s.pools.reserved);
+      pools.set({ region, host, state: "ready" }, s.pools.allocated);
+      pools.set({ region, host, state: "draining" }, s.pools.draining);
+      waiting.set({ region, host }, s.waiters);
+      leases.set({ region, host }, s.leases);
+      admissions.inc({ region, host, outcome: "granted" }, s.admissions);
+      admissions.inc({ region, host, outcome: "refused" }, s.saturations);
+      evictions.inc({ region, host }, s.evictions);
+      // Absent from a BudgetObject older than adaptive admission (mid-deploy): no series then.
+      if (s.pooled && s.adaptive) {
+        pooled.set({ region, host, use: "in_use" }, s.pooled.inUse);
+        pooled.set({ region, host, use: "idle" }, s.pooled.idle);
+        resized.set({ region, host, direction: "grown" }, s.pooled.grown);
+        resized.set({ region, host, direction: "shrunk" }, s.pooled.shrunk);
+        growths.inc({ region, host, outcome: "granted" }, s.adaptive.growths);
+        growths.inc({ region, host, outcome: "refused" }, s.adaptive.growthsRefused);
+        shrinks.inc({ region, host, reason: "idle" }, s.adaptive.shrinks);
+        shrinks.inc({ region, host, reason: "reclaimed" }, s.adaptive.reclaimShrinks);
+      }
+      const r = s.reconciled;
+      repairs.inc({ region, host, repair: "allocation_released" }, r.allocationsReleased);
+      repairs.inc({ region, host, repair: "orphan_terminated" }, r.orphansTerminated);
+      repairs.inc({ region, host, repair: "maintenance_expired" }, r.maintenanceExpired);
+      for (const kind of repairKinds) repairs.inc({ region, host, repair: kind }, r[kind]);
     }
-  }
-  if (readings.usage) {
-    const u = readings.usage.usage;
-    counter("lessor_stats_queries_total", "Statements run on tenant databases, fleet-wide (exact).").inc(
-      u.queries,
-    );
-    counter("lessor_stats_errors_total", "Statements that failed, fleet-wide (exact).").inc(u.errors);
-    counter("lessor_stats_rows_returned_total", "Rows returned to tenants, fleet-wide (exact).").inc(
-      u.rowsReturned,
-    );
-    counter("lessor_stats_lease_seconds_total", "Time connections were leased, fleet-wide, in seconds.").inc(
-      u.leaseMs / 1000,
-    );
-    counter("lessor_pool_starts_total", "Pools started, fleet-wide (exact).").inc(u.poolStarts);
-  }
-  if (readings.campaigns) {
-    const campaigns = gauge("lessor_campaigns", "Migration campaigns by state.", ["state"]);
-    for (const state of campaignStates) campaigns.set({ state }, readings.campaigns.campaigns[state]);
-    const campaignTenants = gauge(
-      "lessor_campaign_tenants",
-      "Tenants of unfinished campaigns (pending, canary, rollout, paused) by their state in the campaign.",
-      ["state"],
-    );
-    for (const state of tenantStates) campaignTenants.set({ state }, readings.campaigns.tenants[state]);
-  }
-  if (readings.folds) {
-    const f = readings.folds;
-    gauge("lessor_fold_backlog_deltas", "Usage deltas waiting for the fold.").set(f.backlog.deltas);
-    gauge(
-      "lessor_fold_backlog_oldest_age_seconds",
-      "Age of the oldest usage delta waiting (0 when none).",
-    ).set(f.backlog.oldestAgeSeconds ?? 0);
-    gauge(
-      "lessor_fold_horizon_pinned",
-      "Whether a backend genuinely pins the control plane's MVCC horizon now (folds stand down).",
-    ).set(f.horizon.pinned ? 1 : 0);
-    const runs = gauge(
-      "lessor_fold_runs",
-      "Fold runs by outcome over the retained outcomes (LESSOR_FOLD_OUTCOMES_RETENTION_DAYS, 7 days): a window, not a counter.",
-      ["outcome"],
-    );
-    const c = f.counters;
-    const byOutcome = {
-      folded: c.foldedRuns,
-      skipped_pinned: c.skippedPinned,
-      skipped_lock_busy: c.skippedLockBusy,
-      failed: c.failed,
-    } as const;
-    for (const outcome of foldOutcomeKinds) runs.set({ outcome }, byOutcome[outcome]);
-    const lastOutcome = gauge("lessor_fold_last_outcome", "1 for the outcome of the latest fold run.", [
-      "outcome",
-    ]);
-    for (const outcome of foldOutcomeKinds)
-      lastOutcome.set({ outcome }, f.outcomes[0]?.outcome === outcome ? 1 : 0);
-    const seconds = (iso: string | null) => (iso === null ? 0 : Date.parse(iso) / 1000);
-    gauge("lessor_fold_last_run_timestamp_seconds", "When the latest fold run started (0: never).").set(
-      seconds(c.lastRunAt),
-    );
-    gauge("lessor_fold_last_folded_timestamp_seconds", "When a fold last drained deltas (0: never).").set(
-      seconds(c.lastFoldedAt),
-    );
+    if (readings.failingByHost) {
+      for (const host of hosts)
+        pools.set({ region, host: host.name, state: "failed" }, readings.failingByHost.get(host.name) ?? 0);
+    }
+
+    // ── Control plane: catalog, usage, campaigns, folds ──────────────────────────────────────────
+    if (readings.controlPlaneUp && tenants) {
+      // Every combination is written, so a series never appears or vanishes with a tenant.
+      for (const host of hosts)
+        for (const tier of [...tiers, "other"])
+          for (const status of catalogStatuses) tenants.set({ region, host: host.name, tier, status }, 0);
+      for (const row of readings.tenants) {
+        if (config.hosts.get(row.host)?.region !== region) continue;
+        const status = catalogStatuses.find((s) => s === row.status);
+        if (!status) continue;
+        tenants.inc({ region, host: row.host, tier: tierLabel(row.tier), status }, row.count);
+      }
+    }
+    if (readings.usage && usageCounters) {
+      const u = readings.usage.usage;
+      usageCounters.queries.inc({ region }, u.queries);
+      usageCounters.errors.inc({ region }, u.errors);
+      usageCounters.rows.inc({ region }, u.rowsReturned);
+      usageCounters.leaseSeconds.inc({ region }, u.leaseMs / 1000);
+      usageCounters.poolStarts.inc({ region }, u.poolStarts);
+    }
+    if (readings.campaigns && campaignGauges) {
+      for (const state of campaignStates)
+        campaignGauges.campaigns.set({ region, state }, readings.campaigns.campaigns[state]);
+      for (const state of tenantStates)
+        campaignGauges.tenants.set({ region, state }, readings.campaigns.tenants[state]);
+    }
+    if (readings.folds && foldGauges) {
+      const f = readings.folds;
+      foldGauges.backlog.set({ region }, f.backlog.deltas);
+      foldGauges.oldest.set({ region }, f.backlog.oldestAgeSeconds ?? 0);
+      foldGauges.pinned.set({ region }, f.horizon.pinned ? 1 : 0);
+      const c = f.counters;
+      const byOutcome = {
+        folded: c.foldedRuns,
+        skipped_pinned: c.skippedPinned,
+        skipped_lock_busy: c.skippedLockBusy,
+        failed: c.failed,
+      } as const;
+      for (const outcome of foldOutcomeKinds) {
+        foldGauges.runs.set({ region, outcome }, byOutcome[outcome]);
+        foldGauges.lastOutcome.set({ region, outcome }, f.outcomes[0]?.outcome === outcome ? 1 : 0);
+      }
+      const seconds = (iso: string | null) => (iso === null ? 0 : Date.parse(iso) / 1000);
+      foldGauges.lastRun.set({ region }, seconds(c.lastRunAt));
+      foldGauges.lastFolded.set({ region }, seconds(c.lastFoldedAt));
+    }
   }
   return { body: await registry.metrics(), contentType: registry.contentType };
 }

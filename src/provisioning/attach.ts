@@ -108,7 +108,7 @@ export async function attachTenant(
   const sealed = await seal(env.LESSOR_SEAL_KEY, input.id, url.password);
   const minted = await mintTenantKey(config.keyMacRing, input.id);
   const keyHash = await hashKey(minted.key);
-  const row = await withControlPlane(config, env, (db) =>
+  const row = await withControlPlane(config, env, config.defaultRegion, (db) =>
     db.transaction(async (tx) => {
       const [existing] = await tx
         .select({ status: tenants.status })

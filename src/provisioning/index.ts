@@ -7,7 +7,7 @@
  */
 import { eq, sql } from "drizzle-orm";
 import { writeAudit } from "../audit/index.ts";
-import type { DatabaseHost, LessorConfig } from "../config/index.ts";
+import { type DatabaseHost, keyRegionOf, type LessorConfig, regionOfHost } from "../config/index.ts";
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
@@ -98,8 +98,10 @@ export async function provisionTenant(
       publicMessage: `No database host "${input.host}"; the configured hosts are ${[...config.hosts.keys()].join(", ")}.`,
     });
   }
+  // The tenant's region is its host's: its catalog goes to that region's control plane only.
+  const region = regionOfHost(config, input.host);
   // A resumed create keeps the host it started on; a new one goes where it was asked.
-  const [existing] = await withControlPlane(config, env, (db) =>
+  const [existing] = await withControlPlane(config, env, region, (db) =>
     db.select({ host: tenants.host }).from(tenants).where(eq(tenants.id, input.id)).limit(1),
   );
   // The maintenance slot comes first, so a create waiting for one holds no control-plane session.
@@ -110,7 +112,7 @@ export async function provisionTenant(
     existing?.host ?? input.host,
     { purpose: "provision", tenantId: input.id, deadlineMs: 3 * adminDeadlineMs },
     (knownReport) =>
-      withControlPlane(config, env, async (db) => {
+      withControlPlane(config, env, region, async (db) => {
         // The lock is on the control-plane session, which withControlPlane keeps for this call and
         // resets (pg_advisory_unlock_all) before its connection serves anyone else.
         const { rows } = await db.execute<{ locked: boolean }>(
@@ -118,7 +120,7 @@ export async function provisionTenant(
         );
         if (!rows[0]?.locked) throw new LessorError("provisioning_in_progress", { retryAfterSeconds: 2 });
         try {
-          return await provisionLocked(db, env, config, input, actor, knownReport);
+          return await provisionLocked(db, env, config, { ...input, region }, actor, knownReport);
         } finally {
           await db.execute(
             sql`SELECT pg_advisory_unlock(hashtext('lessor:provision'), hashtext(${input.id}))`,
@@ -140,13 +142,14 @@ async function provisionLocked(
   db: ControlPlane,
   env: Env,
   config: LessorConfig,
-  input: ProvisionInput,
+  input: ProvisionInput & { region: string },
   actor: string,
   knownReport: HostReport | null,
 ): Promise<Provisioned> {
   let [row] = await db.select().from(tenants).where(eq(tenants.id, input.id)).limit(1);
   // The id may be created again once its erase has committed (a new tenant, a new ordinal).
   if (row?.status === "erasing") throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+  if (row?.status === "moving") throw new LessorError("tenant_moving", { retryAfterSeconds: 5 });
   if (row && row.status !== "provisioning") throw new LessorError("tenant_exists");
   if (!row) {
     // Opaque names: another tenant can read pg_database, pg_roles and pg_stat_activity.
@@ -166,7 +169,7 @@ async function provisionLocked(
   if (!row) throw new LessorError("internal", { internal: "catalog insert returned nothing" });
   // A resumed create keeps the host it started on: the half-made database is there.
   const host = config.hosts.get(row.host);
-  if (!host) throw new LessorError("unknown_host");
+  if (!host || host.region !== input.region) throw new LessorError("unknown_host");
 
   const password = generateDatabasePassword();
   const sealed = await seal(env.LESSOR_SEAL_KEY, input.id, password);
@@ -189,7 +192,7 @@ async function provisionLocked(
   );
 
   // The first key. A create resumed after a crash here mints again; the unseen key goes with it.
-  const minted = await mintTenantKey(config.keyMacRing, input.id);
+  const minted = await mintTenantKey(config.keyMacRing, input.id, keyRegionOf(config, input.region));
   const keyHash = await hashKey(minted.key);
   const active = await db.transaction(async (tx) => {
     await tx.delete(tenantKeys).where(eq(tenantKeys.tenantId, input.id));

@@ -18,6 +18,7 @@ import { loginGuardKey } from "../crypto/login-guard.ts";
 import { unseal } from "../crypto/seal.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { tenantObject } from "../placement/index.ts";
 import { guardKeyId } from "../tenant-db/connect.ts";
 import {
   disableJwtLogin,
@@ -28,8 +29,8 @@ import {
 import { withHostAdmin } from "../tenant-db/maintenance.ts";
 
 /** The catalog row of a tenant that may be configured (it exists and is not being provisioned). */
-async function placementOf(env: Env, config: LessorConfig, tenantId: TenantId) {
-  const row = await withControlPlane(config, env, async (db) => {
+async function placementOf(env: Env, config: LessorConfig, region: string, tenantId: TenantId) {
+  const row = await withControlPlane(config, env, region, async (db) => {
     const [found] = await db.select().from(tenants).where(eq(tenants.id, tenantId)).limit(1);
     if (!found || found.status === "provisioning") return null;
     // An erase owns the tenant: no role or configuration may be added behind it.
@@ -50,9 +51,14 @@ async function placementOf(env: Env, config: LessorConfig, tenantId: TenantId) {
 }
 
 /** Hands the tenant's object its current record (with or without JWT mode). */
-async function refreshObject(env: Env, config: LessorConfig, tenantId: TenantId): Promise<void> {
-  const record = await withControlPlane(config, env, (db) => loadTenantRecord(db, config, tenantId));
-  if (record) await env.TENANTS.getByName(tenantId).configure(record);
+async function refreshObject(
+  env: Env,
+  config: LessorConfig,
+  region: string,
+  tenantId: TenantId,
+): Promise<void> {
+  const record = await withControlPlane(config, env, region, (db) => loadTenantRecord(db, config, tenantId));
+  if (record) await tenantObject(env, region, tenantId).configure(record);
 }
 
 /**
@@ -82,10 +88,11 @@ async function installTenantAuth(
 export async function setTenantJwt(
   env: Env,
   config: LessorConfig,
+  region: string,
   tenantId: TenantId,
   jwt: JwtConfig,
 ): Promise<JwtConfig> {
-  const { row, sealed, host } = await placementOf(env, config, tenantId);
+  const { row, sealed, host } = await placementOf(env, config, region, tenantId);
   const password = await unseal(env.LESSOR_SEAL_KEY, tenantId, sealed);
   const loginRole = jwtLoginRoleName(row.roleName);
   try {
@@ -119,13 +126,13 @@ export async function setTenantJwt(
     algorithms: jwt.algorithms,
     clockSkewSeconds: jwt.clockSkewSeconds,
   };
-  await withControlPlane(config, env, (db) =>
+  await withControlPlane(config, env, region, (db) =>
     db
       .insert(tenantJwt)
       .values({ tenantId, ...values })
       .onConflictDoUpdate({ target: tenantJwt.tenantId, set: { ...values, updatedAt: sql`now()` } }),
   );
-  await refreshObject(env, config, tenantId);
+  await refreshObject(env, config, region, tenantId);
   logEvent("info", "tenant_jwt_configured", { tenant: tenantId, role: jwt.role });
   return values;
 }
@@ -134,21 +141,29 @@ export async function setTenantJwt(
 export async function getTenantJwt(
   env: Env,
   config: LessorConfig,
+  region: string,
   tenantId: TenantId,
 ): Promise<JwtConfig | null> {
-  const { row } = await placementOf(env, config, tenantId);
-  const record = await withControlPlane(config, env, (db) => loadTenantRecord(db, config, row.id));
+  const { row } = await placementOf(env, config, region, tenantId);
+  const record = await withControlPlane(config, env, region, (db) => loadTenantRecord(db, config, row.id));
   if (!record?.jwt) return null;
   const { loginRole: _loginRole, ...stored } = record.jwt;
   return stored;
 }
 
 /** Switches JWT mode off: the catalog row goes, and the end-user login role can no longer log in. */
-export async function removeTenantJwt(env: Env, config: LessorConfig, tenantId: TenantId): Promise<void> {
-  const { row, host } = await placementOf(env, config, tenantId);
-  await withControlPlane(config, env, (db) => db.delete(tenantJwt).where(eq(tenantJwt.tenantId, tenantId)));
+export async function removeTenantJwt(
+  env: Env,
+  config: LessorConfig,
+  region: string,
+  tenantId: TenantId,
+): Promise<void> {
+  const { row, host } = await placementOf(env, config, region, tenantId);
+  await withControlPlane(config, env, region, (db) =>
+    db.delete(tenantJwt).where(eq(tenantJwt.tenantId, tenantId)),
+  );
   // The object first: from its next request on, a token is refused (jwt_not_configured).
-  await refreshObject(env, config, tenantId);
+  await refreshObject(env, config, region, tenantId);
   await withHostAdmin(env, config, host, { purpose: "jwt", tenantId }, (admin) =>
     disableJwtLogin(admin, row.databaseName, jwtLoginRoleName(row.roleName)),
   );

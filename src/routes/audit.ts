@@ -8,7 +8,7 @@ import { auditActions, listAudit, publicAuditRow } from "../audit/index.ts";
 import { loadConfig } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppEnv } from "./context.ts";
+import { type AppEnv, regionParam } from "./context.ts";
 import { integerCursor, pageLimit, query, tenantIdSchema } from "./validation.ts";
 
 export const auditRoutes = new Hono<AppEnv>();
@@ -32,7 +32,7 @@ const auditPage = v.object({
 
 auditRoutes.get("/v1/audit", requireAdmin, query(auditPage, { tenant: "invalid_tenant_id" }), async (c) => {
   const { limit, cursor, tenant, action } = c.req.valid("query");
-  const rows = await withControlPlane(loadConfig(c.env), c.env, (db) =>
+  const rows = await withControlPlane(loadConfig(c.env), c.env, regionParam(c), (db) =>
     listAudit(db, {
       tenantId: tenant ?? null,
       actions: action ?? null,

@@ -6,8 +6,9 @@ import type { TenantId } from "../core/tenant-id.ts";
 import { hashKey, secretMatches } from "../crypto/keys.ts";
 import { verifyTenantKey } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
-import type { KeyProof } from "../rpc/tenant.ts";
-import type { AppContext, AppEnv } from "./context.ts";
+import { callOwner } from "../placement/moves.ts";
+import type { KeyProof, Verdict } from "../rpc/tenant.ts";
+import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 
 /**
  * The token of `Authorization: Bearer <token>`: `missing_credentials` without the header,
@@ -68,8 +69,14 @@ export async function proveTenantKey(
   tenantId: TenantId,
   key: string,
 ): Promise<KeyProof | null> {
-  const verified = await verifyTenantKey(loadConfig(c.env).keyMacRing, tenantId, key);
-  if (verified) return { keyId: verified.keyId, keyHash: await hashKey(key) };
+  const config = loadConfig(c.env);
+  const verified = await verifyTenantKey(config.keyMacRing, tenantId, key);
+  // A key names its region inside the MAC; one naming a region this deployment lacks is refused as
+  // a forged key is (it reaches no object and no control plane).
+  const region = verified ? (verified.region ?? config.defaultRegion) : null;
+  if (verified && region !== null && config.regions.has(region)) {
+    return { keyId: verified.keyId, keyHash: await hashKey(key), region };
+  }
   await countFailedAuthentication(c, tenantId);
   return null;
 }
@@ -93,12 +100,26 @@ export async function authenticateTenantOrAdmin(c: AppContext, tenantId: TenantI
   return { kind: "tenant", tenantId, proof: await requireTenantKey(c, tenantId, token) };
 }
 
+/**
+ * The region a tenant-scoped call is for: the one the tenant's key names inside its MAC, or, for
+ * the admin key, `?region=` (the default region without it).
+ */
+export function principalRegion(c: AppContext, principal: Principal): string {
+  return principal.kind === "tenant" ? principal.proof.region : regionParam(c);
+}
+
 /** A proof that `token` is a usable key of `tenantId`, checked at the edge and by its object. */
 export async function requireTenantKey(c: AppContext, tenantId: TenantId, token: string): Promise<KeyProof> {
   const proof = await proveTenantKey(c, tenantId, token);
   if (!proof) throw new LessorError("invalid_credentials");
-  const verdict = await c.env.TENANTS.getByName(tenantId).verifyKey(tenantId, proof);
-  if (verdict.ok) return proof;
+  const { answer: verdict, proof: owner } = await callOwner<Verdict>(
+    c.env,
+    tenantId,
+    proof,
+    async (object, asked) => object.verifyKey(tenantId, asked),
+  );
+  // The proof names the owner's region: the route reads and writes that region's control plane.
+  if (verdict.ok) return owner;
   if (verdict.error.code === "invalid_credentials") await countFailedAuthentication(c, tenantId);
   throw LessorError.fromWire(verdict.error);
 }

@@ -36,7 +36,7 @@ import { parseTenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppContext, AppEnv } from "./context.ts";
+import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import { integerCursor, jsonBody, pageLimit, query } from "./validation.ts";
 
 export const campaignRoutes = new Hono<AppEnv>();
@@ -93,11 +93,12 @@ const campaignSpec = campaignSpecSchema(tenantMigrations.length, (raw) => parseT
 campaignRoutes.post("/v1/campaigns", requireAdmin, jsonBody(campaignSpec), async (c) => {
   const spec = c.req.valid("json");
   const config = loadConfig(c.env);
-  const created = await withControlPlane(config, c.env, (db) =>
+  const created = await withControlPlane(config, c.env, regionParam(c), (db) =>
     createCampaign(db, spec, tenantMigrations, Date.now(), c.var.actor),
   );
   return c.json(
     {
+      region: regionParam(c),
       campaign: publicCampaign(created.campaign),
       enrolled: created.enrolled,
       canary: created.canary,
@@ -113,9 +114,12 @@ const campaignPage = v.object({ limit: pageLimit, cursor: integerCursor(1) });
 campaignRoutes.get("/v1/campaigns", requireAdmin, query(campaignPage), async (c) => {
   const { limit, cursor } = c.req.valid("query");
   const before = cursor ?? null;
-  const rows = await withControlPlane(loadConfig(c.env), c.env, (db) => listCampaigns(db, before, limit + 1));
+  const rows = await withControlPlane(loadConfig(c.env), c.env, regionParam(c), (db) =>
+    listCampaigns(db, before, limit + 1),
+  );
   const page = rows.slice(0, limit);
   return c.json({
+    region: regionParam(c),
     campaigns: page.map(publicCampaign),
     nextCursor: rows.length > limit ? String(page.at(-1)?.seq ?? "") : null,
   });
@@ -132,7 +136,7 @@ campaignRoutes.get("/v1/campaigns/:id", requireAdmin, query(campaignTenantPage),
   const { limit, cursor, state: chosen } = c.req.valid("query");
   const after = cursor ?? null;
   const state: TenantState | null = chosen ?? null;
-  const found = await withControlPlane(loadConfig(c.env), c.env, async (db) => {
+  const found = await withControlPlane(loadConfig(c.env), c.env, regionParam(c), async (db) => {
     const campaign = await loadCampaign(db, id);
     if (!campaign) return null;
     const tally = await loadTally(db, id);
@@ -153,7 +157,7 @@ campaignRoutes.get("/v1/campaigns/:id", requireAdmin, query(campaignTenantPage),
 for (const action of ["pause", "resume", "cancel"] as const satisfies readonly ControlAction[]) {
   campaignRoutes.post(`/v1/campaigns/:id/${action}`, requireAdmin, async (c) => {
     const id = campaignParam(c);
-    const campaign = await withControlPlane(loadConfig(c.env), c.env, async (db) => {
+    const campaign = await withControlPlane(loadConfig(c.env), c.env, regionParam(c), async (db) => {
       // Compare-and-swap against the state just read; a tick moving the campaign in between makes
       // the swap miss, and the action is decided again on the new state.
       for (let attempt = 0; attempt < 5; attempt++) {

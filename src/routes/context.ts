@@ -1,4 +1,5 @@
 import type { Context } from "hono";
+import { loadConfig, regionNamed } from "../config/index.ts";
 import { LessorError } from "../errors/index.ts";
 
 /** The Hono environment of every route. */
@@ -21,4 +22,14 @@ export async function readJson(c: AppContext): Promise<unknown> {
   } catch {
     throw new LessorError("invalid_json");
   }
+}
+
+/**
+ * The region an operator request is for: `?region=<name>`, or the default region without it
+ * (docs/adr/023-regions.md). A name the deployment lacks is `400 region_unknown`. A request reads
+ * and writes that region's control plane only.
+ */
+export function regionParam(c: AppContext): string {
+  const raw = c.req.query("region");
+  return regionNamed(loadConfig(c.env), raw === undefined || raw === "" ? null : raw).name;
 }

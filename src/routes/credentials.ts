@@ -17,7 +17,7 @@ import { withControlPlane } from "../control-plane/index.ts";
 import { parseTenantId } from "../core/tenant-id.ts";
 import { maxResealBatch, resealBatch } from "../reseal/index.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppEnv } from "./context.ts";
+import { type AppEnv, regionParam } from "./context.ts";
 import { jsonBody, jsonObject } from "./validation.ts";
 
 export const credentialRoutes = new Hono<AppEnv>();
@@ -58,6 +58,7 @@ credentialRoutes.post("/v1/credentials/reseal", requireAdmin, jsonBody(resealBod
   const progress = await withControlPlane(
     loadConfig(c.env),
     c.env,
+    regionParam(c),
     async (db) => {
       const batch = await resealBatch(db, c.env.LESSOR_SEAL_KEY, { limit, after, prefix });
       if (batch.resealed > 0 || batch.failed.length > 0) {

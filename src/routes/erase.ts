@@ -15,9 +15,10 @@ import { withControlPlane } from "../control-plane/index.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { loadEraseOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
+import { tenantObject } from "../placement/index.ts";
 import type { EraseStatus } from "../rpc/tenant.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppContext, AppEnv } from "./context.ts";
+import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import { query } from "./validation.ts";
 
 export const eraseRoutes = new Hono<AppEnv>();
@@ -37,14 +38,18 @@ eraseRoutes.delete("/v1/tenants/:id", requireAdmin, query(eraseQuery), async (c)
   const id = tenantParam(c);
   const { confirm, force } = c.req.valid("query");
   if (confirm !== id) throw new LessorError("confirm_mismatch");
-  const answer = await c.env.TENANTS.getByName(id).requestErase(id, c.var.actor, force === "true");
+  const answer = await tenantObject(c.env, regionParam(c), id).requestErase(
+    id,
+    c.var.actor,
+    force === "true",
+  );
   if (!answer.ok) throw LessorError.fromWire(answer.error);
   return c.json(answer.status, answer.status.state === "erasing" ? 202 : 200);
 });
 
 eraseRoutes.get("/v1/tenants/:id/erase", requireAdmin, async (c) => {
   const id = tenantParam(c);
-  const job = await withControlPlane(loadConfig(c.env), c.env, (db) => loadEraseOf(db, id));
+  const job = await withControlPlane(loadConfig(c.env), c.env, regionParam(c), (db) => loadEraseOf(db, id));
   if (!job) throw new LessorError("erase_not_found");
   const status: EraseStatus =
     job.state === "erased"

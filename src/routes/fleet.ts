@@ -25,13 +25,13 @@ import {
 } from "../fleet/readers.ts";
 import { budgetObject } from "../placement/index.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppEnv } from "./context.ts";
+import { type AppEnv, regionParam } from "./context.ts";
 import { badCursor, pageLimit, query } from "./validation.ts";
 
 export const fleetRoutes = new Hono<AppEnv>();
 
 fleetRoutes.get("/v1/fleet/overview", requireAdmin, async (c) => {
-  return c.json(await readOverview(c.env, loadConfig(c.env)));
+  return c.json(await readOverview(c.env, loadConfig(c.env), regionParam(c)));
 });
 
 fleetRoutes.get("/v1/fleet/failing", requireAdmin, query(v.object({ limit: pageLimit })), async (c) => {
@@ -39,6 +39,7 @@ fleetRoutes.get("/v1/fleet/failing", requireAdmin, query(v.object({ limit: pageL
   const { failing, byHost } = await withControlPlane(
     loadConfig(c.env),
     c.env,
+    regionParam(c),
     async (db) => ({
       failing: await readFailingTenants(db, { windowMs: defaultFailingWindowMs, limit }),
       byHost: await countFailingByHost(db, defaultFailingWindowMs),
@@ -69,6 +70,7 @@ fleetRoutes.get("/v1/fleet/events", requireAdmin, query(eventsPage), async (c) =
   const page = await withControlPlane(
     loadConfig(c.env),
     c.env,
+    regionParam(c),
     (db) => readRecentEvents(db, { limit, before }),
     "lessor-operator",
   );
@@ -99,6 +101,7 @@ fleetRoutes.get("/v1/fleet/tenants", requireAdmin, query(searchQuery), async (c)
   const tenants = await withControlPlane(
     loadConfig(c.env),
     c.env,
+    regionParam(c),
     (db) => searchTenants(db, q, limit),
     "lessor-operator",
   );

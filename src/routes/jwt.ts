@@ -24,7 +24,7 @@ import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
 import { getTenantJwt, removeTenantJwt, setTenantJwt } from "../provisioning/jwt.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppContext, AppEnv } from "./context.ts";
+import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import { jsonBody, jsonObject } from "./validation.ts";
 
 export const jwtRoutes = new Hono<AppEnv>();
@@ -90,12 +90,12 @@ jwtRoutes.put("/v1/tenants/:id/jwt", requireAdmin, jsonBody(jwtBody), async (c) 
     algorithms: [...new Set(body.algorithms ?? defaultJwtAlgorithms)],
     clockSkewSeconds: body.clockSkewSeconds ?? defaultClockSkewSeconds,
   };
-  const stored = await setTenantJwt(c.env, loadConfig(c.env), tenantId, config);
+  const stored = await setTenantJwt(c.env, loadConfig(c.env), regionParam(c), tenantId, config);
   return c.json({ jwt: stored });
 });
 
 jwtRoutes.get("/v1/tenants/:id/jwt", requireAdmin, async (c) => {
-  const jwt = await getTenantJwt(c.env, loadConfig(c.env), tenantParam(c));
+  const jwt = await getTenantJwt(c.env, loadConfig(c.env), regionParam(c), tenantParam(c));
   if (!jwt) {
     return c.json(
       { code: "jwt_not_configured", message: "This tenant has no end-user JWT configuration." },
@@ -106,6 +106,6 @@ jwtRoutes.get("/v1/tenants/:id/jwt", requireAdmin, async (c) => {
 });
 
 jwtRoutes.delete("/v1/tenants/:id/jwt", requireAdmin, async (c) => {
-  await removeTenantJwt(c.env, loadConfig(c.env), tenantParam(c));
+  await removeTenantJwt(c.env, loadConfig(c.env), regionParam(c), tenantParam(c));
   return c.body(null, 204);
 });

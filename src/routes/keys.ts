@@ -15,14 +15,15 @@
  */
 import { Hono } from "hono";
 import * as v from "valibot";
-import { loadConfig } from "../config/index.ts";
+import { keyRegionOf, loadConfig } from "../config/index.ts";
 import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
 import { issueKey, listKeys, revokeKey } from "../control-plane/keys.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { hashKey } from "../crypto/keys.ts";
 import { mintTenantKey } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
-import { authenticateTenantOrAdmin } from "./auth.ts";
+import { tenantObject } from "../placement/index.ts";
+import { authenticateTenantOrAdmin, principalRegion } from "./auth.ts";
 import type { AppContext, AppEnv } from "./context.ts";
 import { jsonBody, jsonObject, query } from "./validation.ts";
 
@@ -38,10 +39,12 @@ function tenantParam(c: AppContext): TenantId {
 }
 
 /** Hands the tenant's object its current keys: what makes a revocation immediate. */
-async function refreshObject(c: AppContext, tenantId: TenantId): Promise<void> {
+async function refreshObject(c: AppContext, region: string, tenantId: TenantId): Promise<void> {
   const config = loadConfig(c.env);
-  const record = await withControlPlane(config, c.env, (db) => loadTenantRecord(db, config, tenantId));
-  if (record) await c.env.TENANTS.getByName(tenantId).configure(record);
+  const record = await withControlPlane(config, c.env, region, (db) =>
+    loadTenantRecord(db, config, tenantId),
+  );
+  if (record) await tenantObject(c.env, region, tenantId).configure(record);
 }
 
 const issueBody = jsonObject({
@@ -61,11 +64,12 @@ const issueBody = jsonObject({
 
 keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
   const tenantId = tenantParam(c);
-  await authenticateTenantOrAdmin(c, tenantId);
+  const region = principalRegion(c, await authenticateTenantOrAdmin(c, tenantId));
   const { expiresAt, scope } = c.req.valid("json");
   const config = loadConfig(c.env);
-  const minted = await mintTenantKey(config.keyMacRing, tenantId);
-  const row = await withControlPlane(config, c.env, async (db) =>
+  // A new key names the tenant's region inside its MAC, as the tenant's first key did.
+  const minted = await mintTenantKey(config.keyMacRing, tenantId, keyRegionOf(config, region));
+  const row = await withControlPlane(config, c.env, region, async (db) =>
     issueKey(
       db,
       {
@@ -78,7 +82,7 @@ keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
       config.maxKeysPerTenant,
     ),
   );
-  await refreshObject(c, tenantId);
+  await refreshObject(c, region, tenantId);
   return c.json(
     {
       keyId: row.keyId,
@@ -95,8 +99,8 @@ keyRoutes.post("/v1/tenants/:id/keys", jsonBody(issueBody), async (c) => {
 
 keyRoutes.get("/v1/tenants/:id/keys", async (c) => {
   const tenantId = tenantParam(c);
-  await authenticateTenantOrAdmin(c, tenantId);
-  const rows = await withControlPlane(loadConfig(c.env), c.env, (db) => listKeys(db, tenantId));
+  const region = principalRegion(c, await authenticateTenantOrAdmin(c, tenantId));
+  const rows = await withControlPlane(loadConfig(c.env), c.env, region, (db) => listKeys(db, tenantId));
   return c.json({
     keys: rows.map((row) => ({
       keyId: row.keyId,
@@ -114,11 +118,11 @@ const revokeQuery = v.object({
 
 keyRoutes.delete("/v1/tenants/:id/keys/:keyId", query(revokeQuery), async (c) => {
   const tenantId = tenantParam(c);
-  await authenticateTenantOrAdmin(c, tenantId);
+  const region = principalRegion(c, await authenticateTenantOrAdmin(c, tenantId));
   const keyId = c.req.param("keyId");
   if (!/^k_[0-9a-f]{16}$/.test(keyId)) throw new LessorError("key_not_found");
   const force = c.req.valid("query").force === "true";
-  await withControlPlane(loadConfig(c.env), c.env, (db) => revokeKey(db, tenantId, keyId, force));
-  await refreshObject(c, tenantId);
+  await withControlPlane(loadConfig(c.env), c.env, region, (db) => revokeKey(db, tenantId, keyId, force));
+  await refreshObject(c, region, tenantId);
   return c.body(null, 204);
 });

@@ -12,7 +12,14 @@ import { parseSqlRequest } from "../core/neon-protocol.ts";
 import { driverOutputMode } from "../core/result-shape.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError, type WireError } from "../errors/index.ts";
-import { type KeyProof, sessionTokenPrefix } from "../rpc/tenant.ts";
+import { callOwner } from "../placement/moves.ts";
+import {
+  type KeyProof,
+  type SessionOpened,
+  type SqlOutcome,
+  sessionTokenPrefix,
+  type Verdict,
+} from "../rpc/tenant.ts";
 import { bearerToken, countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import { type AppContext, type AppEnv, readJson } from "./context.ts";
 import { jsonBody, jsonObject } from "./validation.ts";
@@ -58,7 +65,9 @@ leaseRoutes.post("/v1/tenants/:id/leases", jsonBody(openLeaseBody), async (c) =>
   if (!tenantId) throw new LessorError("invalid_tenant_id");
   const proof = await leaseProof(c, tenantId);
   const { ttlMs } = c.req.valid("json");
-  const opened = await c.env.TENANTS.getByName(tenantId).openSession(tenantId, proof, ttlMs);
+  const { answer: opened } = await callOwner<SessionOpened>(c.env, tenantId, proof, async (object, owner) =>
+    object.openSession(tenantId, owner, ttlMs),
+  );
   if (!opened.ok) throw await refusal(c, tenantId, opened.error);
   return c.json({ lease: opened.lease, generation: opened.generation, expiresAt: opened.expiresAt }, 201);
 });
@@ -77,12 +86,8 @@ leaseRoutes.post("/v1/leases/:lease/sql", async (c) => {
   // Lessor's own route: without Neon's output headers it answers as the driver asks (raw text arrays).
   const headers = c.req.raw.headers;
   const asked = headers.has("Neon-Raw-Text-Output") || headers.has("Neon-Array-Mode");
-  const outcome = await c.env.TENANTS.getByName(tenantId).sessionSql(
-    tenantId,
-    proof,
-    token,
-    request.statement,
-    asked ? request.output : driverOutputMode,
+  const { answer: outcome } = await callOwner<SqlOutcome>(c.env, tenantId, proof, async (object, owner) =>
+    object.sessionSql(tenantId, owner, token, request.statement, asked ? request.output : driverOutputMode),
   );
   if (outcome.ok) return c.body(outcome.json, 200, { "content-type": "application/json" });
   if ("postgres" in outcome) return c.json(outcome.postgres, 400);
@@ -93,7 +98,9 @@ leaseRoutes.delete("/v1/leases/:lease", async (c) => {
   const token = c.req.param("lease");
   const tenantId = leaseTenant(token);
   const proof = await leaseProof(c, tenantId);
-  const closed = await c.env.TENANTS.getByName(tenantId).closeSession(tenantId, proof, token);
+  const { answer: closed } = await callOwner<Verdict>(c.env, tenantId, proof, async (object, owner) =>
+    object.closeSession(tenantId, owner, token),
+  );
   if (!closed.ok) throw await refusal(c, tenantId, closed.error);
   return c.body(null, 204);
 });

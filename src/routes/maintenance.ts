@@ -14,7 +14,7 @@ import { foldOptionsFromVars } from "../folds/options.ts";
 import { readMaintenanceStatus } from "../folds/status.ts";
 import { budgetObject } from "../placement/index.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppEnv } from "./context.ts";
+import { type AppEnv, regionParam } from "./context.ts";
 import { badCursor, pageLimit, query } from "./validation.ts";
 
 export const maintenanceRoutes = new Hono<AppEnv>();
@@ -30,16 +30,19 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), a
   const cursor = rawCursor ?? null;
   const config = loadConfig(c.env);
   const options = foldOptionsFromVars(c.env);
+  // One region's maintenance: its folds, its hosts, its rotation (docs/adr/023-regions.md).
+  const region = regionParam(c);
   const status = await withControlPlane(
     config,
     c.env,
+    region,
     (db) => readMaintenanceStatus(db.$client, options, { before: cursor, limit }),
     "lessor-maintenance",
   );
   // Each host's kind and capabilities, what the budget reconcile repaired, and the maintenance
   // reserve in use right now.
   const hosts = await Promise.all(
-    [...config.hosts.keys()].map(async (host) => {
+    (config.regions.get(region)?.hosts ?? []).map(async (host) => {
       const budget = await budgetObject(c.env, host).status(host, 0);
       const kind = config.hosts.get(host)?.kind ?? "postgres";
       return {
@@ -54,6 +57,6 @@ maintenanceRoutes.get("/v1/maintenance", requireAdmin, query(maintenancePage), a
     }),
   );
   // The scheduled rotation's progress across the fleet (a count, never a list of tenants).
-  const credentials = await withControlPlane(config, c.env, (db) => rotationProgress(db, config));
-  return c.json({ ...status, hosts, credentials });
+  const credentials = await withControlPlane(config, c.env, region, (db) => rotationProgress(db, config));
+  return c.json({ region, ...status, hosts, credentials });
 });

@@ -3,7 +3,7 @@ import { and, asc, eq, gt, inArray, sql } from "drizzle-orm";
 import { Hono } from "hono";
 import * as v from "valibot";
 import { type AuditAction, writeAudit } from "../audit/index.ts";
-import { loadConfig } from "../config/index.ts";
+import { type LessorConfig, loadConfig, regionNamed } from "../config/index.ts";
 import {
   type ControlPlane,
   credentialSetAt,
@@ -16,11 +16,12 @@ import { type AdoptionReport, credentialPolicies, isCustomerRoleName } from "../
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { loadEraseOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
+import { tenantObject } from "../placement/index.ts";
 import { attachTenant } from "../provisioning/attach.ts";
 import { provisionTenant, publicTenant } from "../provisioning/index.ts";
 import type { AdoptedPlacement } from "../rpc/tenant.ts";
 import { requireAdmin } from "./auth.ts";
-import type { AppContext, AppEnv } from "./context.ts";
+import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import {
   badCursor,
   integerCursor,
@@ -60,13 +61,42 @@ const createTenantBody = jsonObject({
   id: tenantIdSchema,
   tier: v.optional(v.string()),
   host: v.optional(v.string()),
+  region: v.optional(v.string()),
   attach: v.optional(attachBody),
 });
+
+/**
+ * Where a new tenant goes: the host named (its region is the tenant's), or the first host of the
+ * region named, or the default host. A host and a region that disagree are `host_not_in_region`.
+ */
+function placeNewTenant(
+  config: LessorConfig,
+  body: { host?: string | undefined; region?: string | undefined },
+): { host: string; region: string } {
+  const region = body.region === undefined ? null : regionNamed(config, body.region);
+  if (body.host === undefined) {
+    return region === null
+      ? { host: config.defaultHost, region: config.defaultRegion }
+      : { host: region.hosts[0] ?? config.defaultHost, region: region.name };
+  }
+  const host = config.hosts.get(body.host);
+  if (host && region !== null && host.region !== region.name) {
+    throw new LessorError("host_not_in_region", {
+      publicMessage: `Host ${host.name} is in region ${host.region}, not ${region.name}; region ${region.name} has ${region.hosts.join(", ")}.`,
+    });
+  }
+  return { host: body.host, region: host?.region ?? config.defaultRegion };
+}
 
 tenantRoutes.post(
   "/v1/tenants",
   requireAdmin,
-  jsonBody(createTenantBody, { id: "invalid_tenant_id", tier: "unknown_tier", host: "unknown_host" }),
+  jsonBody(createTenantBody, {
+    id: "invalid_tenant_id",
+    tier: "unknown_tier",
+    host: "unknown_host",
+    region: "region_unknown",
+  }),
   async (c) => {
     const config = loadConfig(c.env);
     const body = c.req.valid("json");
@@ -74,6 +104,12 @@ tenantRoutes.post(
     const lessorHost = new URL(c.req.url).host;
     const connectionString = (key: string) => `postgres://${id}:${key}@${lessorHost}/${id}`;
     if (body.attach) {
+      // A customer's tunnel names no region: its tenants are the default region's (ADR 023).
+      if (body.region !== undefined && body.region !== config.defaultRegion) {
+        throw new LessorError("invalid_request", {
+          publicMessage: `An attached database's tenant lives in the default region (${config.defaultRegion}); leave region out.`,
+        });
+      }
       if (body.host !== undefined) {
         throw new LessorError("invalid_request", {
           publicMessage:
@@ -83,7 +119,7 @@ tenantRoutes.post(
       const attached = await attachTenant(c.env, config, { id, tier, ...body.attach }, c.var.actor);
       return c.json(
         {
-          tenant: publicTenant(attached.row),
+          tenant: { ...publicTenant(attached.row), region: config.defaultRegion },
           key: attached.key,
           connectionString: connectionString(attached.key),
           adopted: publicAdoption(attached.row, attached.placement, attached.report),
@@ -91,9 +127,12 @@ tenantRoutes.post(
         201,
       );
     }
-    const host = body.host ?? config.defaultHost;
+    const { host, region } = placeNewTenant(config, body);
     const { row, key } = await provisionTenant(c.env, config, { id, tier, host }, c.var.actor);
-    return c.json({ tenant: publicTenant(row), key, connectionString: connectionString(key) }, 201);
+    return c.json(
+      { tenant: { ...publicTenant(row), region }, key, connectionString: connectionString(key) },
+      201,
+    );
   },
 );
 
@@ -130,7 +169,8 @@ const tenantPage = v.object({
 tenantRoutes.get("/v1/tenants", requireAdmin, query(tenantPage), async (c) => {
   const config = loadConfig(c.env);
   const { limit, cursor } = c.req.valid("query");
-  const rows = await withControlPlane(config, c.env, (db) =>
+  const region = regionParam(c);
+  const rows = await withControlPlane(config, c.env, region, (db) =>
     db
       .select()
       .from(tenants)
@@ -140,6 +180,7 @@ tenantRoutes.get("/v1/tenants", requireAdmin, query(tenantPage), async (c) => {
   );
   const page = rows.slice(0, limit);
   return c.json({
+    region,
     tenants: page.map(publicTenant),
     nextCursor: rows.length > limit ? (page.at(-1)?.id ?? null) : null,
   });
@@ -148,7 +189,8 @@ tenantRoutes.get("/v1/tenants", requireAdmin, query(tenantPage), async (c) => {
 tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const config = loadConfig(c.env);
-  const { row, erase, credentialAt, adopted } = await withControlPlane(config, c.env, async (db) => {
+  const region = regionParam(c);
+  const { row, erase, credentialAt, adopted } = await withControlPlane(config, c.env, region, async (db) => {
     const [found] = await db.select().from(tenants).where(eq(tenants.id, id)).limit(1);
     const [adoptedRow] = found
       ? await db.select().from(adoptedDatabases).where(eq(adoptedDatabases.tenantId, id)).limit(1)
@@ -169,9 +211,9 @@ tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
     }
     throw new LessorError("tenant_not_found");
   }
-  const runtime = await c.env.TENANTS.getByName(id).status();
+  const runtime = await tenantObject(c.env, region, id).status();
   return c.json({
-    tenant: { ...publicTenant(row), credentialRotatedAt: credentialAt?.toISOString() ?? null },
+    tenant: { ...publicTenant(row), region, credentialRotatedAt: credentialAt?.toISOString() ?? null },
     runtime,
     ...(adopted
       ? {
@@ -204,7 +246,7 @@ tenantRoutes.get("/v1/tenants/:id", requireAdmin, async (c) => {
  */
 tenantRoutes.post("/v1/tenants/:id/rotate-credentials", requireAdmin, async (c) => {
   const id = tenantParam(c);
-  const outcome = await c.env.TENANTS.getByName(id).rotateCredentials(id);
+  const outcome = await tenantObject(c.env, regionParam(c), id).rotateCredentials(id);
   if (!outcome.ok) throw LessorError.fromWire(outcome.error);
   return c.json({ generation: outcome.generation, overlapped: outcome.overlapped }, 202);
 });
@@ -229,7 +271,12 @@ tenantRoutes.put("/v1/tenants/:id/credentials", requireAdmin, jsonBody(suppliedC
   const id = tenantParam(c);
   await requireCatalogTenant(c, id);
   const { user, password } = c.req.valid("json");
-  const outcome = await c.env.TENANTS.getByName(id).supplyCredential(id, user ?? null, password, c.var.actor);
+  const outcome = await tenantObject(c.env, regionParam(c), id).supplyCredential(
+    id,
+    user ?? null,
+    password,
+    c.var.actor,
+  );
   if (!outcome.ok) throw LessorError.fromWire(outcome.error);
   return c.json({ generation: outcome.generation, overlapped: outcome.overlapped }, 202);
 });
@@ -241,7 +288,7 @@ async function audit(
   tenantId: TenantId,
   detail: Record<string, unknown> = {},
 ): Promise<void> {
-  await withControlPlane(loadConfig(c.env), c.env, (db) =>
+  await withControlPlane(loadConfig(c.env), c.env, regionParam(c), (db) =>
     writeAudit(db, { actor: c.var.actor, action, tenantId, detail }),
   );
 }
@@ -253,7 +300,8 @@ for (const [action, status] of [
   tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
     const id = tenantParam(c);
     const config = loadConfig(c.env);
-    const { row, record } = await withControlPlane(config, c.env, (db) =>
+    const region = regionParam(c);
+    const { row, record } = await withControlPlane(config, c.env, region, (db) =>
       db.transaction(async (tx) => {
         // Never an erasing tenant: enabling it would reopen what the erase closed.
         const [updated] = await tx
@@ -271,8 +319,8 @@ for (const [action, status] of [
       }),
     );
     if (!row) throw new LessorError("tenant_not_found");
-    if (record) await c.env.TENANTS.getByName(id).configure(record);
-    return c.json({ tenant: publicTenant(row) });
+    if (record) await tenantObject(c.env, region, id).configure(record);
+    return c.json({ tenant: { ...publicTenant(row), region } });
   });
 }
 
@@ -283,7 +331,7 @@ tenantRoutes.get("/v1/tenants/:id/events", requireAdmin, query(eventPage), async
   const config = loadConfig(c.env);
   const { limit, cursor } = c.req.valid("query");
   const before = cursor ?? null;
-  const rows = await withControlPlane(config, c.env, (db) =>
+  const rows = await withControlPlane(config, c.env, regionParam(c), (db) =>
     listLifecycleEvents(db, id, { before, limit: limit + 1 }),
   );
   const page = rows.slice(0, limit);
@@ -306,7 +354,7 @@ tenantRoutes.get("/v1/tenants/:id/events", requireAdmin, query(eventPage), async
  */
 async function requireCatalogTenant(c: AppContext, id: TenantId): Promise<void> {
   const config = loadConfig(c.env);
-  const [row] = await withControlPlane(config, c.env, (db) =>
+  const [row] = await withControlPlane(config, c.env, regionParam(c), (db) =>
     db.select({ status: tenants.status }).from(tenants).where(eq(tenants.id, id)).limit(1),
   );
   if (!row || row.status === "provisioning") throw new LessorError("tenant_not_found");
@@ -319,7 +367,7 @@ tenantRoutes.post("/v1/tenants/:id/drain", requireAdmin, jsonBody(drainBody), as
   const id = tenantParam(c);
   await requireCatalogTenant(c, id);
   const { force } = c.req.valid("json");
-  const runtime = await c.env.TENANTS.getByName(id).drain(force);
+  const runtime = await tenantObject(c.env, regionParam(c), id).drain(force);
   await audit(c, "tenant.drain", id, { force, generation: runtime.generation });
   return c.json({ runtime }, 202);
 });
@@ -331,8 +379,9 @@ for (const [action, pinned] of [
   tenantRoutes.post(`/v1/tenants/:id/${action}`, requireAdmin, async (c) => {
     const id = tenantParam(c);
     await requireCatalogTenant(c, id);
-    await c.env.TENANTS.getByName(id).setPinned(pinned);
+    const object = tenantObject(c.env, regionParam(c), id);
+    await object.setPinned(pinned);
     await audit(c, `tenant.${action}`, id);
-    return c.json({ runtime: await c.env.TENANTS.getByName(id).status() });
+    return c.json({ runtime: await object.status() });
   });
 }

@@ -15,6 +15,7 @@
  */
 import { Hono } from "hono";
 import { loadConfig } from "../config/index.ts";
+import { maxMoveHops } from "../core/move.ts";
 import {
   authenticationCleartextPassword,
   checkStartup,
@@ -31,6 +32,7 @@ import {
   type PostgresErrorFields,
   type StartupRequest,
 } from "../core/pg-wire.ts";
+import { parseTenantObjectName } from "../core/placement.ts";
 import { parseTenantId } from "../core/tenant-id.ts";
 import {
   describeFailure,
@@ -40,6 +42,8 @@ import {
   type WireError,
 } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { tenantObject, tenantObjectName } from "../placement/index.ts";
+import { followMoves, noteMove } from "../placement/moves.ts";
 import { cancelRefreshMs, cancelShardOf, type WireOpen, wireOpenHeader } from "../rpc/wire.ts";
 import { countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import type { AppContext, AppEnv } from "./context.ts";
@@ -220,9 +224,20 @@ class WireEdge {
       pid: pid & 0x7fffffff || 1,
       secret: secret | 0,
     };
-    const response = await c.env.TENANTS.getByName(tenantId).fetch("https://tenant.lessor.internal/wire", {
-      headers: { Upgrade: "websocket", [wireOpenHeader]: JSON.stringify(open) },
-    });
+    // The tenant's object in the region its key names, or where it moved since (src/placement/moves.ts).
+    let region = followMoves(tenantId, proof.region);
+    let response = await this.openWire(region, open);
+    for (let hop = 0; hop < maxMoveHops && response.status === 409; hop++) {
+      const refusal = await response
+        .clone()
+        .json<{ error?: WireError }>()
+        .catch(() => null);
+      const to = refusal?.error?.code === "tenant_moved" ? refusal.error.details?.region : undefined;
+      if (to === undefined || !loadConfig(c.env).regions.has(to)) break;
+      noteMove(tenantId, region, to);
+      region = to;
+      response = await this.openWire(region, { ...open, proof: { ...proof, region } });
+    }
     const upstream = response.webSocket;
     if (response.status !== 101 || !upstream) {
       const body = await response.json<{ error?: WireError }>().catch(() => null);
@@ -250,7 +265,14 @@ class WireEdge {
     clearTimeout(this.deadline);
     for (const bytes of this.held) this.forward(bytes);
     this.held = [];
-    this.registerCancelKey(open.pid, tenantId);
+    this.registerCancelKey(open.pid, tenantObjectName(loadConfig(c.env), region, tenantId));
+  }
+
+  /** Asks the tenant's object in `region` for the wire connection (a WebSocket, or a JSON refusal). */
+  private openWire(region: string, open: WireOpen): Promise<Response> {
+    return tenantObject(this.c.env, region, open.tenantId).fetch("https://tenant.lessor.internal/wire", {
+      headers: { Upgrade: "websocket", [wireOpenHeader]: JSON.stringify(open) },
+    });
   }
 
   private forward(bytes: Uint8Array): void {
@@ -289,7 +311,12 @@ class WireEdge {
     const { env } = this.c;
     try {
       const tenantId = await env.WIRE_CANCELS.getByName(cancelShardOf(pid)).lookup(pid);
-      if (tenantId !== null) await env.TENANTS.getByName(tenantId).cancelWire(pid, secret);
+      // The registry holds the object's name (`<tenant>@<region>` outside the default region).
+      if (tenantId !== null) {
+        const named = parseTenantObjectName(tenantId);
+        const region = named.region ?? loadConfig(env).defaultRegion;
+        await tenantObject(env, region, named.tenantId).cancelWire(pid, secret);
+      }
     } catch (error) {
       logEvent("warn", "wire_cancel_failed", { failure: describeFailure(error) });
     }

@@ -27,6 +27,8 @@ export type KeyScope = "full" | "jwt";
 export interface KeyProof {
   keyId: string;
   keyHash: string;
+  /** The tenant's region, as its key names it inside the MAC (docs/adr/023-regions.md). */
+  region: string;
 }
 
 /** What a TenantObject knows about its tenant: enough to authenticate and to start its pool. */
@@ -83,6 +85,8 @@ export interface TenantRuntimeStatus {
   rotatingTo: number | null;
   /** An erase holds the gate closed. */
   erasing: boolean;
+  /** A move to another region: `moving` while its fence holds, `moved` once this object is a pointer. */
+  move: { state: "moving" | "moved"; to: string } | null;
   /** Rows this object instance's storage has written since it started (Cloudflare bills rows written). */
   storageRowsWritten: number;
   /** The pool's size against its floor and maximum, and what the object observed (adaptive admission). */
@@ -149,6 +153,8 @@ export type MigrateOutcome =
         | "leases_held"
         | "maintenance_busy"
         | "tenant_erasing"
+        /** A move to another region holds the tenant (docs/adr/023-regions.md): run again later. */
+        | "tenant_moving"
         | "control_plane_unavailable"
         /** A transient fault (a killed backend, a restarted host, a cut network) stopped it: run again. */
         | "interrupted";
@@ -178,3 +184,27 @@ export type EraseStatus =
 
 /** The answer of an erase request or resume. */
 export type EraseAnswer = { ok: true; status: EraseStatus } | { ok: false; error: WireError };
+
+/** Where a tenant's move to another region stands (docs/adr/023-regions.md). */
+export type MoveStatus =
+  | {
+      state: "moving";
+      from: string;
+      to: string;
+      /** The stage that runs next. */
+      stage: string;
+      startedAt: string;
+      attempts: number;
+      lastError: string | null;
+    }
+  | { state: "moved"; from: string; to: string; startedAt: string; movedAt: string };
+
+export type MoveAnswer = { ok: true; status: MoveStatus } | { ok: false; error: WireError };
+
+/** What the new region's object is handed at a move's `start` stage. */
+export interface MovedIn {
+  record: TenantRecord;
+  /** The highest outbox sequence numbers the new region's control plane holds of the tenant. */
+  eventSeq: number;
+  usageSeq: number;
+}

@@ -17,6 +17,7 @@ export const statusPageHtml = `<!doctype html>
 <body>
 <header>
   <h1>Lessor</h1>
+  <nav id="regions" aria-label="Regions" hidden></nav>
   <span id="as-of" class="muted"></span>
   <span id="refresh-state" class="muted"></span>
   <button id="sign-out" type="button" hidden>Sign out</button>

@@ -120,7 +120,22 @@ export const statusPageScript = `"use strict";
     rows.forEach(function (cells) { body.appendChild(el("tr", {}, cells.map(function (c) { return el("td", { text: dash(c) }); }))); });
   }
 
+  /* The region this page shows (?region=, each region read on its own), and links to the others. */
+  var region = new URLSearchParams(location.search).get("region");
+
+  function drawRegions(o) {
+    var nav = clear($("regions"));
+    nav.hidden = !o.regions || o.regions.length < 2;
+    (o.regions || []).forEach(function (name) {
+      nav.appendChild(name === o.region
+        ? el("strong", { text: "region " + name })
+        : el("a", { href: "?region=" + encodeURIComponent(name), text: name }));
+      nav.appendChild(document.createTextNode(" "));
+    });
+  }
+
   function draw(o) {
+    drawRegions(o);
     $("as-of").textContent = "as of " + time(o.asOf);
     var banner = $("banner");
     banner.hidden = o.controlPlane === "up";
@@ -144,7 +159,7 @@ export const statusPageScript = `"use strict";
   }
 
   function refresh() {
-    return api("/v1/fleet/overview").then(function (o) {
+    return api("/v1/fleet/overview" + (region ? "?region=" + encodeURIComponent(region) : "")).then(function (o) {
       draw(o);
       $("refresh-state").textContent = "refreshes every " + refreshMs / 1000 + " s";
     }).catch(function (error) {

@@ -90,7 +90,7 @@ export async function hostHygiene(
     if (found.length === 0) return;
     // Only what the catalog places on this host, and is not being erased (the erase does its own).
     const names = [...new Set(found.map((row) => row.database))];
-    const owned = await withControlPlane(config, env, (db) =>
+    const owned = await withControlPlane(config, env, host.region, (db) =>
       db
         .select({ database: tenants.databaseName, role: tenants.roleName })
         .from(tenants)

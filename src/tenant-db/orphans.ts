@@ -12,6 +12,7 @@ import { tenants } from "../control-plane/schema.ts";
 import { generationOfApplicationName } from "../core/names.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
+import { tenantObjectOnHost } from "../placement/index.ts";
 import { withHostAdmin } from "./maintenance.ts";
 
 /** Backends younger than this are left alone: their generation may still be starting. */
@@ -53,7 +54,8 @@ export async function reapOrphanBackends(
     }
     if (backends.length === 0) return { checked: 0, terminated: 0 };
     const roles = [...new Set(backends.map((b) => b.role))];
-    const owners = await withControlPlane(config, env, (db) =>
+    // The host's tenants are in its region's catalog, and only there.
+    const owners = await withControlPlane(config, env, host.region, (db) =>
       db
         .select({ id: tenants.id, role: tenants.roleName })
         .from(tenants)
@@ -68,7 +70,9 @@ export async function reapOrphanBackends(
       if (live === undefined) {
         const tenantId = tenantOfRole.get(backend.role);
         try {
-          live = tenantId ? await env.TENANTS.getByName(tenantId).holdsGeneration(backend.generation) : false;
+          live = tenantId
+            ? await tenantObjectOnHost(env, host.name, tenantId).holdsGeneration(backend.generation)
+            : false;
         } catch (error) {
           // Not knowing is not evidence: leave it for the next run.
           logEvent("warn", "orphan_probe_failed", { host: host.name, failure: describeFailure(error) });

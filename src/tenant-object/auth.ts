@@ -62,7 +62,7 @@ export class TenantAuth {
   async resolve(tenantId: string): Promise<TenantRecord | null> {
     if (this.rt.record) return this.rt.record;
     if (Date.now() < this.unknownUntil) return null;
-    const record = await withControlPlane(this.rt.config, this.rt.env, (db) =>
+    const record = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
       loadTenantRecord(db, this.rt.config, tenantId),
     );
     if (!record) {
@@ -143,7 +143,9 @@ export class TenantAuth {
     const cached = this.erasedKeys;
     if (!cached || Date.now() - cached.readAt > erasedKeysCacheMs) {
       try {
-        const rows = await withControlPlane(this.rt.config, this.rt.env, (db) => erasuresOf(db, tenantId));
+        const rows = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
+          erasuresOf(db, tenantId),
+        );
         const byId = new Map<string, ErasedKey>();
         for (const row of rows) {
           for (const id of row.keyIds) {

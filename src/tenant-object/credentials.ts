@@ -269,7 +269,7 @@ export class TenantCredentials {
     if (!adopted) throw new LessorError("internal", { internal: "not a customer's database" });
     let to = target;
     if (!to) {
-      const sealed = await withControlPlane(this.rt.config, this.rt.env, (db) =>
+      const sealed = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
         loadSealedPassword(db, record.tenantId),
       );
       if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });

@@ -108,7 +108,7 @@ export class TenantErase {
     if (!record) {
       // Unknown; or erased; or erasing while this object has forgotten it (restarted after its
       // storage was wiped): the control plane says which.
-      const job = await withControlPlane(rt.config, rt.env, (db) => loadEraseOf(db, tenantId));
+      const job = await withControlPlane(rt.config, rt.env, rt.region, (db) => loadEraseOf(db, tenantId));
       if (!job) throw new LessorError("tenant_not_found");
       if (job.state === "erased") throw erasedError(job.erasedAt?.getTime() ?? null);
       this.adopt(job);
@@ -134,7 +134,7 @@ export class TenantErase {
     };
     let outcome: Awaited<ReturnType<typeof openErase>>;
     try {
-      outcome = await withControlPlane(rt.config, rt.env, (db) =>
+      outcome = await withControlPlane(rt.config, rt.env, rt.region, (db) =>
         openErase(db, { tenantId, actor, forced: force, claimTimeoutMs: campaignClaimTimeoutMs }),
       );
     } catch (error) {
@@ -168,7 +168,9 @@ export class TenantErase {
 
   /** The job's status from the control plane (what a repeated request answers). */
   private async statusOrGate(tenantId: string): Promise<EraseStatus> {
-    const job = await withControlPlane(this.rt.config, this.rt.env, (db) => loadEraseOf(db, tenantId));
+    const job = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
+      loadEraseOf(db, tenantId),
+    );
     if (!job) throw new LessorError("tenant_not_found");
     if (job.state === "erased") throw erasedError(job.erasedAt?.getTime() ?? null);
     await this.kick();
@@ -228,7 +230,9 @@ export class TenantErase {
     const gate = this.rt.erase;
     if (gate?.state === "erased")
       return { state: "erased", erasedAt: new Date(gate.erasedAt ?? 0).toISOString() };
-    const job = await withControlPlane(this.rt.config, this.rt.env, (db) => loadEraseOf(db, tenantId));
+    const job = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
+      loadEraseOf(db, tenantId),
+    );
     if (!job) throw new LessorError("erase_not_found");
     return statusOf(job);
   }
@@ -238,7 +242,7 @@ export class TenantErase {
     for (let taken = 0; taken < stagesPerRun; taken++) {
       let job: EraseJob | null;
       try {
-        job = await withControlPlane(rt.config, rt.env, async (db) => {
+        job = await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
           const found = await loadEraseOf(db, tenantId);
           // A failure the control plane could not hear of when it happened is recorded now.
           if (found?.state === "erasing" && this.unrecorded) {
@@ -263,7 +267,9 @@ export class TenantErase {
       try {
         await this.step(tenantId, { point: "started", stage });
         if (stage === "commit") {
-          const outcome = await withControlPlane(rt.config, rt.env, (db) => commitErase(db, current));
+          const outcome = await withControlPlane(rt.config, rt.env, rt.region, (db) =>
+            commitErase(db, current),
+          );
           if (outcome.kind === "recheck_failed") {
             // The stage the re-check named removes what was written meanwhile; run on from there.
             logEvent("warn", "erase_recheck_failed", { tenant: tenantId, summary: outcome.verdict.summary });
@@ -281,7 +287,7 @@ export class TenantErase {
         const next = stageAfter(stage) ?? "commit";
         // A stage the re-check sent the job back to adds what it removed this time.
         const total = addCounts(current.counts[stage] ?? {}, counts);
-        await withControlPlane(rt.config, rt.env, (db) =>
+        await withControlPlane(rt.config, rt.env, rt.region, (db) =>
           advanceErase(db, current.ordinal, stage, next, total),
         );
         this.failures = 0;
@@ -321,7 +327,7 @@ export class TenantErase {
     const target = ordinal ?? rt.erase?.ordinal ?? null;
     try {
       if (target === null || target === 0) throw new Error("no job to record the failure on");
-      await withControlPlane(rt.config, rt.env, (db) =>
+      await withControlPlane(rt.config, rt.env, rt.region, (db) =>
         recordEraseFailure(db, target, pending.failures, message, delay),
       );
       this.unrecorded = null;
@@ -381,9 +387,9 @@ export class TenantErase {
   }
 
   private onControlPlane<T extends Record<string, number>>(
-    work: Parameters<typeof withControlPlane<T>>[2],
+    work: Parameters<typeof withControlPlane<T>>[3],
   ): Promise<T> {
-    return withControlPlane(this.rt.config, this.rt.env, work);
+    return withControlPlane(this.rt.config, this.rt.env, this.rt.region, work);
   }
 
   /**

@@ -10,6 +10,7 @@ import { logEvent } from "../log/index.ts";
 import { detached } from "../tenant-context/index.ts";
 import type { TenantDrain } from "./drain.ts";
 import type { TenantErase } from "./erase.ts";
+import type { TenantMove } from "./move.ts";
 import { flushOutboxes, hasPendingOutbox } from "./outbox.ts";
 import type { TenantPool } from "./pool.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
@@ -17,7 +18,13 @@ import type { SessionLeases } from "./sessions.ts";
 
 export async function heartbeat(
   rt: TenantRuntime,
-  rooms: { pool: TenantPool; sessions: SessionLeases; drain: TenantDrain; erase: TenantErase },
+  rooms: {
+    pool: TenantPool;
+    sessions: SessionLeases;
+    drain: TenantDrain;
+    erase: TenantErase;
+    move: TenantMove;
+  },
 ): Promise<void> {
   const { pool, sessions, drain } = rooms;
   const now = Date.now();
@@ -26,6 +33,12 @@ export async function heartbeat(
     // (what the outboxes hold is the tenant's, and goes with the object's storage), and arms the
     // alarm itself.
     await rooms.erase.tick();
+    return;
+  }
+  if (rt.move) {
+    // A move owns the object: its drain ends the leases and the pool, flushes the outboxes, and
+    // arms the alarm itself; once moved, the object is a pointer with nothing to look after.
+    await rooms.move.tick();
     return;
   }
   await detached(() => sessions.reclaimExpired(now));

@@ -19,6 +19,7 @@
  *     rotation.ts   credential rotation through overlapping generations
  *     outbox.ts     lifecycle events and usage to the control plane
  *     erase.ts      the tenant erase: the gate and the stages
+ *     move.ts       the move to another region: the fence, the stages, the pointer left behind
  *     heartbeat.ts  the alarm
  *     test-hooks.ts test-only step hooks and per-tenant settings (inert in production)
  */
@@ -27,11 +28,14 @@ import { recoverAfterRestart } from "../core/lifecycle.ts";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
 import { LessorError } from "../errors/index.ts";
+import { tenantObject } from "../placement/index.ts";
 import type { EvictOutcome, GenerationCheck, ShrinkOutcome } from "../rpc/budget.ts";
 import type {
   EraseAnswer,
   KeyProof,
   MigrateOutcome,
+  MoveAnswer,
+  MovedIn,
   RotateOutcome,
   SessionOpened,
   SqlOutcome,
@@ -46,10 +50,11 @@ import { TenantDrain } from "./drain.ts";
 import { TenantErase } from "./erase.ts";
 import { heartbeat } from "./heartbeat.ts";
 import { SchemaMigration } from "./migrate.ts";
+import { movedError, movingError, TenantMove } from "./move.ts";
 import { TenantPool } from "./pool.ts";
 import { TenantQueries } from "./query.ts";
 import { CredentialRotation } from "./rotation.ts";
-import { type EraseGate, TenantRuntime } from "./runtime.ts";
+import { type EraseGate, type MoveGate, TenantRuntime } from "./runtime.ts";
 import { SessionLeases } from "./sessions.ts";
 import { WireConnections } from "./wire.ts";
 
@@ -64,6 +69,7 @@ export class TenantObject extends DurableObject<Env> {
   private readonly migration: SchemaMigration;
   private readonly rotation: CredentialRotation;
   private readonly erasure: TenantErase;
+  private readonly moves: TenantMove;
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
@@ -95,6 +101,7 @@ export class TenantObject extends DurableObject<Env> {
     this.migration = new SchemaMigration(rt, this.auth, this.pool);
     this.rotation = new CredentialRotation(rt, this.auth, this.pool);
     this.erasure = new TenantErase(rt, this.auth, this.pool, this.sessions, this.wire);
+    this.moves = new TenantMove(rt, this.auth, this.pool, this.sessions);
     ctx.blockConcurrencyWhile(() => this.load());
   }
 
@@ -107,6 +114,7 @@ export class TenantObject extends DurableObject<Env> {
     rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
     rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
     rt.erase = rt.storage.read<EraseGate>("erase");
+    rt.move = rt.storage.read<MoveGate>("move");
     rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
     this.pool.restoreLastUsed();
     const { lifecycle, deadGenerations } = recoverAfterRestart(rt.lifecycle);
@@ -129,7 +137,9 @@ export class TenantObject extends DurableObject<Env> {
         );
       }
     }
-    if (rt.storage.pendingOutboxRows() > 0 || unstagedUsage || rt.erasing) {
+    // A move not committed yet resumes from the alarm (a killed instance's runner is gone).
+    const moveRunning = rt.move !== null && rt.move.committed !== true;
+    if (rt.storage.pendingOutboxRows() > 0 || unstagedUsage || rt.erasing || moveRunning) {
       await rt.ensureAlarm(Date.now() + 1_000);
     }
   }
@@ -138,6 +148,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Installs or replaces the catalog record (provisioning, disable, enable, key changes). */
   async configure(record: TenantRecord): Promise<void> {
+    // A move owns the object now: a late refresh must not bring keys back here.
+    if (this.rt.move !== null) return;
     await this.auth.install(record);
     this.sessions.endLeasesOfRemovedKeys(record);
     this.wire.endForRemovedKeys(record);
@@ -146,8 +158,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Pins or unpins the pool: a pinned pool is never chosen as an eviction victim. */
   async setPinned(pinned: boolean): Promise<void> {
-    // An erase owns the object now (the route refuses first; this covers a race with it).
-    if (this.rt.erasing) return;
+    // An erase or a move owns the object now (the route refuses first; this covers a race with it).
+    if (this.rt.erasing || this.rt.move !== null) return;
     // Called only for a tenant the catalog holds, so its storage may be created.
     await this.rt.storage.open();
     this.rt.pinned = pinned;
@@ -157,6 +169,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Authenticates a tenant key hash for the tenant's own REST endpoints. */
   async verifyKey(tenantId: string, proof: KeyProof): Promise<Verdict> {
+    const moved = this.moveRefusal(tenantId, "new");
+    if (moved) return { ok: false, error: moved };
     try {
       await this.auth.authenticate(tenantId, proof);
       return { ok: true };
@@ -178,10 +192,14 @@ export class TenantObject extends DurableObject<Env> {
     requiredSchemaVersion: number | null = null,
     bearer: string | null = null,
   ): Promise<SqlOutcome> {
+    const moved = this.moveRefusal(tenantId, "new");
+    if (moved) return Promise.resolve({ ok: false, error: moved, authenticated: false });
     return this.counted(this.queries.sql(tenantId, proof, request, requiredSchemaVersion, bearer));
   }
 
   openSession(tenantId: string, proof: KeyProof, ttlMs: number): Promise<SessionOpened> {
+    const moved = this.moveRefusal(tenantId, "new");
+    if (moved) return Promise.resolve({ ok: false, error: moved });
     return this.counted(this.sessions.open(tenantId, proof, ttlMs));
   }
 
@@ -192,11 +210,34 @@ export class TenantObject extends DurableObject<Env> {
     statement: Statement,
     output: OutputMode = driverOutputMode,
   ): Promise<SqlOutcome> {
+    const moved = this.moveRefusal(tenantId, "lease");
+    if (moved) return Promise.resolve({ ok: false, error: moved, authenticated: false });
     return this.counted(this.sessions.sql(tenantId, proof, token, statement, output));
   }
 
   closeSession(tenantId: string, proof: KeyProof, token: string): Promise<Verdict> {
+    const moved = this.moveRefusal(tenantId, "lease");
+    if (moved) return Promise.resolve({ ok: false, error: moved });
     return this.counted(this.sessions.close(tenantId, proof, token));
+  }
+
+  /**
+   * Why this object refuses a caller of `tenantId` because of a move (null: it does not): while the
+   * fence holds, new work gets `503 tenant_moving` (a statement on a lease opened before still
+   * runs, until the drain ends the lease); once the tenant moved, everything gets `409
+   * tenant_moved` naming its region, which the Worker follows (src/placement/moves.ts).
+   */
+  private moveRefusal(tenantId: string, purpose: "new" | "lease") {
+    const gate = this.rt.move;
+    if (gate?.tenantId !== tenantId) return null;
+    if (gate.state === "moved") return movedError(gate.to).toWire();
+    return purpose === "new" ? movingError().toWire() : null;
+  }
+
+  /** The new owner of a tenant that moved away, for the budget's and the reaper's questions. */
+  private newOwner() {
+    const gate = this.rt.move;
+    return gate?.state === "moved" ? tenantObject(this.env, gate.to, gate.tenantId) : null;
   }
 
   /**
@@ -211,6 +252,8 @@ export class TenantObject extends DurableObject<Env> {
         { status: 404 },
       );
     }
+    const moved = this.moveRefusal(open.tenantId, "new");
+    if (moved) return Response.json({ error: moved, authenticated: false }, { status: 409 });
     return this.counted(this.wire.accept(open));
   }
 
@@ -267,6 +310,7 @@ export class TenantObject extends DurableObject<Env> {
       retiring: this.pool.retiringStatus,
       rotatingTo: lc.rotatingTo,
       erasing: this.rt.erasing,
+      move: this.rt.move ? { state: this.rt.move.state, to: this.rt.move.to } : null,
       storageRowsWritten: this.rt.storage.rowsWritten,
       pool: this.pool.sizing.status(),
     };
@@ -280,6 +324,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Asked by the BudgetObject: stop this generation if it is idle right now. */
   evictIfIdle(generation: number): Promise<EvictOutcome> {
+    const owner = this.newOwner();
+    if (owner) return owner.evictIfIdle(generation);
     return this.drains.evictIfIdle(generation);
   }
 
@@ -288,11 +334,15 @@ export class TenantObject extends DurableObject<Env> {
    * connections of `generation` (adaptive hosts; see sizing.ts). Never a lease in use.
    */
   shrinkIdle(generation: number, want: number): Promise<ShrinkOutcome> {
+    const owner = this.newOwner();
+    if (owner) return owner.shrinkIdle(generation, want);
     return this.pool.sizing.shrinkIdle(generation, want);
   }
 
   /** For the orphan reaper: does this object still hold connections of `generation`? */
   async holdsGeneration(generation: number): Promise<boolean> {
+    const owner = this.newOwner();
+    if (owner) return owner.holdsGeneration(generation);
     return this.pool.holds(generation);
   }
 
@@ -302,6 +352,8 @@ export class TenantObject extends DurableObject<Env> {
    * is the current ready one, the pool's own facts (the ledger corrects its copy from them).
    */
   async checkGeneration(generation: number): Promise<GenerationCheck> {
+    const owner = this.newOwner();
+    if (owner) return owner.checkGeneration(generation);
     this.pool.reclaimOverdueLeases(Date.now());
     const lc = this.rt.lifecycle;
     const current = lc.generation === generation && lc.state === "ready";
@@ -310,6 +362,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** For budget reconciliation: does this instance still hold the maintenance slot `leaseId`? */
   async holdsMaintenance(leaseId: string): Promise<boolean> {
+    const owner = this.newOwner();
+    if (owner && !this.rt.maintenanceHeld.has(leaseId)) return owner.holdsMaintenance(leaseId);
     return this.rt.maintenanceHeld.has(leaseId);
   }
 
@@ -320,6 +374,8 @@ export class TenantObject extends DurableObject<Env> {
       const code = this.rt.erasing ? "tenant_erasing" : "tenant_erased";
       return { ok: false, error: new LessorError(code, { retryAfterSeconds: 5 }).toWire() };
     }
+    const moved = this.moveRefusal(tenantId, "new");
+    if (moved) return { ok: false, error: moved };
     // A rotation starts a pool (a pool start is counted in usage).
     return this.counted(this.rotation.rotate(tenantId));
   }
@@ -344,6 +400,13 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Migrates the tenant's database to `targetVersion` (see migrate.ts). */
   migrate(tenantId: string, targetVersion: number, drainTimeoutMs: number): Promise<MigrateOutcome> {
+    // A campaign migrates its own region's tenants only: a tenant that moved away is not one.
+    if (this.rt.move?.tenantId === tenantId) {
+      return Promise.resolve({
+        outcome: "skipped",
+        reason: this.rt.move.state === "moving" ? "tenant_moving" : "tenant_unknown",
+      });
+    }
     return this.migration.migrate(tenantId, targetVersion, drainTimeoutMs);
   }
 
@@ -351,6 +414,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Starts erasing the tenant (or answers the erase running); the gate is closed when this answers. */
   requestErase(tenantId: string, actor: string, force: boolean): Promise<EraseAnswer> {
+    const moved = this.moveRefusal(tenantId, "new");
+    if (moved) return Promise.resolve({ ok: false, error: moved });
     return this.erasure.request(tenantId, actor, force);
   }
 
@@ -359,12 +424,39 @@ export class TenantObject extends DurableObject<Env> {
     return this.erasure.resume(tenantId);
   }
 
+  // ── Move ───────────────────────────────────────────────────────────────────────────────────────
+
+  /** Starts moving the tenant to region `to` (or answers the move running); the fence is closed when this answers. */
+  requestMove(tenantId: string, to: string, actor: string, force: boolean): Promise<MoveAnswer> {
+    return this.moves.request(tenantId, to, actor, force);
+  }
+
+  /** Resumes a running move from its progress row (the cron trigger calls this); answers its status. */
+  resumeMove(tenantId: string): Promise<MoveAnswer> {
+    return this.moves.resume(tenantId);
+  }
+
+  /**
+   * Called on the new region's object at a move's `start` stage: the record, and the sequence
+   * numbers its outboxes go on from. A pointer this object held (the tenant lived here before and
+   * moved away) is dropped: it is the owner again.
+   */
+  async moveIn(moved: MovedIn): Promise<void> {
+    if (this.rt.move !== null) {
+      this.rt.move = null;
+      if (this.rt.storage.isOpen) this.rt.storage.forget("move");
+    }
+    await this.auth.install(moved.record);
+    this.rt.storage.raiseSequences(moved.eventSeq, moved.usageSeq);
+  }
+
   override async alarm(): Promise<void> {
     await heartbeat(this.rt, {
       pool: this.pool,
       sessions: this.sessions,
       drain: this.drains,
       erase: this.erasure,
+      move: this.moves,
     });
   }
 }

@@ -133,7 +133,7 @@ export class SchemaMigration {
     rt.storage.write("record", rt.record);
     rt.storage.write(pendingCatalogVersionKey, version);
     try {
-      await withControlPlane(rt.config, rt.env, (db) =>
+      await withControlPlane(rt.config, rt.env, rt.region, (db) =>
         writeCatalogSchemaVersion(db, record.tenantId, version),
       );
       rt.storage.forget(pendingCatalogVersionKey);

@@ -71,7 +71,7 @@ export class GenerationOpener {
    */
   async claimGeneration(record: TenantRecord): Promise<string> {
     const rt = this.rt;
-    const sealed = await withControlPlane(rt.config, rt.env, async (db) => {
+    const sealed = await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
       for (
         let tries = 0;
         !(await appendGeneration(db, record.tenantId, rt.lifecycle.generation, record.poolSize));
@@ -179,7 +179,7 @@ export class GenerationOpener {
     work: (client: Client) => Promise<T>,
   ): Promise<T> {
     const config = this.rt.config;
-    const sealed = await withControlPlane(config, this.rt.env, (db) =>
+    const sealed = await withControlPlane(config, this.rt.env, this.rt.region, (db) =>
       loadSealedPassword(db, record.tenantId),
     );
     if (!sealed) throw new LessorError("internal", { internal: "tenant has no sealed credential" });

@@ -23,7 +23,7 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
   ) {
     return;
   }
-  await withControlPlane(rt.config, rt.env, async (db) => {
+  await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
     // From here on the rows may reach the control plane even if the flush fails before forgetting them.
     rt.storage.markAttempted(events.at(-1)?.seq ?? null, usage.at(-1)?.seq ?? null);
     await appendLifecycleEvents(db, record.tenantId, events);

@@ -329,6 +329,8 @@ export class TenantPool implements SizedPool {
     for (let attempt = 0; attempt < 4; attempt++) {
       // An erase closed the gate (maybe while this request waited behind a start): no new lease.
       if (this.rt.erasing) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
+      // A move's fence closed (docs/adr/023-regions.md): no new lease here either.
+      if (this.rt.move !== null) throw new LessorError("tenant_moving", { retryAfterSeconds: 1 });
       const decision = admitDecision(this.rt.lifecycle, Date.now());
       switch (decision.kind) {
         case "use": {

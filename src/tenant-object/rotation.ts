@@ -168,7 +168,7 @@ export class CredentialRotation {
         source.kind === "generated"
           ? await this.pool.credentials.changePassword(record, password, "rotate")
           : "";
-      await withControlPlane(rt.config, rt.env, (db) =>
+      await withControlPlane(rt.config, rt.env, rt.region, (db) =>
         recordCredential(db, record, next, sealed, source, false),
       );
       if (next !== record) await this.auth.install(next);
@@ -230,7 +230,7 @@ export class CredentialRotation {
           ? await this.pool.credentials.changePassword(record, password, "rotate", 2 * record.poolSize + 1)
           : "";
       await this.step(record, "password_changed");
-      await withControlPlane(rt.config, rt.env, async (db) => {
+      await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
         if (!(await appendGeneration(db, record.tenantId, to, record.poolSize))) {
           throw new LessorError("internal", { internal: "rotation generation already taken" });
         }

@@ -7,6 +7,7 @@
 
 import { type LessorConfig, loadConfig } from "../config/index.ts";
 import { initialLifecycle, type Lifecycle } from "../core/lifecycle.ts";
+import { parseTenantObjectName } from "../core/placement.ts";
 import { budgetObject } from "../placement/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
@@ -28,6 +29,23 @@ export interface EraseGate {
   keyIds: string[];
   startedAt: number;
   erasedAt: number | null;
+}
+
+/**
+ * A move of this tenant to another region (src/tenant-object/move.ts, docs/adr/023-regions.md):
+ * while `moving`, nothing new is served here (the fence); once `moved`, this object serves nothing
+ * and holds nothing but this pointer, which sends every caller to the tenant's new region.
+ * Persisted in the object's storage, and kept by the move's cleanup.
+ */
+export interface MoveGate {
+  tenantId: string;
+  /** The move's row in this region's control plane (0 until it is written). */
+  jobId: number;
+  to: string;
+  state: "moving" | "moved";
+  startedAt: number;
+  /** The job committed: nothing is left to run (until then a restarted object resumes it). */
+  committed?: boolean;
 }
 
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
@@ -73,11 +91,29 @@ export class TenantRuntime {
   readonly deadlines = new Deadlines();
   /** Set once an erase of this tenant started; null otherwise. */
   erase: EraseGate | null = null;
+  /** Set once a move of this tenant to another region started; null otherwise. */
+  move: MoveGate | null = null;
+
+  /** Whether a move holds the fence closed: nothing new may start here. */
+  get moving(): boolean {
+    return this.move?.state === "moving";
+  }
+
+  /** The region the tenant moved to, once this object is only a pointer; null otherwise. */
+  get movedTo(): string | null {
+    return this.move?.state === "moved" ? this.move.to : null;
+  }
 
   /** Whether an erase holds the gate closed: nothing new may start. */
   get erasing(): boolean {
     return this.erase?.state === "erasing";
   }
+
+  /**
+   * The region this object serves its tenant in, from the object's own name (src/core/placement.ts):
+   * it reads and writes only this region's control plane (docs/adr/023-regions.md).
+   */
+  readonly region: string;
 
   constructor(
     readonly ctx: DurableObjectState,
@@ -85,6 +121,8 @@ export class TenantRuntime {
   ) {
     this.loadedConfig = loadConfig(env);
     this.storage = new TenantStorage(ctx.storage);
+    const named = ctx.id.name === undefined ? null : parseTenantObjectName(ctx.id.name).region;
+    this.region = named ?? this.loadedConfig.defaultRegion;
   }
 
   /** The deployment's configuration (with a test's settings for this tenant: test-hooks.ts). */

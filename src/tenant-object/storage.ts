@@ -117,6 +117,66 @@ export class TenantStorage {
     if (this.db) this.db.delete(kv).where(eq(kv.k, key)).run();
   }
 
+  /**
+   * Deletes everything the object holds but the named `kv` entries, in one transaction (a move's
+   * cleanup keeps its pointer: there is no moment without it).
+   */
+  wipeExcept(keep: readonly string[]): { outbox: number; usageOutbox: number; sessionTokens: number } {
+    const counts = this.rowCounts();
+    this.transaction(() => {
+      this.tables.delete(outbox).run();
+      this.tables.delete(usageOutbox).run();
+      this.tables.delete(sessionTokens).run();
+      this.tables
+        .delete(kv)
+        .where(
+          sql`${kv.k} NOT IN (${sql.join(
+            keep.map((k) => sql`${k}`),
+            sql`, `,
+          )})`,
+        )
+        .run();
+    });
+    return counts;
+  }
+
+  /**
+   * Makes the outboxes number on above `events` and `usage` (a tenant that moved here from another
+   * region: the control plane already holds its rows up to those sequence numbers, and a replay
+   * of the same (tenant, seq) is ignored there). AUTOINCREMENT never goes back below a number once
+   * used, so a row written at the floor and deleted again is enough. Never lowers anything.
+   */
+  raiseSequences(events: number, usage: number): void {
+    this.transaction(() => {
+      const eventsAt = this.tables.get<{ n: number | null }>(sql`SELECT max(seq) AS n FROM ${outbox}`).n ?? 0;
+      if (events > eventsAt) {
+        this.tables
+          .insert(outbox)
+          .values({ seq: events, generation: 0, fromState: "", toState: "", reason: "", at: 0, attempted: 1 })
+          .run();
+        this.tables.delete(outbox).where(eq(outbox.seq, events)).run();
+      }
+      const usageAt =
+        this.tables.get<{ n: number | null }>(sql`SELECT max(seq) AS n FROM ${usageOutbox}`).n ?? 0;
+      if (usage > usageAt) {
+        this.tables
+          .insert(usageOutbox)
+          .values({
+            seq: usage,
+            queries: 0,
+            rowsReturned: 0,
+            errors: 0,
+            leaseMs: 0,
+            poolStarts: 0,
+            at: 0,
+            attempted: 1,
+          })
+          .run();
+        this.tables.delete(usageOutbox).where(eq(usageOutbox.seq, usage)).run();
+      }
+    });
+  }
+
   // ── lifecycle outbox ───────────────────────────────────────────────────────────────────────────
 
   appendEvent(generation: number, fromState: string, toState: string, reason: string): void {

@@ -195,6 +195,7 @@ describe("the control plane is down", () => {
         "budget-reconcile": `ok: checked ${warm.length} allocations on ${loadConfig(env).hosts.size} hosts, released 0; freed 0 expired maintenance slots; terminated 0 orphaned backends`,
         "credential-rotation": "ok: no rotation policy (LESSOR_CREDENTIAL_ROTATION_DAYS unset)",
         "erase-resume": unreachable,
+        "move-resume": unreachable,
         // Nothing to take over or roll back on any host, so nothing needed the control plane.
         "host-hygiene": `ok: ${loadConfig(env).hosts.size} hosts: 0 tenant databases taken over, 0 prepared transactions rolled back, 0 failures`,
         "migration-campaigns": unreachable,

@@ -352,11 +352,18 @@ describe("adaptive admission", () => {
       expect(afterGrowth.pooled.grown).toBe(4);
       // /metrics shows it by host, and names no tenant.
       const metrics = await (await admin("/metrics")).text();
-      const granted = /^lessor_pool_growths_total\{host="adaptive",outcome="granted"\} (\d+)$/m.exec(metrics);
+      const granted =
+        /^lessor_pool_growths_total\{region="default",host="adaptive",outcome="granted"\} (\d+)$/m.exec(
+          metrics,
+        );
       expect(Number(granted?.[1])).toBe(afterGrowth.adaptive.growths);
-      expect(metrics).toMatch(/^lessor_pool_resized_connections\{host="adaptive",direction="grown"\} 4$/m);
-      expect(metrics).toMatch(/^lessor_pooled_connections\{host="adaptive",use="idle"\} \d+$/m);
-      expect(metrics).toMatch(/^lessor_config_adaptive\{host="adaptive"\} 1$/m);
+      expect(metrics).toMatch(
+        /^lessor_pool_resized_connections\{region="default",host="adaptive",direction="grown"\} 4$/m,
+      );
+      expect(metrics).toMatch(
+        /^lessor_pooled_connections\{region="default",host="adaptive",use="idle"\} \d+$/m,
+      );
+      expect(metrics).toMatch(/^lessor_config_adaptive\{region="default",host="adaptive"\} 1$/m);
       expect(metrics).toMatch(/^lessor_config_pool_max\{tier="elastic"\} 6$/m);
       expect(metrics).not.toContain(hot.id);
       expect(metrics).not.toContain(hot.role);

@@ -62,7 +62,7 @@ function untilErased(id: string, attempts = 120): Promise<EraseView> {
 
 /** Runs the cron job that resumes due erases, as a tick would. */
 function cronResume() {
-  return eraseResumeJob.run(env, { cron: "* * * * *", scheduledTime: Date.now() });
+  return eraseResumeJob.run(env, { cron: "* * * * *", scheduledTime: Date.now(), region: "default" });
 }
 
 function openLease(tenant: CreatedTenant): Promise<Response> {
@@ -1059,7 +1059,11 @@ describe("the audit log", () => {
         [id],
       );
     });
-    const result = await auditRetentionJob.run(env, { cron: "* * * * *", scheduledTime: Date.now() });
+    const result = await auditRetentionJob.run(env, {
+      cron: "* * * * *",
+      scheduledTime: Date.now(),
+      region: "default",
+    });
     expect(result.fields?.trimmed).toBeGreaterThanOrEqual(1);
     expect((await auditRows(id, "tenant.pin,tenant.unpin")).map((row) => row.action)).toEqual([
       "tenant.unpin",

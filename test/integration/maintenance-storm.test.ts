@@ -163,7 +163,7 @@ describe("maintenance all at once", () => {
       if (!grant.granted) throw new Error("the test could not take the host's maintenance slots");
       holds.push(grant.leaseId);
     }
-    const tick = { cron: "* * * * *", scheduledTime: Date.now() };
+    const tick = { cron: "* * * * *", scheduledTime: Date.now(), region: "default" };
     let contended = 0;
     let outcome: Settled[];
     try {

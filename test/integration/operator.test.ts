@@ -102,7 +102,7 @@ describe("GET /metrics", () => {
     expect(om.endsWith("# EOF\n")).toBe(true);
     // OpenMetrics names the counter family without `_total` and its sample with it.
     expect(om).toContain("# TYPE lessor_evictions counter");
-    expect(om).toMatch(/^lessor_evictions_total\{host="local"\} \d+$/m);
+    expect(om).toMatch(/^lessor_evictions_total\{region="default",host="local"\} \d+$/m);
     // Same series either way: drop the EOF, name counter families as 0.0.4 does (with `_total`), parse.
     const counters = [...om.matchAll(/^# TYPE (\w+) counter$/gm)].map((m) => m[1]);
     let asPrometheus = om.replace(/# EOF\n$/, "");
@@ -143,7 +143,7 @@ describe("GET /metrics", () => {
     for (const tenant of tenants) expect(labelValues.has(tenant.id)).toBe(false);
     expect(fifty).not.toContain(filePrefix);
     // The tenants really are counted (pools of the first ones may have idled out meanwhile).
-    const solo = { host: "local", tier: "solo", status: "active" };
+    const solo = { region: "default", host: "local", tier: "solo", status: "active" };
     expect(sampleValue(fifty, "lessor_tenants", solo)).toBeGreaterThanOrEqual(
       (sampleValue(five, "lessor_tenants", solo) ?? 0) + 45,
     );
@@ -158,14 +158,23 @@ describe("GET /metrics", () => {
     expect(after.admissions).toBeGreaterThan(before.admissions);
 
     const text = await scrape();
-    const granted = sampleValue(text, "lessor_admissions_total", { host: "local", outcome: "granted" }) ?? -1;
+    const granted =
+      sampleValue(text, "lessor_admissions_total", {
+        region: "default",
+        host: "local",
+        outcome: "granted",
+      }) ?? -1;
     expect(granted).toBeGreaterThanOrEqual(after.admissions);
-    expect(sampleValue(text, "lessor_config_max_connections", { host: "small" })).toBe(12);
-    expect(sampleValue(text, "lessor_config_reserve_connections", { host: "small" })).toBe(2);
+    expect(sampleValue(text, "lessor_config_max_connections", { region: "default", host: "small" })).toBe(12);
+    expect(sampleValue(text, "lessor_config_reserve_connections", { region: "default", host: "small" })).toBe(
+      2,
+    );
     expect(sampleValue(text, "lessor_config_pool_size", { tier: "solo" })).toBe(1);
-    expect(sampleValue(text, "lessor_control_plane_up")).toBe(1);
+    expect(sampleValue(text, "lessor_control_plane_up", { region: "default" })).toBe(1);
     const usage = await (await admin("/v1/usage")).json<{ usage: { queries: number } }>();
-    expect(sampleValue(text, "lessor_stats_queries_total")).toBeGreaterThanOrEqual(usage.usage.queries);
+    expect(sampleValue(text, "lessor_stats_queries_total", { region: "default" })).toBeGreaterThanOrEqual(
+      usage.usage.queries,
+    );
   });
 });
 
@@ -261,7 +270,7 @@ describe("fleet view", () => {
         expect(overview.failing?.count).toBeGreaterThan(20);
       }
       expect(
-        sampleValue(await scrape(), "lessor_pools", { host: "local", state: "failed" }),
+        sampleValue(await scrape(), "lessor_pools", { region: "default", host: "local", state: "failed" }),
       ).toBeGreaterThanOrEqual(1);
 
       const events = await (await admin("/v1/fleet/events?limit=200")).json<{

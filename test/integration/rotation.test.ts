@@ -431,6 +431,7 @@ describe("scheduled rotation", () => {
     const report = await credentialRotationJob.run(policyEnv, {
       cron: "* * * * *",
       scheduledTime: Date.now(),
+      region: "default",
     });
     expect(report.fields).toMatchObject({ due: 1, rotated: 1, deferred: 0 });
     const shown = await (await admin(`/v1/tenants/${old.id}`)).json<{
@@ -451,6 +452,7 @@ describe("scheduled rotation", () => {
     const again = await credentialRotationJob.run(policyEnv, {
       cron: "* * * * *",
       scheduledTime: Date.now(),
+      region: "default",
     });
     expect(again.fields).toMatchObject({ due: 0, rotated: 0 });
     // The rotated tenant serves on its new generation.

@@ -257,7 +257,7 @@ describe("seal key ring", () => {
     useSealKey(ring("k2", { k1, k2 }));
     const config = loadConfig(env);
 
-    const page = await withControlPlane(config, env, (db) =>
+    const page = await withControlPlane(config, env, "default", (db) =>
       readResealPage(db, env.LESSOR_SEAL_KEY, { prefix, after: null, limit: 10 }),
     );
     expect(page.rows.map((row) => row.tenantId)).toEqual([tenant.id]);
@@ -269,7 +269,9 @@ describe("seal key ring", () => {
     const afterRotation = (await credentialOf(tenant.id)).sealed;
     expect(afterRotation).toMatch(/^v2\.k2\./);
 
-    const written = await withControlPlane(config, env, (db) => writeResealed(db, computed.resealed));
+    const written = await withControlPlane(config, env, "default", (db) =>
+      writeResealed(db, computed.resealed),
+    );
     expect(written).toEqual({ resealed: 0, skipped: 1 });
     expect((await credentialOf(tenant.id)).sealed).toBe(afterRotation);
     await resetObject(tenant);
@@ -324,17 +326,21 @@ describe("seal key ring", () => {
     for (const n of [1, 2, 3]) tenants.push(await createTenant(`${prefix}-${n}`, { tier: "free" }));
     useSealKey(ring("k2", { k1, k2 }));
 
-    const first = await resealTick(env, loadConfig(env), { prefix, batch: 2 });
+    const first = await resealTick(env, loadConfig(env), { prefix, batch: 2, region: "default" });
     expect(first).toMatchObject({ resealed: 2, failed: 0, remaining: 1 });
-    const second = await resealTick(env, loadConfig(env), { prefix, batch: 2 });
+    const second = await resealTick(env, loadConfig(env), { prefix, batch: 2, region: "default" });
     expect(second).toMatchObject({ resealed: 1, failed: 0, remaining: 0 });
-    const third = await resealTick(env, loadConfig(env), { prefix, batch: 2 });
+    const third = await resealTick(env, loadConfig(env), { prefix, batch: 2, region: "default" });
     expect(third).toMatchObject({ resealed: 0, remaining: 0 });
     for (const tenant of tenants) expect((await credentialOf(tenant.id)).sealed).toMatch(/^v2\.k2\./);
 
     // One key (the single-key form, or a ring of one): nothing can be moved, and nothing is read.
     useSealKey(suiteKey);
-    const idle = await resealJob.run(env, { cron: "* * * * *", scheduledTime: Date.now() });
+    const idle = await resealJob.run(env, {
+      cron: "* * * * *",
+      scheduledTime: Date.now(),
+      region: "default",
+    });
     expect(idle.summary).toMatch(/one key/);
   });
 });

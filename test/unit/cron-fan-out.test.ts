@@ -2,7 +2,11 @@ import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { type CronJob, type CronTick, runGuarded, runJobs } from "../../src/cron/fan-out.ts";
 
 const env = {} as Env;
-const tick: CronTick = { cron: "* * * * *", scheduledTime: Date.parse("2026-11-29T12:00:00Z") };
+const tick: CronTick = {
+  cron: "* * * * *",
+  scheduledTime: Date.parse("2026-11-29T12:00:00Z"),
+  region: "default",
+};
 
 function logLines(spy: { mock: { calls: unknown[][] } }): Record<string, unknown>[] {
   return spy.mock.calls.map((call) => JSON.parse(String(call[0])) as Record<string, unknown>);
@@ -47,7 +51,7 @@ describe("cron fan-out", () => {
       },
     ];
     const waited: Promise<unknown>[] = [];
-    const reports = await runJobs(jobs, env, tick, (promise) => waited.push(promise));
+    const reports = await runJobs(jobs, env, tick, ["default"], (promise) => waited.push(promise));
     expect(ran.sort()).toEqual(["fine", "rejects", "throws-synchronously"]);
     expect(waited).toHaveLength(3);
     expect(reports.map((r) => [r.job, r.status])).toEqual([
@@ -116,7 +120,40 @@ describe("cron fan-out", () => {
       { name: "hourly", crons: ["0 * * * *"], run: async () => ({ summary: "ok" }) },
       { name: "minutely", crons: ["* * * * *"], run: async () => ({ summary: "ok" }) },
     ];
-    const reports = await runJobs(jobs, env, tick, () => undefined);
+    const reports = await runJobs(jobs, env, tick, ["default"], () => undefined);
     expect(reports.map((r) => r.job)).toEqual(["every-tick", "minutely"]);
+  });
+
+  it("runs every job once per region, each on its own: a region whose control plane is down fails only its runs", async () => {
+    const seen: string[] = [];
+    const jobs: CronJob[] = [
+      {
+        name: "erase-resume",
+        run: async (_env, { region }) => {
+          seen.push(`erase-resume@${region}`);
+          if (region === "eu") throw new Error("control plane of eu unreachable");
+          return { summary: "no erase due" };
+        },
+      },
+      {
+        name: "usage-fold",
+        run: async (_env, { region }) => {
+          seen.push(`usage-fold@${region}`);
+          return { summary: `folded ${region}` };
+        },
+      },
+    ];
+    const reports = await runJobs(jobs, env, tick, ["us", "eu"], () => undefined);
+    expect(seen.sort()).toEqual(["erase-resume@eu", "erase-resume@us", "usage-fold@eu", "usage-fold@us"]);
+    expect(reports.map((r) => [r.job, r.region, r.status])).toEqual([
+      ["erase-resume", "us", "ok"],
+      ["usage-fold", "us", "ok"],
+      ["erase-resume", "eu", "failed"],
+      ["usage-fold", "eu", "ok"],
+    ]);
+    // Each run's log line names its region.
+    expect(logLines(error)).toEqual([
+      expect.objectContaining({ job: "erase-resume", region: "eu", status: "failed" }),
+    ]);
   });
 });

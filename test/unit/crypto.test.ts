@@ -99,7 +99,7 @@ describe("tenant keys", () => {
     const { key, keyId } = await mintTenantKey(ring, "acme");
     expect(key).toMatch(/^lsk_[A-Za-z0-9_-]{64}$/);
     expect(keyId).toMatch(/^k_[0-9a-f]{16}$/);
-    expect(await verifyTenantKey(ring, "acme", key)).toEqual({ keyId });
+    expect(await verifyTenantKey(ring, "acme", key)).toEqual({ keyId, region: null });
   });
 
   it("never repeats a key, a key id or a password", async () => {
@@ -135,11 +135,11 @@ describe("tenant keys", () => {
   it("keeps working across a MAC key rotation, and stops once the old key leaves the ring", async () => {
     const old = await mintTenantKey(ring, "acme");
     const fresh = await mintTenantKey(rotated, "acme");
-    expect(await verifyTenantKey(rotated, "acme", old.key)).toEqual({ keyId: old.keyId });
-    expect(await verifyTenantKey(rotated, "acme", fresh.key)).toEqual({ keyId: fresh.keyId });
+    expect(await verifyTenantKey(rotated, "acme", old.key)).toEqual({ keyId: old.keyId, region: null });
+    expect(await verifyTenantKey(rotated, "acme", fresh.key)).toEqual({ keyId: fresh.keyId, region: null });
     const retired: KeyMacRing = { current: 2, keys: new Map([[2, rotated.keys.get(2) ?? ""]]) };
     expect(await verifyTenantKey(retired, "acme", old.key)).toBeNull();
-    expect(await verifyTenantKey(retired, "acme", fresh.key)).toEqual({ keyId: fresh.keyId });
+    expect(await verifyTenantKey(retired, "acme", fresh.key)).toEqual({ keyId: fresh.keyId, region: null });
   });
 
   it("parses LESSOR_KEY_MAC_KEYS as one key or a ring, naming the problem otherwise", () => {

@@ -850,3 +850,70 @@ describe("lessorctl help and output", () => {
     ]);
   });
 });
+
+describe("lessorctl and regions", () => {
+  it("tenants move asks the tenant's region to move it, prints the job, and move-status follows it", async () => {
+    const moving = {
+      state: "moving",
+      from: "us",
+      to: "eu",
+      stage: "drain",
+      startedAt: "2026-12-01T18:00:00.000Z",
+      attempts: 0,
+      lastError: null,
+    };
+    const run = await lessorctl(["--region", "us", "tenants", "move", "acme", "--to", "eu"], {
+      "POST /v1/tenants/acme/move": () => Response.json(moving, { status: 202 }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual([
+      "tenant=acme state=moving from=us to=eu stage=drain started_at=2026-12-01T18:00:00.000Z attempts=0 last_error=-",
+    ]);
+    const request = run.requests[0];
+    expect(new URL(request?.url ?? "").searchParams.get("region")).toBe("us");
+    expect(await request?.json()).toEqual({ region: "eu" });
+
+    const done = await lessorctl(
+      ["tenants", "move-status", "acme"],
+      {
+        "GET /v1/tenants/acme/move": () => ({
+          state: "moved",
+          from: "us",
+          to: "eu",
+          startedAt: "2026-12-01T18:00:00.000Z",
+          movedAt: "2026-12-01T18:00:09.000Z",
+        }),
+      },
+      { LESSOR_REGION: "us" },
+    );
+    expect(done.stdout).toEqual(["tenant=acme state=moved from=us to=eu moved_at=2026-12-01T18:00:09.000Z"]);
+    expect(new URL(done.requests[0]?.url ?? "").searchParams.get("region")).toBe("us");
+  });
+
+  it("lists a region's tenants with a region column, and creates a tenant in a region", async () => {
+    const list = await lessorctl(["--region", "eu", "tenants", "list"], {
+      "GET /v1/tenants": () => ({
+        region: "eu",
+        tenants: [
+          {
+            id: "acme",
+            status: "active",
+            tier: "standard",
+            host: "eu-1",
+            schemaVersion: 3,
+            createdAt: "2026-12-01T18:00:00.000Z",
+          },
+        ],
+        nextCursor: null,
+      }),
+    });
+    expect(list.stdout).toEqual([
+      "tenant=acme region=eu status=active tier=standard host=eu-1 schema_version=3 created_at=2026-12-01T18:00:00.000Z",
+    ]);
+    const created = await lessorctl(["tenants", "create", "acme", "--in", "eu", "--connection-string"], {
+      "POST /v1/tenants": () =>
+        Response.json({ tenant: {}, key: "lsk_x", connectionString: "postgres://x" }, { status: 201 }),
+    });
+    expect(await created.requests[0]?.json()).toEqual({ id: "acme", region: "eu" });
+  });
+});

@@ -20,6 +20,7 @@ import {
 } from "../../local/cron.ts";
 import { lineSplitter, stackOutputFilter } from "../../local/output-filter.ts";
 import { claimStateDir, describeRunning, isRunning, portFromEnv, portInUse } from "../../local/preflight.ts";
+import { localRegionNames } from "../../local/stack.ts";
 import { quietWranglerEnv } from "../../local/wrangler-env.ts";
 
 const cleanups: (() => void | Promise<void>)[] = [];
@@ -316,5 +317,22 @@ describe("npm start: the banner", () => {
     expect(lines.join("\n")).toContain("npx lessorctl tenants create <new id> --connection-string");
     expect(lines.join("\n")).toContain("npx lessorctl tenants key <id> --connection-string");
     expect(lines.join("\n")).toContain("Cron: off (LESSOR_LOCAL_CRON=off)");
+  });
+});
+
+describe("LESSOR_LOCAL_REGIONS", () => {
+  it("names the regions besides the default one, and refuses what is not a region name", () => {
+    expect(localRegionNames(undefined)).toEqual([]);
+    expect(localRegionNames(" ")).toEqual([]);
+    expect(localRegionNames("eu")).toEqual(["eu"]);
+    expect(localRegionNames("eu, ap2")).toEqual(["eu", "ap2"]);
+    expect(localRegionNames("EU")).toMatchObject({ problem: expect.stringMatching(/not a region name/) });
+    expect(localRegionNames("eu-west")).toMatchObject({
+      problem: expect.stringMatching(/not a region name/),
+    });
+    expect(localRegionNames("default")).toMatchObject({
+      problem: expect.stringMatching(/not a region name/),
+    });
+    expect(localRegionNames("eu,eu")).toMatchObject({ problem: expect.stringMatching(/twice/) });
   });
 });

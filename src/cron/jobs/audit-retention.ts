@@ -16,7 +16,7 @@ export const auditRetentionJob: CronJob = {
   async run(env, tick) {
     const config = loadConfig(env);
     const before = new Date(tick.scheduledTime - config.auditRetentionDays * 86_400_000);
-    const trimmed = await withControlPlane(config, env, (db) => trimAudit(db, before, batch));
+    const trimmed = await withControlPlane(config, env, tick.region, (db) => trimAudit(db, before, batch));
     return {
       summary: `aged out ${trimmed} audit row(s) older than ${config.auditRetentionDays} days`,
       fields: { trimmed, retentionDays: config.auditRetentionDays },

@@ -14,9 +14,10 @@ import type { CronJob } from "../fan-out.ts";
 export const budgetReconcileJob: CronJob = {
   name: "budget-reconcile",
   timeoutMs: 30_000,
-  async run(env) {
+  async run(env, tick) {
     const config = loadConfig(env);
-    const hosts = [...config.hosts.values()];
+    // The region's hosts: each region reconciles its own (docs/adr/023-regions.md).
+    const hosts = [...config.hosts.values()].filter((host) => host.region === tick.region);
     const results: {
       checked: number;
       released: number;
@@ -37,7 +38,9 @@ export const budgetReconcileJob: CronJob = {
     );
     // Customers' tunnels: the ledger only (Lessor has no admin on a customer's server; a killed
     // object's connections through a tunnel die with its sockets, and their backends with them).
-    for (const tunnel of config.tunnels.values()) {
+    // Tunnels are the default region's (ADR 023: they name no region).
+    const tunnels = tick.region === config.defaultRegion ? [...config.tunnels.values()] : [];
+    for (const tunnel of tunnels) {
       const ledger = await budgetObject(env, tunnel.budgetName)
         .reconcile(tunnel.budgetName)
         .catch((error: unknown) => {
@@ -60,7 +63,7 @@ export const budgetReconcileJob: CronJob = {
     const maintenanceExpired = sum((r) => r.maintenanceExpired);
     const orphansTerminated = sum((r) => r.orphans.terminated);
     return {
-      summary: `checked ${checked} allocations on ${hosts.length} hosts${config.tunnels.size > 0 ? ` and ${config.tunnels.size} tunnels` : ""}, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
+      summary: `checked ${checked} allocations on ${hosts.length} hosts${tunnels.length > 0 ? ` and ${tunnels.length} tunnels` : ""}, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
       fields: { hosts: hosts.length, checked, released, maintenanceExpired, orphansTerminated },
       level: released + maintenanceExpired + orphansTerminated > 0 ? "warn" : "info",
     };

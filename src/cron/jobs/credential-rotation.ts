@@ -12,6 +12,7 @@ import { type ControlPlane, withControlPlane } from "../../control-plane/index.t
 import { adoptedDatabases, tenantCredentials, tenants } from "../../control-plane/schema.ts";
 import { describeFailure } from "../../errors/index.ts";
 import { logEvent } from "../../log/index.ts";
+import { tenantObject } from "../../placement/index.ts";
 import type { CronJob } from "../fan-out.ts";
 
 /**
@@ -62,7 +63,7 @@ export async function rotationProgress(
 export const credentialRotationJob: CronJob = {
   name: "credential-rotation",
   timeoutMs: 50_000,
-  async run(env) {
+  async run(env, tick) {
     const config = loadConfig(env);
     const days = config.credentialRotationDays;
     if (days === null) {
@@ -72,7 +73,7 @@ export const credentialRotationJob: CronJob = {
         level: "info",
       };
     }
-    const due = await withControlPlane(config, env, (db) =>
+    const due = await withControlPlane(config, env, tick.region, (db) =>
       dueForRotation(db, days, config.credentialRotationBatch),
     );
     let rotated = 0;
@@ -81,7 +82,7 @@ export const credentialRotationJob: CronJob = {
     const worker = async () => {
       for (let next = queue.shift(); next; next = queue.shift()) {
         try {
-          const outcome = await env.TENANTS.getByName(next.id).rotateCredentials(next.id);
+          const outcome = await tenantObject(env, tick.region, next.id).rotateCredentials(next.id);
           if (outcome.ok) rotated++;
           else deferred++;
         } catch (error) {

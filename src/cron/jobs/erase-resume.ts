@@ -8,6 +8,7 @@ import { withControlPlane } from "../../control-plane/index.ts";
 import { dueErases } from "../../erase/store.ts";
 import { describeFailure } from "../../errors/index.ts";
 import { logEvent } from "../../log/index.ts";
+import { tenantObject } from "../../placement/index.ts";
 import type { CronJob } from "../fan-out.ts";
 
 /** Erases one tick resumes at most (the rest are due again next minute). */
@@ -16,15 +17,15 @@ const maxPerTick = 20;
 export const eraseResumeJob: CronJob = {
   name: "erase-resume",
   timeoutMs: 45_000,
-  async run(env) {
-    const due = await withControlPlane(loadConfig(env), env, (db) => dueErases(db, maxPerTick));
+  async run(env, tick) {
+    const due = await withControlPlane(loadConfig(env), env, tick.region, (db) => dueErases(db, maxPerTick));
     let erased = 0;
     let running = 0;
     let failed = 0;
     await Promise.all(
       due.map(async ({ tenantId }) => {
         try {
-          const answer = await env.TENANTS.getByName(tenantId).resumeErase(tenantId);
+          const answer = await tenantObject(env, tick.region, tenantId).resumeErase(tenantId);
           if (answer.ok && answer.status.state === "erased") erased++;
           else running++;
         } catch (error) {

@@ -13,9 +13,10 @@ import type { CronJob } from "../fan-out.ts";
 export const hostHygieneJob: CronJob = {
   name: "host-hygiene",
   timeoutMs: 45_000,
-  async run(env) {
+  async run(env, tick) {
     const config = loadConfig(env);
-    const hosts = [...config.hosts.values()];
+    // The region's hosts: each region looks after its own.
+    const hosts = [...config.hosts.values()].filter((host) => host.region === tick.region);
     const results = await Promise.all(
       hosts.map((host) =>
         hostHygiene(env, config, host).catch((error: unknown) => {

@@ -7,8 +7,8 @@ export const campaignJob: CronJob = {
   name: "migration-campaigns",
   // The tick bounds itself at 30 s; a migration still running then is left to its TenantObject.
   timeoutMs: 45_000,
-  async run(env) {
-    const report = await runCampaignTick(env);
+  async run(env, tick) {
+    const report = await runCampaignTick(env, { region: tick.region });
     const sum = (pick: (c: (typeof report.campaigns)[number]) => number) =>
       report.campaigns.reduce((n, c) => n + pick(c), 0);
     const moved = report.campaigns.filter((c) => c.from !== c.to).map((c) => `${c.id} ${c.from}→${c.to}`);

@@ -23,15 +23,16 @@ export interface ResealTick {
   remaining: number;
 }
 
-/** One tick's bounded reseal of the credentials whose tenant id starts with `prefix` ("" for all). */
+/** One tick's bounded reseal of `region`'s credentials whose tenant id starts with `prefix` ("" for all). */
 export async function resealTick(
   env: Env,
   config: LessorConfig,
-  options: { prefix?: string; batch: number },
+  options: { prefix?: string; batch: number; region: string },
 ): Promise<ResealTick> {
   return withControlPlane(
     config,
     env,
+    options.region,
     async (db) => {
       const tick = { currentKeyId: "", resealed: 0, skipped: 0, failed: 0, remaining: 0 };
       let after: string | null = null;
@@ -59,7 +60,7 @@ export async function resealTick(
 export const resealJob: CronJob = {
   name: "reseal",
   timeoutMs: 30_000,
-  async run(env) {
+  async run(env, cron) {
     const config = loadConfig(env);
     if (config.resealBatch === 0) {
       return { summary: "off (LESSOR_RESEAL_BATCH=0)", fields: {} };
@@ -68,7 +69,7 @@ export const resealJob: CronJob = {
     if (ring.keyIds.length === 1) {
       return { summary: `LESSOR_SEAL_KEY holds one key (${ring.current}); nothing to reseal`, fields: {} };
     }
-    const tick = await resealTick(env, config, { batch: config.resealBatch });
+    const tick = await resealTick(env, config, { batch: config.resealBatch, region: cron.region });
     return {
       summary: `resealed ${tick.resealed} credential(s) under ${tick.currentKeyId}; ${tick.remaining} not under it yet (${tick.failed} could not be opened)`,
       fields: { ...tick, keyIds: ring.keyIds },

@@ -8,7 +8,13 @@ import type { CronJob } from "../fan-out.ts";
 export const usageFoldJob: CronJob = {
   name: "usage-fold",
   async run(env, tick) {
-    const run = await foldOnce(loadConfig(env), env, foldOptionsFromVars(env), tick.scheduledTime);
+    const run = await foldOnce(
+      loadConfig(env),
+      env,
+      tick.region,
+      foldOptionsFromVars(env),
+      tick.scheduledTime,
+    );
     const { outcome } = run;
     return {
       summary: describeFoldOutcome(outcome),

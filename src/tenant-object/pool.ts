@@ -505,7 +505,10 @@ export class TenantPool implements SizedPool {
         const client = await this.claiming(own, () => this.checkoutFrom(own)).catch((error: unknown) =>
           this.repairJwt(kind, own, error),
         );
-        if (kind === "jwt" && !this.jwtFenced) await this.fenceJwt(client, lease);
+        // Only the current end-user pool's first connection fences. A rotation may have switched
+        // generations while this checkout waited: the connection is then the replaced generation's,
+        // which still serves this lease, and the new generation fences on its own first use.
+        if (kind === "jwt" && own === this.jwtPool && !this.jwtFenced) await this.fenceJwt(client);
         return client;
       }
       if (other.idleCount - this.claimsOn(other) > 0) {
@@ -674,14 +677,16 @@ export class TenantPool implements SizedPool {
    * after a restart): the role may end its own. Only the generations this object holds are live: the
    * current one, and one a rotation replaced that still finishes its leases.
    */
-  private async fenceJwt(client: PoolClient, lease: LiveLease): Promise<void> {
+  private async fenceJwt(client: PoolClient): Promise<void> {
     const record = this.rt.record;
     if (!record) return;
     try {
       // A generation a rotation replaced still serves its leases: its end users' backends stay.
-      const live = [lease.generation, ...(this.retiring ? [this.retiring.generation] : [])];
+      const live = [this.poolGeneration, ...(this.retiring ? [this.retiring.generation] : [])];
+      const fencing = this.jwtPool;
       await client.query(ownBackendsFenceSql, [live.map((g) => poolApplicationName(record.roleName, g))]);
-      this.jwtFenced = true;
+      // A switch while the fence ran leaves the new generation's pool to fence on its own first use.
+      if (this.jwtPool === fencing) this.jwtFenced = true;
     } catch (error) {
       client.release(error instanceof Error ? error : new Error("fence failed"));
       throw new LessorError("connection_lost", { internal: "end-user pool fence failed", cause: error });

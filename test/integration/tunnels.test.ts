@@ -694,7 +694,9 @@ describe("customers' databases behind tunnels", () => {
     const create = async (adopted?: "skip" | "include") => {
       const response = await admin("/v1/campaigns", {
         method: "POST",
-        json: { toVersion: newest, tenants: [tenant.id], ...(adopted ? { adopted } : {}) },
+        // Forced: the contract step's stability window is fleet-wide, and other files in this run
+        // send apps needing an older version; ownership, not the window, is what this test is about.
+        json: { toVersion: newest, tenants: [tenant.id], force: true, ...(adopted ? { adopted } : {}) },
       });
       const body = await response.json<{
         campaign: { id: string; adopted: unknown };

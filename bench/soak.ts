@@ -260,6 +260,12 @@ interface SoakTenant {
   role: string;
   sentinel: string;
   phase: "live" | "erasing" | "erased";
+  /**
+   * While its `DELETE` is in flight: the refusals that only an erased tenant may get (the erase may
+   * have begun on Lessor's side before its answer comes back). They are forgiven if the erase was
+   * accepted, and violations if it was refused.
+   */
+  eraseInFlight: string[] | null;
   /** Statements Lessor answered 200 (`/sql` and lease statements): what its usage must count. */
   successes: number;
   /** Statements whose outcome the soak could not know (no answer, a reload's answer, a violation). */
@@ -492,6 +498,12 @@ function judge(route: Route, tenant: SoakTenant | null, answer: Answer, describe
   if (bugCodes.has(code)) {
     violation("answers", `${shown}: never expected`);
     return { kind: "unknown", why: code };
+  }
+  if (goneCodes.has(code) && !gone && tenant?.eraseInFlight) {
+    tenant.eraseInFlight.push(
+      `${shown}: a live tenant's valid key refused while its erase was asked and then refused`,
+    );
+    return { kind: "refused", code, mayHaveRun: false };
   }
   if (goneCodes.has(code) && !gone) {
     violation("answers", `${shown}: a live tenant's valid key refused`);
@@ -745,9 +757,15 @@ const eraseOutcomes: {
 /** Erases a tenant: `DELETE`, then (in the background, bounded) until `erased`; provisions a new one in its place. */
 async function erase(tenant: SoakTenant): Promise<boolean> {
   operation("erase asked");
+  tenant.eraseInFlight = [];
   const answer = await send("DELETE", `/v1/tenants/${tenant.id}?confirm=${tenant.id}`, { key: adminKey });
   const outcome = judge("erase", tenant, answer, `DELETE /v1/tenants/${tenant.id}`);
-  if (outcome.kind !== "ok") return false;
+  const refusedMeanwhile = tenant.eraseInFlight;
+  tenant.eraseInFlight = null;
+  if (outcome.kind !== "ok") {
+    for (const shown of refusedMeanwhile) violation("answers", shown);
+    return false;
+  }
   operation("erase started");
   tenant.phase = "erasing";
   const requestedAt = Date.now();
@@ -1404,6 +1422,7 @@ async function provisionOne(id: string): Promise<SoakTenant> {
     role: names.role_name,
     sentinel: `sentinel:${id}:${randomBytes(6).toString("hex")}`,
     phase: "live",
+    eraseInFlight: null,
     successes: 0,
     unknown: 0,
     successTimes: [],

@@ -509,7 +509,8 @@ function judge(route: Route, tenant: SoakTenant | null, answer: Answer, describe
     violation("answers", `${shown}: a live tenant's valid key refused`);
     return { kind: "unknown", why: code };
   }
-  return { kind: "refused", code, mayHaveRun: code === "connection_lost" };
+  // Documented as "the statement may or may not have run" (docs/failures.md).
+  return { kind: "refused", code, mayHaveRun: code === "connection_lost" || code === "object_unavailable" };
 }
 
 /** Rows of a `/sql` or lease answer (array mode or objects), as arrays. */

@@ -172,7 +172,7 @@ export class TenantQueries {
         },
       );
     } catch (error) {
-      const refusal = watchdog.refusal();
+      const refusal = watchdog.refusal(error);
       if (refusal) throw refusal;
       if (!(error instanceof LessorError) && isConnectionFatal(error)) {
         broken = error instanceof Error ? error : new Error("query failed");

@@ -217,7 +217,7 @@ export class SessionLeases {
         // The connection is gone (or may be hit by a late cancel): so is the transaction.
         this.end(session, error instanceof Error ? error : new Error("connection lost"), "lost");
         throw (
-          watchdog.refusal() ??
+          watchdog.refusal(error) ??
           (error instanceof LessorError
             ? error
             : new LessorError("connection_lost", { internal: "session connection failed", cause: error }))

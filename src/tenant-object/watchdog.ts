@@ -16,7 +16,7 @@ import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
 import { backendPid, type ConnectionTarget, cutConnection, sendCancel } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { markEndedOnPurpose } from "./connection-state.ts";
+import { isConnectionFatal, markEndedOnPurpose } from "./connection-state.ts";
 import type { TenantCredentials } from "./credentials.ts";
 import type { Overrun } from "./execute.ts";
 import type { TenantRuntime } from "./runtime.ts";
@@ -104,14 +104,26 @@ export class StatementWatchdog {
     return this.suspect;
   }
 
-  /** The refusal to answer instead of whatever the stopped statement raised. */
-  refusal(): LessorError | null {
-    if (this.timedOut) {
+  /**
+   * The refusal to answer instead of whatever the stopped statement raised (`error`). Only Postgres's
+   * own word (an error it sent: the cancel's 57014, or the statement's own) proves the statement did
+   * not commit. A connection cut before Postgres answered (a statement that swallowed its cancel, or
+   * an answer stuck in a stalled network after its commit) leaves the outcome unknown: that is
+   * `connection_lost`, as for any connection that died mid-statement, never "did not commit".
+   */
+  refusal(error: unknown): LessorError | null {
+    if (!this.timedOut) return null;
+    const bound = `${this.rt.config.statementTimeoutMs} ms (LESSOR_STATEMENT_TIMEOUT_MS)`;
+    if (!(error instanceof LessorError) && !isConnectionFatal(error)) {
       return new LessorError("statement_timeout", {
-        publicMessage: `The statement ran longer than ${this.rt.config.statementTimeoutMs} ms (LESSOR_STATEMENT_TIMEOUT_MS) and was stopped; its transaction did not commit.`,
+        publicMessage: `The statement ran longer than ${bound} and was stopped; its transaction did not commit.`,
       });
     }
-    return null;
+    return new LessorError("connection_lost", {
+      publicMessage: `The statement ran longer than ${bound}; its connection was cut before Postgres confirmed that it stopped, so it may or may not have committed.`,
+      internal: "statement bound reached; connection cut before Postgres answered",
+      cause: error,
+    });
   }
 
   /** The cancel did not stop it (or the answer flooded): cut the connection and end the backend through the admin role. */

@@ -154,6 +154,63 @@ describe("a silent database (blackhole)", () => {
     ]);
   });
 
+  it("a statement that commits while its answer is stuck is never answered as not committed", async () => {
+    // The soak's find: the answer of a committed write stalled in the network past the bound; the
+    // connection was cut and the answer said `statement_timeout` ("did not commit"), a lie.
+    const tenant = await createTenant(uniqueTenantId("bh-commit"), { host: "silent" });
+    const sql = sqlFor(tenant);
+    expect(await sql`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+    const marker = `stuck-${tenant.id}`;
+    const sentAt = Date.now();
+    const answer = within(
+      lessor("/sql", {
+        method: "POST",
+        headers: { "Neon-Connection-String": tenant.connectionString },
+        body: JSON.stringify({
+          query: "INSERT INTO notes (body) SELECT $1 FROM pg_catalog.pg_sleep(1.5)",
+          params: [marker],
+        }),
+      }),
+    );
+    // The fault lands only once the statement runs on the host: seen in pg_stat_activity first.
+    const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
+    const running = await pollUntil(
+      () =>
+        withConnection(loadConfig(env), hosts.silent ?? "", "lessor:host:silent:test", async (client) => {
+          const { rows } = await client.query(
+            "SELECT count(*)::int AS n FROM pg_catalog.pg_stat_activity WHERE state = 'active' AND query LIKE 'INSERT INTO notes (body) SELECT $1%'",
+          );
+          return (rows[0] as { n: number }).n;
+        }),
+      (n) => n > 0,
+      { attempts: 50, intervalMs: 20 },
+    );
+    expect(running).toBeGreaterThan(0);
+    await proxy("stall");
+    const stuck = await answer;
+    expect(stuck).not.toBe("no answer");
+    if (stuck === "no answer") return;
+    // It was answered by the bound, not by Postgres (whose answer was frozen in the tunnel).
+    expect(Date.now() - sentAt).toBeGreaterThanOrEqual(5_000);
+    await proxy("unstall");
+    const body = await stuck.json<{ code: string; message: string }>();
+    expect({ status: stuck.status, code: body.code }).toEqual({ status: 503, code: "connection_lost" });
+    expect(body.message).toContain("may or may not have committed");
+    // And it did commit: the answer that says "unknown" was the only true one.
+    const landed = await pollUntil(
+      async () => {
+        try {
+          return (await sql`SELECT count(*)::int AS n FROM notes WHERE body = ${marker}`)[0]?.n;
+        } catch {
+          return -1;
+        }
+      },
+      (n) => n === 1,
+      { attempts: 40, intervalMs: 500 },
+    );
+    expect(landed).toBe(1);
+  });
+
   it("a session lease whose connection goes silent inside a transaction ends as lease_lost, never hangs", async () => {
     const tenant = await createTenant(uniqueTenantId("bh-lease"), { host: "silent" });
     const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {

@@ -545,7 +545,9 @@ class WireConnection {
 
   private timeoutRefusal(): LessorError {
     return new LessorError("statement_timeout", {
-      publicMessage: `The statement ran longer than ${this.rt.config.statementTimeoutMs} ms (LESSOR_STATEMENT_TIMEOUT_MS) and was stopped; its transaction did not commit and the connection is closed.`,
+      // The relay answers at the bound, without Postgres's word: an open transaction did not commit,
+      // but a COMMIT (or a statement outside a transaction) whose answer was still on its way may have.
+      publicMessage: `The statement ran longer than ${this.rt.config.statementTimeoutMs} ms (LESSOR_STATEMENT_TIMEOUT_MS) and was stopped; the connection is closed. An open transaction did not commit; a COMMIT, or a statement outside a transaction, whose answer had not come back may or may not have.`,
     });
   }
 

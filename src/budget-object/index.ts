@@ -511,7 +511,8 @@ export class BudgetObject extends DurableObject<Env> {
    * one whose tenant object no longer holds the generation (an object that died, a start that
    * never finished, a close that was forced) is released; one whose lease count differs from the
    * pool's own is corrected (the pool first reclaims leases held past their bound, so a lost
-   * release cannot keep a pool busy for ever). Each repair is counted and logged. Run by the cron
+   * release cannot keep a pool busy for ever), and so is one left `draining` by an eviction whose
+   * answer was lost to a reset while the pool still runs. Each repair is counted and logged. Run by the cron
    * trigger; safe to run at any time.
    */
   async reconcile(
@@ -542,6 +543,21 @@ export class BudgetObject extends DurableObject<Env> {
         await this.release(hostName, row.tenantId, row.generation);
         this.ledger.bump("allocations_released");
         released++;
+        continue;
+      }
+      if (check.report && now.phase === "draining") {
+        // The pool is ready, yet the ledger says draining: an eviction was asked and its answer
+        // never came back (this object was reset in between). Such a row is never evicted, shrunk
+        // or counted as idle, so put it back to what the pool says it is.
+        logEvent("warn", "budget_phase_corrected", {
+          host: hostName,
+          tenant: row.tenantId,
+          generation: row.generation,
+          ledger: now.phase,
+        });
+        this.ledger.setPhase(row.tenantId, row.generation, "allocated", check.report);
+        this.ledger.bump("phase_corrected");
+        corrected++;
         continue;
       }
       if (check.report && check.report.leases !== now.leases) {

@@ -157,7 +157,7 @@ export async function renderMetrics(
   );
   const repairs = counter(
     "lessor_repairs_total",
-    "Accounting repairs on the host, each also logged: allocation_released (the reconcile released an allocation no pool holds), lease_count_corrected (a ledger lease count differed from its pool's), lease_reclaimed (a pool reclaimed a lease held past its bound), close_forced (a generation's close was cut past its bound), orphan_terminated, maintenance_expired. Any non-zero rate is a defect caught.",
+    "Accounting repairs on the host, each also logged: allocation_released (the reconcile released an allocation no pool holds), lease_count_corrected (a ledger lease count differed from its pool's), phase_corrected (an allocation left draining by an eviction whose answer a reset lost), lease_reclaimed (a pool reclaimed a lease held past its bound), close_forced (a generation's close was cut past its bound), orphan_terminated, maintenance_expired. Any non-zero rate is a defect caught.",
     ["region", "host", "repair"],
   );
   const tenants = any((r) => r.controlPlaneUp)

@@ -35,10 +35,16 @@ export type MaintenanceGrant =
 
 /**
  * A repair of the accounting counted on the host (each also logged): a ledger allocation's lease
- * count the reconcile corrected from its pool's own; a lease a pool reclaimed as overdue; a
+ * count the reconcile corrected from its pool's own; an allocation left `draining` by an eviction
+ * whose answer a reset lost, put back by the reconcile; a lease a pool reclaimed as overdue; a
  * generation whose close was forced past its bound.
  */
-export const repairKinds = ["lease_count_corrected", "lease_reclaimed", "close_forced"] as const;
+export const repairKinds = [
+  "lease_count_corrected",
+  "phase_corrected",
+  "lease_reclaimed",
+  "close_forced",
+] as const;
 export type RepairKind = (typeof repairKinds)[number];
 
 /** What a tenant's object says about one generation, asked by the reconcile. */

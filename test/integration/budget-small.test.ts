@@ -714,6 +714,9 @@ describe("connection budget on a small host", () => {
     expect(outcome.status, `c got ${outcome.status} ${outcome.code}`).toBe(503);
     expect(Number(outcome.retryAfter)).toBeGreaterThanOrEqual(1);
     // The ledger holds exactly the two leased pools; c holds nothing and is not left half-started.
+    // (The crash may land while the budget asks a or b to drain for c: that pool's row is then left
+    // `draining` until the cron's reconcile asks the pool. The next test makes that land for sure.)
+    await env.BUDGETS.getByName(host).reconcile(host, 0);
     expect(await capacity()).toMatchObject({ allocated: 10, reserved: 0, draining: 0, waiters: 0 });
     expect((await runtime(c)).state).not.toBe("starting");
     expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.role}:${leaseA.generation}`);
@@ -724,6 +727,30 @@ describe("connection budget on a small host", () => {
     expect(retries.at(-1)?.status).toBe(200);
     expect(retries.flatMap(problemsOf)).toEqual([]);
     expect(ledgerUsed(await capacity())).toBe(10);
+  });
+
+  it("restarts: an eviction whose answer a crash lost leaves no ready pool marked draining after the reconcile", async () => {
+    const a = await newTenant("bcd-a");
+    const leaseA = await openLease(a);
+    expect(leaseA.status).toBe(201);
+    const budget = env.BUDGETS.getByName(host);
+    // What the budget writes before it asks a pool to drain, then a crash before the answer: the
+    // row says draining while the pool, leased, goes on serving.
+    await runInDurableObject(budget, (instance) => {
+      const ledger = (instance as unknown as { ledger: { setPhase: (...args: unknown[]) => void } }).ledger;
+      ledger.setPhase(a.id, leaseA.generation, "draining", null);
+    });
+    await crash(budget);
+    const before = await capacity();
+    expect(before).toMatchObject({ allocated: 0, draining: 5 });
+    // Such a row is never evicted nor shrunk, and never counted idle: the reconcile asks the pool.
+    const repaired = await env.BUDGETS.getByName(host).reconcile(host, 0);
+    expect(repaired.corrected).toBe(1);
+    const after = await capacity();
+    expect(after).toMatchObject({ allocated: 5, draining: 0, reserved: 0 });
+    expect(after.reconciled.phase_corrected).toBe(before.reconciled.phase_corrected + 1);
+    expect((await onLease(leaseA.lease, a.key)).app).toBe(`lessor:${a.role}:${leaseA.generation}`);
+    expect(await releaseLease(leaseA.lease)).toBe(204);
   });
 
   it("restarts: a TenantObject restarted while holding an allocation releases it (reconcile), and the next request runs on a new generation", async () => {

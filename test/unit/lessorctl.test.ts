@@ -96,6 +96,7 @@ const capacity: CapacityStatus = {
     orphansTerminated: 0,
     maintenanceExpired: 0,
     lease_count_corrected: 0,
+    phase_corrected: 0,
     lease_reclaimed: 0,
     close_forced: 0,
   },

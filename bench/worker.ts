@@ -95,6 +95,95 @@ interface RawResult {
   fields: RawField[];
 }
 
+/**
+ * One statement by the extended protocol (Parse, Bind, Describe, Execute, Sync), whatever its
+ * parameters, as Lessor's `/sql` sends every statement (it admits exactly one). The driver's own
+ * `query()` sends a statement without parameters by the simple protocol instead (one message, and it
+ * would run `SELECT 1; SELECT 2` too): a baseline that did so would price the protocol, not
+ * Lessor's work. Rows stay Postgres text, as `rawTextTypes` keeps them.
+ */
+class ExtendedStatement {
+  readonly result: Promise<RawResult>;
+  private resolve: (result: RawResult) => void = () => undefined;
+  private reject: (error: unknown) => void = () => undefined;
+  private fields: RawField[] = [];
+  private readonly rows: (string | null)[][] = [];
+  private command = "";
+  private rowCount: number | null = null;
+  private failed = false;
+  private readonly statement: Statement;
+
+  constructor(statement: Statement) {
+    this.statement = statement;
+    this.result = new Promise((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+    });
+  }
+
+  submit(connection: ExtendedConnection): null {
+    connection.parse({ text: this.statement.query, name: "", types: [] });
+    connection.bind({ portal: "", statement: "", values: this.statement.params });
+    connection.describe({ type: "P", name: "" });
+    connection.execute({ portal: "", rows: 0 });
+    connection.sync();
+    return null;
+  }
+
+  handleRowDescription(message: { fields: RawField[] }): void {
+    this.fields = message.fields;
+  }
+
+  handleDataRow(message: { fields: (string | null)[] }): void {
+    this.rows.push(message.fields);
+  }
+
+  handleCommandComplete(message: { text?: string }): void {
+    const match = /^([A-Za-z]+)(?: (\d+))?(?: (\d+))?/.exec(message.text ?? "");
+    this.command = match?.[1] ?? "";
+    this.rowCount = match?.[3] ? Number(match[3]) : match?.[2] ? Number(match[2]) : null;
+  }
+
+  handleEmptyQuery(): void {}
+
+  handlePortalSuspended(): void {}
+
+  handleError(error: unknown): void {
+    this.failed = true;
+    this.reject(error);
+  }
+
+  handleReadyForQuery(): void {
+    if (this.failed) return;
+    this.resolve({ command: this.command, rowCount: this.rowCount, rows: this.rows, fields: this.fields });
+  }
+}
+
+interface ExtendedConnection {
+  parse(config: { text: string; name: string; types: number[] }): void;
+  bind(config: { portal: string; statement: string; values: (string | null)[] }): void;
+  describe(config: { type: "P"; name: string }): void;
+  execute(config: { portal: string; rows: number }): void;
+  sync(): void;
+}
+
+/** The bare object's statement: the extended protocol on one pooled connection, then back. */
+async function runExtended(pool: Pool, statement: Statement): Promise<QueryAnswer> {
+  const client = await pool.connect();
+  let broken: Error | undefined;
+  try {
+    const submitted = new ExtendedStatement(statement);
+    (client as unknown as { query(submittable: ExtendedStatement): void }).query(submitted);
+    return shapeAnswer(await submitted.result);
+  } catch (error) {
+    // A Postgres error leaves the connection usable; anything else does not.
+    if (typeof (error as { severity?: unknown }).severity !== "string") broken = error as Error;
+    throw error;
+  } finally {
+    client.release(broken);
+  }
+}
+
 async function runStatement(client: Queryable, statement: Statement): Promise<QueryAnswer> {
   const result = (await client.query({
     text: statement.query,
@@ -102,6 +191,10 @@ async function runStatement(client: Queryable, statement: Statement): Promise<Qu
     rowMode: "array",
     types: rawTextTypes,
   })) as RawResult;
+  return shapeAnswer(result);
+}
+
+function shapeAnswer(result: RawResult): QueryAnswer {
   return {
     command: result.command,
     rowCount: result.rowCount,
@@ -221,7 +314,7 @@ export class BareObject extends DurableObject<BenchEnv> {
 
   async run(statement: Statement): Promise<Outcome> {
     try {
-      return { ok: true, body: await runStatement(this.openPool(), statement) };
+      return { ok: true, body: await runExtended(this.openPool(), statement) };
     } catch (error) {
       return failure(error);
     }

@@ -87,10 +87,15 @@ function setting(name: string, fallback: number, min: number, max: number): numb
 const concurrencies = [1, 8, 64] as const;
 const queries: readonly QueryName[] = ["select1", "indexed"];
 const warmupMs = setting("BENCH_WARMUP_MS", 500, 0, 10_000);
-const durationMs = setting("BENCH_DURATION_MS", 2_500, 200, 30_000);
+const durationMs = setting("BENCH_DURATION_MS", 4_000, 200, 30_000);
 const maxRequests = 50_000;
-/** Each group of paths is measured in this many interleaved rounds. */
-const rounds = 2;
+/**
+ * Each group of paths is measured in this many interleaved rounds. Lessor's ratio to a baseline is
+ * judged on the median of the rounds' paired ratios (round i of Lessor against round i of the
+ * baseline, measured seconds apart), with their spread beside it: one whole-run ratio moved by
+ * ±10 % from run to run on this machine, whatever the code.
+ */
+const rounds = setting("BENCH_ROUNDS", 4, 2, 12);
 const stormRequested = setting("BENCH_STORM", 1_000, 10, 1_000);
 /**
  * Lessor's pool checkout waits at most 10 s (src/postgres/index.ts, then `lease_timeout`). A storm
@@ -276,7 +281,7 @@ function zeroCpu(): CpuSample {
   };
 }
 
-function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement {
+function summarise(spec: Spec, result: LoadResult, cpu: CpuSample, roundRps: number[] = []): Measurement {
   const elapsedS = result.elapsedMs / 1000;
   const perRequest = zeroCpu();
   let busy = 0;
@@ -303,6 +308,7 @@ function summarise(spec: Spec, result: LoadResult, cpu: CpuSample): Measurement 
     otherCoresBusy: Math.max(0, (cpu.machine - busy) / elapsedS),
     loadavg1: loadavg()[0] ?? 0,
     contended: Math.max(0, (cpu.machine - busy) / elapsedS) > contendedCores,
+    roundRps,
   };
 }
 
@@ -327,6 +333,7 @@ async function measureGroup(group: { spec: Spec; call: Call }[]): Promise<Measur
       latenciesMs: [] as number[],
     } satisfies LoadResult,
     cpu: zeroCpu(),
+    roundRps: [] as number[],
   }));
   for (let round = 0; round < rounds; round++) {
     for (const [index, { spec, call }] of group.entries()) {
@@ -352,6 +359,7 @@ async function measureGroup(group: { spec: Spec; call: Call }[]): Promise<Measur
       );
       const delta = cpuDelta(cpu.before, cpu.after);
       for (const key of Object.keys(delta) as (keyof CpuSample)[]) into.cpu[key] += delta[key];
+      into.roundRps.push(slice.elapsedMs > 0 ? (slice.completed * 1000) / slice.elapsedMs : 0);
       into.result.concurrency = slice.concurrency;
       into.result.completed += slice.completed;
       into.result.errors += slice.errors;
@@ -363,7 +371,7 @@ async function measureGroup(group: { spec: Spec; call: Call }[]): Promise<Measur
   const out = group.map(({ spec }, index) => {
     const into = merged[index];
     if (!into) throw new Error("lost a measurement");
-    return summarise(spec, into.result, into.cpu);
+    return summarise(spec, into.result, into.cpu, into.roundRps);
   });
   for (const measurement of out) {
     measurements.push(measurement);

@@ -1,7 +1,13 @@
+import { Client } from "@neondatabase/serverless";
 import { describe, expect, it } from "vitest";
 import { generateDatabasePassword, hashKey } from "../../src/crypto/keys.ts";
 import { loginGuardKey, loginTokenMinter } from "../../src/crypto/login-guard.ts";
-import { isScramVerifier, scramVerifier } from "../../src/crypto/scram.ts";
+import {
+  isScramVerifier,
+  type ScramClientSession,
+  scramClientFinal,
+  scramVerifier,
+} from "../../src/crypto/scram.ts";
 import { seal, unseal } from "../../src/crypto/seal.ts";
 import {
   type KeyMacRing,
@@ -171,6 +177,77 @@ describe("SCRAM verifiers", () => {
 
   it("salts every verifier anew", async () => {
     expect(await scramVerifier("pw")).not.toBe(await scramVerifier("pw"));
+  });
+});
+
+describe("the SCRAM client-final step (src/postgres's clients log in with it)", () => {
+  /** What the Neon driver's own Client computes for the same exchange. */
+  async function driversAnswer(password: string, clientNonce: string, serverFirst: string) {
+    const sent: string[] = [];
+    const self = {
+      saslSession: { message: "SASLInitialResponse", clientNonce } as ScramClientSession,
+      password,
+      connection: { sendSCRAMClientFinalMessage: (response: string) => sent.push(response) },
+    };
+    const handler = (
+      Client.prototype as unknown as { _handleAuthSASLContinue: (m: unknown) => Promise<void> }
+    )._handleAuthSASLContinue;
+    await handler.call(self, { data: serverFirst });
+    return { session: self.saslSession, sent };
+  }
+
+  const clientNonce = "rOprNGfwEbeRWgbNEkqO";
+  const serverFirst = `r=${clientNonce}%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096`;
+
+  it("answers exactly what the driver answers, and expects the same server signature", async () => {
+    const driver = await driversAnswer("pencil", clientNonce, serverFirst);
+    for (const round of [1, 2]) {
+      // The second time, the salted password comes from the cache.
+      const ours: ScramClientSession = { message: "SASLInitialResponse", clientNonce };
+      await scramClientFinal(ours, "pencil", serverFirst);
+      expect(ours, `round ${round}`).toEqual(driver.session);
+      expect(ours.response).toBe(driver.sent[0]);
+    }
+    // RFC 7677's worked example, with the driver's n=* for the user Postgres ignores.
+    expect(driver.session.response).toMatch(
+      /^c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj\)hNlF\$k0,p=/,
+    );
+  });
+
+  it("never reuses a salted password across passwords, salts or iteration counts", async () => {
+    const cases = [
+      ["pencil", serverFirst],
+      ["pencil2", serverFirst],
+      ["pencil", serverFirst.replace("W22ZaJ0SNY7soEsUEjb6gQ==", "AAAAAAAAAAAAAAAAAAAAAA==")],
+      ["pencil", serverFirst.replace("i=4096", "i=4097")],
+    ] as const;
+    const responses = new Set<string>();
+    for (const [password, first] of cases) {
+      const ours: ScramClientSession = { message: "SASLInitialResponse", clientNonce };
+      await scramClientFinal(ours, password, first);
+      expect(ours).toEqual((await driversAnswer(password, clientNonce, first)).session);
+      responses.add(ours.response ?? "");
+    }
+    expect(responses.size).toBe(cases.length);
+  });
+
+  it("refuses what the driver refuses: a nonce not its own, a bad salt, no iteration count", async () => {
+    const refusals = [
+      `r=someoneelse,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096`,
+      `r=${clientNonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096`,
+      `r=${clientNonce}x,s=not base64!,i=4096`,
+      `r=${clientNonce}x,s=W22ZaJ0SNY7soEsUEjb6gQ==`,
+      "garbage",
+    ];
+    for (const first of refusals) {
+      const ours: ScramClientSession = { message: "SASLInitialResponse", clientNonce };
+      const error = await scramClientFinal(ours, "pencil", first).then(
+        () => null,
+        (e: unknown) => (e as Error).message,
+      );
+      expect(error, first).toMatch(/^SASL: /);
+      expect(ours.response).toBeUndefined();
+    }
   });
 });
 

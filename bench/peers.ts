@@ -1463,8 +1463,14 @@ async function main(): Promise<number> {
   const variant = [
     ...(partial.length === 3 ? [] : partial),
     ...(stormSystems.has("pgbouncer") ? [] : ["lessor-only"]),
+    ...(stormAdaptive === false ? [] : ["adaptive"]),
     ...Object.entries(lessorVarOverrides).map(([k, v]) => `${k.replace(/^LESSOR_/, "").toLowerCase()}-${v}`),
-  ];
+  ].map((part) =>
+    part
+      .replace(/[^A-Za-z0-9._-]+/g, "_")
+      .replace(/^_+|_+$/g, "")
+      .slice(0, 60),
+  );
   const file = resolve(
     resultsDir,
     `peers-${date}${variant.length === 0 ? "" : `-${variant.join("-")}`}.json`,

@@ -77,6 +77,14 @@ export interface ScramClientSession {
   serverSignature?: string;
 }
 
+/**
+ * The most iterations a server may ask for. The count comes from the server (a customer's database
+ * behind its tunnel included), and the derivation runs on the object's thread: an absurd count
+ * would stall every object sharing it. Postgres's default is 4,096; OWASP's advice for
+ * PBKDF2-HMAC-SHA-256 is 600,000.
+ */
+export const scramMaxIterations = 1_000_000;
+
 /** Salted passwords already derived, by iterations, salt and password (bounded). */
 const saltedPasswords = new Map<string, Uint8Array<ArrayBuffer>>();
 const saltedPasswordsLimit = 256;
@@ -127,6 +135,9 @@ export async function scramClientFinal(
     throw new Error("SASL: SCRAM-SERVER-FIRST-MESSAGE: server nonce is too short");
   }
   const iterations = Number.parseInt(iterationsText, 10);
+  if (!(iterations <= scramMaxIterations)) {
+    throw new Error(`SASL: SCRAM-SERVER-FIRST-MESSAGE: iteration count above ${scramMaxIterations}`);
+  }
   const cacheKey = `${iterations}\u0000${salt}\u0000${password}`;
   let salted = saltedPasswords.get(cacheKey);
   if (!salted) {

@@ -6,6 +6,7 @@ import {
   isScramVerifier,
   type ScramClientSession,
   scramClientFinal,
+  scramMaxIterations,
   scramVerifier,
 } from "../../src/crypto/scram.ts";
 import { seal, unseal } from "../../src/crypto/seal.ts";
@@ -231,12 +232,16 @@ describe("the SCRAM client-final step (src/postgres's clients log in with it)", 
     expect(responses.size).toBe(cases.length);
   });
 
-  it("refuses what the driver refuses: a nonce not its own, a bad salt, no iteration count", async () => {
+  it("refuses what the driver refuses (a nonce not its own, a bad salt, no iteration count), and an absurd count", async () => {
     const refusals = [
       `r=someoneelse,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096`,
       `r=${clientNonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096`,
       `r=${clientNonce}x,s=not base64!,i=4096`,
       `r=${clientNonce}x,s=W22ZaJ0SNY7soEsUEjb6gQ==`,
+      // A count no sane server asks for: the derivation would stall the object's thread (the
+      // driver would take it, one awaited HMAC at a time).
+      `r=${clientNonce}x,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=${scramMaxIterations + 1}`,
+      `r=${clientNonce}x,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=99999999999999999999`,
       "garbage",
     ];
     for (const first of refusals) {

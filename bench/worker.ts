@@ -58,7 +58,7 @@ interface WaitUntil {
 
 let configuredProxy: string | undefined;
 
-/** Same WebSocket settings as src/postgres/index.ts `configureDriver` (the bundle shares neonConfig). */
+/** Same WebSocket settings as src/postgres/driver.ts `configureDriver` (the bundle shares neonConfig). */
 function configureDriver(env: BenchEnv): void {
   if (configuredProxy === env.LESSOR_WS_PROXY) return;
   configuredProxy = env.LESSOR_WS_PROXY;

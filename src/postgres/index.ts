@@ -1,407 +1,26 @@
 /**
- * The one place Lessor configures the Neon serverless driver and opens Postgres connections.
- *
- * In production the driver reaches Neon over its secure WebSocket endpoint with the defaults.
- * Locally `LESSOR_WS_PROXY` points at the loopback WebSocket-to-TCP proxy: plain `ws://`, and no
- * pipelining (pipelined "password" connect breaks SCRAM against a vanilla Postgres).
- *
- * A connection as a tenant role is a `TenantClient`: each one mints its own one-time login token
- * (src/crypto/login-guard.ts) and starts with the session limits, in its startup options.
+ * The one place Lessor opens Postgres connections: pools for a tenant generation and for the
+ * control plane, one-off connections (tenant, admin, privileged, a customer's), bounded closes and
+ * ends, cancels, and deadlines. The driver's settings are in driver.ts, the pinned session settings
+ * in session-settings.ts, the client classes in clients.ts; everything is exported from here.
  */
-import { Client, neonConfig, Pool } from "@neondatabase/serverless";
+import { Client, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
-import { type ScramClientSession, scramClientFinal } from "../crypto/scram.ts";
-import { PromptCloseWebSocket } from "./prompt-close.ts";
+import { configuredClientClass, SettlingClient, tenantClientClass } from "./clients.ts";
+import { type ConnectionTarget, configure, connectTimeoutOf, countOpened } from "./driver.ts";
+import {
+  privilegedSessionSettings,
+  startupOptions,
+  type TenantConnectionOptions,
+} from "./session-settings.ts";
 
+export type { PhasedSubmittable } from "./clients.ts";
+export { SettlingClient, serverParameters } from "./clients.ts";
+export type { ConnectionPurpose, ConnectionTarget, TunnelRoute } from "./driver.ts";
+export { configureDriver, connectionsOpened } from "./driver.ts";
 export type { Queryable } from "./queryable.ts";
-
-let configuredProxy: string | null | undefined;
-
-/** What a connection was opened for. */
-export type ConnectionPurpose = "control_plane" | "host_admin" | "tenant";
-
-const opened: Record<ConnectionPurpose, number> = { control_plane: 0, host_admin: 0, tenant: 0 };
-
-/**
- * Connections this isolate has opened, by purpose, since it started: what proves that a path opens
- * none (a forged request, a warm query) and what a handshake costs in aggregate.
- */
-export function connectionsOpened(): Readonly<Record<ConnectionPurpose, number>> {
-  return { ...opened };
-}
-
-/** The driver settings of one connection (the Neon driver's per-client `neonConfig`). */
-interface SocketSettings {
-  webSocketConstructor: unknown;
-  wsProxy: string | ((host: string, port: number | string) => string);
-  useSecureWebSocket: boolean;
-  pipelineTLS: boolean;
-  pipelineConnect: "password" | false;
-  forceDisablePgSSL: boolean;
-  coalesceWrites: boolean;
-}
-
-/**
- * The driver settings for this deployment. Applied to every connection Lessor opens, one by one, so
- * nothing else in the isolate that sets the driver's global `neonConfig` (an app's code, a test
- * pointing `wsProxy` at Lessor's own wire endpoint) changes how Lessor reaches its databases.
- */
-function socketSettings(config: LessorConfig): SocketSettings {
-  // A cut or timed-out connection must end even when the database never answers (prompt-close.ts).
-  const webSocketConstructor = PromptCloseWebSocket;
-  if (config.wsProxy) {
-    const proxy = config.wsProxy;
-    return {
-      webSocketConstructor,
-      wsProxy: (host, port) => `${proxy}/v2?address=${host}:${port}`,
-      useSecureWebSocket: false,
-      pipelineTLS: false,
-      pipelineConnect: false,
-      forceDisablePgSSL: true,
-      coalesceWrites: true,
-    };
-  }
-  return {
-    webSocketConstructor,
-    wsProxy: (host) => `${host}/v2`,
-    useSecureWebSocket: true,
-    pipelineTLS: false,
-    pipelineConnect: "password",
-    forceDisablePgSSL: true,
-    coalesceWrites: true,
-  };
-}
-
-/**
- * Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global
- * one), then a customer's tunnel where it has one (`routeClient`).
- */
-function configure<C extends Client>(client: C, config: LessorConfig, route?: TunnelRoute): C {
-  Object.assign((client as unknown as { neonConfig: object }).neonConfig, socketSettings(config));
-  routeClient(client, route);
-  return client;
-}
-
-/**
- * Sets the driver's global defaults for this deployment (idempotent, per isolate). Lessor's own
- * connections do not depend on it (each carries its settings); it is for code that uses the driver
- * with its defaults in the same isolate (the tests' own connections).
- */
-export function configureDriver(config: LessorConfig): void {
-  if (configuredProxy === config.wsProxy) return;
-  configuredProxy = config.wsProxy;
-  const settings = socketSettings(config);
-  neonConfig.webSocketConstructor = settings.webSocketConstructor as typeof WebSocket;
-  if (config.wsProxy) {
-    neonConfig.wsProxy = settings.wsProxy;
-    neonConfig.useSecureWebSocket = settings.useSecureWebSocket;
-    neonConfig.pipelineTLS = settings.pipelineTLS;
-    neonConfig.pipelineConnect = settings.pipelineConnect;
-  }
-}
-
-export interface ConnectionTarget {
-  host: string;
-  port: number;
-  user: string;
-  password: string;
-  database: string;
-  /** A customer's database: reached through its tunnel, not the deployment's own way. */
-  route?: TunnelRoute;
-}
-
-/**
- * How a connection reaches a database behind a customer's tunnel: the WebSocket proxy at the
- * tunnel's end (Neon's wsproxy protocol, `/v2?address=host:port`), over TLS unless on loopback, with
- * the tunnel's own connect bound (docs/adr/018-customer-databases-behind-tunnels.md).
- */
-export interface TunnelRoute {
-  proxy: string;
-  secure: boolean;
-  connectTimeoutMs: number;
-}
-
-/** The driver's connect bound for a connection to `target` (a tunnel's own, or the default). */
-function connectTimeoutOf(target: { route?: TunnelRoute }): number {
-  return target.route?.connectTimeoutMs ?? 10_000;
-}
-
-/**
- * Points one driver client at a customer's tunnel: its own socket settings, which outrank the
- * isolate's (`LESSOR_WS_PROXY` stays the way to every host). Nothing else changes for the client.
- */
-function routeClient(client: Client, route: TunnelRoute | undefined): void {
-  if (!route) return;
-  const socket = client.neonConfig;
-  socket.wsProxy = (host, port) => `${route.proxy}/v2?address=${host}:${port}`;
-  socket.useSecureWebSocket = route.secure;
-  // SCRAM against an ordinary Postgres: no pipelined password, no pipelined TLS.
-  socket.pipelineConnect = false;
-  socket.pipelineTLS = false;
-}
-
-/**
- * Settings a tenant connection starts with. They are Postgres's own (soft) limits: the tenant can
- * `SET` them for a statement, so Lessor's timers enforce the hard bounds (src/tenant-object).
- */
-export interface SessionLimits {
-  statementTimeoutMs: number;
-  lockTimeoutMs: number;
-  idleInTransactionMs: number;
-}
-
-export interface TenantConnectionOptions {
-  applicationName: string;
-  limits: SessionLimits;
-  /**
-   * Mints the one-time login token each new connection presents to the tenant database's guard;
-   * null for a customer's database, which has no guard of Lessor's.
-   */
-  loginToken: (() => Promise<string>) | null;
-  /** A customer's database: its tunnel. */
-  route?: TunnelRoute;
-  /** More pinned settings (a migration pins its `search_path`). */
-  extraSettings?: readonly string[];
-}
-
-/**
- * The libpq `options` startup parameter: `-c name=value` pairs. Startup parameters win over every
- * database- and role-level setting, so what is pinned here no tenant can change for the session
- * (it can still `SET` it inside its own statements). A space in a value is escaped, as libpq does.
- */
-export function startupOptions(settings: readonly string[]): string {
-  return settings.map((setting) => `-c ${setting.replaceAll("\\", "\\\\").replaceAll(" ", "\\ ")}`).join(" ");
-}
-
-/**
- * The session defaults of every connection as a tenant role (its pool, its migrations): the soft
- * limits, and the two settings Lessor's own statements on it depend on, whatever the tenant set
- * for its role. Its `search_path` stays the tenant's own: Lessor's statements there name every
- * object with its schema.
- */
-export function tenantSessionSettings(limits: SessionLimits): string[] {
-  return [
-    `statement_timeout=${limits.statementTimeoutMs}`,
-    `lock_timeout=${limits.lockTimeoutMs}`,
-    `idle_in_transaction_session_timeout=${limits.idleInTransactionMs}`,
-    // A backend whose client vanished notices within a second even while it computes.
-    "client_connection_check_interval=1000",
-    "default_transaction_read_only=off",
-    "standard_conforming_strings=on",
-  ];
-}
-
-/**
- * The pinned session of every connection Lessor opens with more rights than a tenant (the host's
- * admin role, in its own database or a tenant's): nothing a database or role setting says can
- * reach it. Only `pg_catalog` resolves names (`pg_temp` last, so no temporary object shadows one),
- * literals parse one way, transactions are read-write and read committed, and every wait is bounded
- * by the work's deadline (docs/adr/007-tenant-containment.md, "Pinning").
- */
-export function privilegedSessionSettings(deadlineMs: number): string[] {
-  return [
-    "search_path=pg_catalog,pg_temp",
-    "standard_conforming_strings=on",
-    "default_transaction_read_only=off",
-    "default_transaction_isolation=read committed",
-    "default_table_access_method=heap",
-    "check_function_bodies=on",
-    "array_nulls=on",
-    "transform_null_equals=off",
-    "row_security=on",
-    `statement_timeout=${deadlineMs}`,
-    `lock_timeout=${deadlineMs}`,
-    `idle_in_transaction_session_timeout=${deadlineMs}`,
-    "idle_session_timeout=0",
-    "client_connection_check_interval=1000",
-  ];
-}
-
-interface StartupConfigurable {
-  getStartupConf(): Record<string, string>;
-}
-
-interface EndEmitter {
-  once(event: "end", listener: () => void): void;
-}
-
-/**
- * The driver's `Client`, except that `end()` settles when the connection has already ended. The
- * driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
- * host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel), that event
- * came before, and `end()` never settles. A pool ends only once every client's `end()` has called
- * back, so one such client left `Pool.end()` pending for ever: the generation never finished
- * closing, and its budget allocation was never released (the chaos soak's leak, issue 32; the
- * sequence is test/integration/pool-end-after-cut.test.ts).
- */
-export class SettlingClient extends Client {
-  private connectionEnded = false;
-
-  /**
-   * SCRAM's client-final step with the platform's PBKDF2 in one call, and the salted password kept
-   * for the pool's next connection (src/crypto/scram.ts `scramClientFinal`), where the driver spent
-   * about 15 ms of the isolate's CPU per connection. A failure ends the connect as the driver's own
-   * would, through the connection's error.
-   */
-  override async _handleAuthSASLContinue(message: { data?: unknown }): Promise<void> {
-    const connection = (this as unknown as { connection: SaslConnection }).connection;
-    try {
-      await scramClientFinal(this.saslSession as ScramClientSession, this.password, message.data);
-      connection.sendSCRAMClientFinalMessage((this.saslSession as ScramClientSession).response ?? "");
-    } catch (error) {
-      connection.emit("error", error instanceof Error ? error : new Error("SASL: login failed"));
-    }
-  }
-
-  constructor(config?: ConstructorParameters<typeof Client>[0]) {
-    super(config);
-    (this as unknown as { connection: EndEmitter }).connection.once("end", () => {
-      this.connectionEnded = true;
-    });
-  }
-
-  override end(): Promise<void>;
-  override end(callback: (err?: Error) => void): void;
-  override end(callback?: (err?: Error) => void): Promise<void> | void {
-    if (!this.connectionEnded) return callback ? super.end(callback) : super.end();
-    // Nothing is left to close: the socket is gone, and the driver would wait for its end for ever.
-    (this as unknown as { _ending: boolean })._ending = true;
-    if (!callback) return Promise.resolve();
-    queueMicrotask(() => callback());
-  }
-}
-
-interface SaslConnection {
-  sendSCRAMClientFinalMessage(response: string): void;
-  emit(event: "error", error: Error): void;
-}
-
-/** A `SettlingClient` class whose connections carry this deployment's driver settings. */
-function configuredClientClass(config: LessorConfig): typeof SettlingClient {
-  return class ConfiguredClient extends SettlingClient {
-    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
-      super(clientConfig);
-      configure(this, config);
-    }
-  };
-}
-
-const serverParametersOf = new WeakMap<object, Map<string, string>>();
-
-/**
- * The parameters the server reported when the connection started (ParameterStatus: its version,
- * encoding, date style, time zone, …), as a tenant connection recorded them; empty for any other.
- */
-export function serverParameters(client: object): ReadonlyMap<string, string> {
-  return serverParametersOf.get(client) ?? new Map();
-}
-
-interface ParameterSource {
-  on(
-    event: "parameterStatus",
-    listener: (message: { parameterName: string; parameterValue: string }) => void,
-  ): void;
-}
-
-/**
- * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
- * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
- * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
- * keep going to it, and the client sends nothing else.
- */
-export interface PhasedSubmittable {
-  phasesLeft: number;
-  handleReadyForQuery(connection: unknown): void;
-  handleError(error: unknown, connection: unknown): void;
-}
-
-interface DriverClientInternals {
-  activeQuery: Partial<PhasedSubmittable> | null;
-  connection: unknown;
-}
-
-type MessageHandler = (this: Client, message: unknown) => void;
-const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
-  ._handleReadyForQuery;
-const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
-  ._handleErrorMessage;
-
-/**
- * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
- * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
- * it attaches to the connection, so a subclass's prototype carrying them is enough.
- */
-const phasedHandlers = {
-  _handleReadyForQuery(this: Client, message: unknown): void {
-    const internals = this as unknown as DriverClientInternals;
-    const active = internals.activeQuery;
-    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
-      active.phasesLeft--;
-      active.handleReadyForQuery?.(internals.connection);
-      return;
-    }
-    baseHandleReadyForQuery.call(this, message);
-  },
-  _handleErrorMessage(this: Client, message: unknown): void {
-    const internals = this as unknown as DriverClientInternals;
-    const active = internals.activeQuery;
-    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
-      active.handleError?.(message, internals.connection);
-      return;
-    }
-    baseHandleErrorMessage.call(this, message);
-  },
-};
-
-/**
- * A driver `Client` class whose connections carry this deployment's driver settings (or their
- * tunnel's), a fresh login token and the session limits, and record the parameters the server
- * reports (the wire endpoint's greeting repeats them, src/tenant-object/wire.ts).
- */
-function tenantClientClass(config: LessorConfig, options: TenantConnectionOptions): typeof SettlingClient {
-  const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
-  const mintToken = options.loginToken;
-  const TenantClient = class TenantClient extends SettlingClient {
-    private loginToken = "";
-
-    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
-      super(clientConfig);
-      configure(this, config, options.route);
-      const parameters = new Map<string, string>();
-      serverParametersOf.set(this, parameters);
-      (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
-        parameters.set(message.parameterName, message.parameterValue);
-      });
-    }
-
-    override connect(): Promise<void>;
-    override connect(callback: (err?: Error) => void): void;
-    override connect(callback?: (err?: Error) => void): Promise<void> | void {
-      opened.tenant++;
-      const minted = (mintToken ? mintToken() : Promise.resolve("")).then((token) => {
-        this.loginToken = token;
-      });
-      if (!callback) return minted.then(() => super.connect());
-      minted.then(
-        () => super.connect(callback),
-        (error: unknown) => callback(error instanceof Error ? error : new Error("login token failed")),
-      );
-    }
-
-    /** Called by the driver when it sends the startup message, after `connect` minted the token. */
-    override getStartupConf = (): Record<string, string> => {
-      const conf = baseStartupConf.call(this);
-      conf.options = startupOptions([
-        ...tenantSessionSettings(options.limits),
-        ...(options.extraSettings ?? []),
-        ...(mintToken ? [`lessor.login=${this.loginToken}`] : []),
-      ]);
-      return conf;
-    };
-  };
-  Object.assign(TenantClient.prototype, phasedHandlers);
-  return TenantClient;
-}
+export type { SessionLimits, TenantConnectionOptions } from "./session-settings.ts";
+export { privilegedSessionSettings, startupOptions, tenantSessionSettings } from "./session-settings.ts";
 
 /** A pool for one tenant generation. Its errors are reported, never thrown into the isolate. */
 export function openPool(
@@ -442,7 +61,7 @@ export function openControlPlanePool(
   });
   pool.Client = configuredClientClass(config);
   pool.on("connect", () => {
-    opened.control_plane++;
+    countOpened("control_plane");
   });
   pool.on("error", onError);
   return pool;
@@ -554,7 +173,7 @@ export function withConnection<T>(
   applicationName: string,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  opened.control_plane++;
+  countOpened("control_plane");
   return withClient(
     configure(
       new SettlingClient({
@@ -579,7 +198,7 @@ export function withPrivilegedConnection<T>(
   deadlineMs: number,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  opened.host_admin++;
+  countOpened("host_admin");
   return withClient(
     configure(
       new SettlingClient({
@@ -608,7 +227,7 @@ export function withCustomerConnection<T>(
   deadlineMs: number,
   work: (client: Client) => Promise<T>,
 ): Promise<T> {
-  opened.tenant++;
+  countOpened("tenant");
   const { route, ...address } = target;
   const client = configure(
     new SettlingClient({

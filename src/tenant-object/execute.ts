@@ -104,7 +104,7 @@ interface DataStream {
  * statement's Sync: Postgres runs it right after the statement, whatever the statement did (its
  * error, its open transaction), and the connection is clean one ReadyForQuery later, without a
  * round trip of its own. The statement's result settles at its own ReadyForQuery (the caller is
- * answered then); `resetDone` settles at the reset's (src/postgres/index.ts keeps the statement
+ * answered then); `resetDone` settles at the reset's (src/postgres/clients.ts keeps the statement
  * the client's active query until then, so nothing else is sent on the connection meanwhile).
  */
 class BoundedStatement implements PhasedSubmittable {

@@ -108,7 +108,7 @@ describe("the reset pipelined in the statement's flight", () => {
     statement.handleRowDescription({ fields: [field] });
     statement.handleDataRow({ fields: ["1"] });
     statement.handleCommandComplete({ text: "SELECT 1" });
-    // The client keeps a phased query active past its first ReadyForQuery (src/postgres/index.ts).
+    // The client keeps a phased query active past its first ReadyForQuery (src/postgres/clients.ts).
     statement.phasesLeft--;
     statement.handleReadyForQuery(null);
     expect(await result).toMatchObject({ command: "SELECT", rowCount: 1, rows: ['["1"]'] });

@@ -1,0 +1,202 @@
+/**
+ * The driver `Client` classes Lessor's connections are made of: `SettlingClient` (an `end()` that
+ * settles for a connection already cut, and SCRAM's client step in one native derivation), the
+ * deployment's configured client, and the `TenantClient`, which mints its one-time login token
+ * (src/crypto/login-guard.ts), starts with the session limits in its startup options, records the
+ * parameters the server reports, and lets a phased submittable (a statement and its pipelined
+ * reset) stay active past its first ReadyForQuery.
+ */
+import { Client } from "@neondatabase/serverless";
+import type { LessorConfig } from "../config/index.ts";
+import { type ScramClientSession, scramClientFinal } from "../crypto/scram.ts";
+import { configure, countOpened } from "./driver.ts";
+import { startupOptions, type TenantConnectionOptions, tenantSessionSettings } from "./session-settings.ts";
+
+interface StartupConfigurable {
+  getStartupConf(): Record<string, string>;
+}
+
+interface EndEmitter {
+  once(event: "end", listener: () => void): void;
+}
+
+/**
+ * The driver's `Client`, except that `end()` settles when the connection has already ended. The
+ * driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
+ * host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel), that event
+ * came before, and `end()` never settles. A pool ends only once every client's `end()` has called
+ * back, so one such client left `Pool.end()` pending for ever: the generation never finished
+ * closing, and its budget allocation was never released (the chaos soak's leak, issue 32; the
+ * sequence is test/integration/pool-end-after-cut.test.ts).
+ */
+export class SettlingClient extends Client {
+  private connectionEnded = false;
+
+  /**
+   * SCRAM's client-final step with the platform's PBKDF2 in one call, and the salted password kept
+   * for the pool's next connection (src/crypto/scram.ts `scramClientFinal`), where the driver spent
+   * about 15 ms of the isolate's CPU per connection. A failure ends the connect as the driver's own
+   * would, through the connection's error.
+   */
+  override async _handleAuthSASLContinue(message: { data?: unknown }): Promise<void> {
+    const connection = (this as unknown as { connection: SaslConnection }).connection;
+    try {
+      await scramClientFinal(this.saslSession as ScramClientSession, this.password, message.data);
+      connection.sendSCRAMClientFinalMessage((this.saslSession as ScramClientSession).response ?? "");
+    } catch (error) {
+      connection.emit("error", error instanceof Error ? error : new Error("SASL: login failed"));
+    }
+  }
+
+  constructor(config?: ConstructorParameters<typeof Client>[0]) {
+    super(config);
+    (this as unknown as { connection: EndEmitter }).connection.once("end", () => {
+      this.connectionEnded = true;
+    });
+  }
+
+  override end(): Promise<void>;
+  override end(callback: (err?: Error) => void): void;
+  override end(callback?: (err?: Error) => void): Promise<void> | void {
+    if (!this.connectionEnded) return callback ? super.end(callback) : super.end();
+    // Nothing is left to close: the socket is gone, and the driver would wait for its end for ever.
+    (this as unknown as { _ending: boolean })._ending = true;
+    if (!callback) return Promise.resolve();
+    queueMicrotask(() => callback());
+  }
+}
+
+interface SaslConnection {
+  sendSCRAMClientFinalMessage(response: string): void;
+  emit(event: "error", error: Error): void;
+}
+
+/** A `SettlingClient` class whose connections carry this deployment's driver settings. */
+export function configuredClientClass(config: LessorConfig): typeof SettlingClient {
+  return class ConfiguredClient extends SettlingClient {
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config);
+    }
+  };
+}
+
+const serverParametersOf = new WeakMap<object, Map<string, string>>();
+
+/**
+ * The parameters the server reported when the connection started (ParameterStatus: its version,
+ * encoding, date style, time zone, …), as a tenant connection recorded them; empty for any other.
+ */
+export function serverParameters(client: object): ReadonlyMap<string, string> {
+  return serverParametersOf.get(client) ?? new Map();
+}
+
+interface ParameterSource {
+  on(
+    event: "parameterStatus",
+    listener: (message: { parameterName: string; parameterValue: string }) => void,
+  ): void;
+}
+
+/**
+ * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
+ * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
+ * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
+ * keep going to it, and the client sends nothing else.
+ */
+export interface PhasedSubmittable {
+  phasesLeft: number;
+  handleReadyForQuery(connection: unknown): void;
+  handleError(error: unknown, connection: unknown): void;
+}
+
+interface DriverClientInternals {
+  activeQuery: Partial<PhasedSubmittable> | null;
+  connection: unknown;
+}
+
+type MessageHandler = (this: Client, message: unknown) => void;
+const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
+  ._handleReadyForQuery;
+const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
+  ._handleErrorMessage;
+
+/**
+ * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
+ * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
+ * it attaches to the connection, so a subclass's prototype carrying them is enough.
+ */
+const phasedHandlers = {
+  _handleReadyForQuery(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.phasesLeft--;
+      active.handleReadyForQuery?.(internals.connection);
+      return;
+    }
+    baseHandleReadyForQuery.call(this, message);
+  },
+  _handleErrorMessage(this: Client, message: unknown): void {
+    const internals = this as unknown as DriverClientInternals;
+    const active = internals.activeQuery;
+    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
+      active.handleError?.(message, internals.connection);
+      return;
+    }
+    baseHandleErrorMessage.call(this, message);
+  },
+};
+
+/**
+ * A driver `Client` class whose connections carry this deployment's driver settings (or their
+ * tunnel's), a fresh login token and the session limits, and record the parameters the server
+ * reports (the wire endpoint's greeting repeats them, src/tenant-object/wire.ts).
+ */
+export function tenantClientClass(
+  config: LessorConfig,
+  options: TenantConnectionOptions,
+): typeof SettlingClient {
+  const baseStartupConf = (Client.prototype as unknown as StartupConfigurable).getStartupConf;
+  const mintToken = options.loginToken;
+  const TenantClient = class TenantClient extends SettlingClient {
+    private loginToken = "";
+
+    constructor(clientConfig?: ConstructorParameters<typeof Client>[0]) {
+      super(clientConfig);
+      configure(this, config, options.route);
+      const parameters = new Map<string, string>();
+      serverParametersOf.set(this, parameters);
+      (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
+        parameters.set(message.parameterName, message.parameterValue);
+      });
+    }
+
+    override connect(): Promise<void>;
+    override connect(callback: (err?: Error) => void): void;
+    override connect(callback?: (err?: Error) => void): Promise<void> | void {
+      countOpened("tenant");
+      const minted = (mintToken ? mintToken() : Promise.resolve("")).then((token) => {
+        this.loginToken = token;
+      });
+      if (!callback) return minted.then(() => super.connect());
+      minted.then(
+        () => super.connect(callback),
+        (error: unknown) => callback(error instanceof Error ? error : new Error("login token failed")),
+      );
+    }
+
+    /** Called by the driver when it sends the startup message, after `connect` minted the token. */
+    override getStartupConf = (): Record<string, string> => {
+      const conf = baseStartupConf.call(this);
+      conf.options = startupOptions([
+        ...tenantSessionSettings(options.limits),
+        ...(options.extraSettings ?? []),
+        ...(mintToken ? [`lessor.login=${this.loginToken}`] : []),
+      ]);
+      return conf;
+    };
+  };
+  Object.assign(TenantClient.prototype, phasedHandlers);
+  return TenantClient;
+}

@@ -98,7 +98,7 @@ const maxRequests = 50_000;
 const rounds = setting("BENCH_ROUNDS", 4, 2, 12);
 const stormRequested = setting("BENCH_STORM", 1_000, 10, 1_000);
 /**
- * Lessor's pool checkout waits at most 10 s (src/postgres/index.ts, then `lease_timeout`). A storm
+ * Lessor's pool checkout waits at most 10 s (src/postgres/driver.ts `connectTimeoutOf`, then `lease_timeout`). A storm
  * larger than this machine can serve within half of that would measure the bound, not the start.
  */
 const stormBudgetSeconds = 5;

@@ -185,7 +185,8 @@ export function isFrameProblem(value: Message | FrameProblem): value is FramePro
 
 // ── Reading ─────────────────────────────────────────────────────────────────────────────────────
 
-function readInt32(bytes: Uint8Array, at: number): number {
+/** The big-endian int32 at `at` (a message's length sits right after its type byte). */
+export function readInt32(bytes: Uint8Array, at: number): number {
   return (
     ((bytes[at] ?? 0) << 24) |
     ((bytes[at + 1] ?? 0) << 16) |
@@ -320,6 +321,14 @@ export function readyForQueryStatus(body: Uint8Array): TransactionStatus | null 
 export function commandTag(body: Uint8Array): string {
   const reader = new BodyReader(body);
   return reader.cstring();
+}
+
+/** A ParameterStatus's name and value, or null if its body is not two strings. */
+export function parameterStatusOf(body: Uint8Array): [name: string, value: string] | null {
+  const reader = new BodyReader(body);
+  const name = reader.cstring();
+  const value = reader.cstring();
+  return reader.ok && reader.done ? [name, value] : null;
 }
 
 /** An ErrorResponse's or NoticeResponse's fields by their one-letter codes. */

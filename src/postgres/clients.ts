@@ -3,8 +3,7 @@
  * settles for a connection already cut, and SCRAM's client step in one native derivation), the
  * deployment's configured client, and the `TenantClient`, which mints its one-time login token
  * (src/crypto/login-guard.ts), starts with the session limits in its startup options, records the
- * parameters the server reports, and lets a phased submittable (a statement and its pipelined
- * reset) stay active past its first ReadyForQuery.
+ * parameters the server reports.
  */
 import { Client } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
@@ -91,62 +90,20 @@ export function serverParameters(client: object): ReadonlyMap<string, string> {
   return serverParametersOf.get(client) ?? new Map();
 }
 
+/**
+ * Records a parameter the server reported where the driver did not see it (the pipelined reset's
+ * answer, read off the wire: src/tenant-object/execute.ts); only a tenant connection keeps them.
+ */
+export function noteServerParameter(client: object, name: string, value: string): void {
+  serverParametersOf.get(client)?.set(name, value);
+}
+
 interface ParameterSource {
   on(
     event: "parameterStatus",
     listener: (message: { parameterName: string; parameterValue: string }) => void,
   ): void;
 }
-
-/**
- * A submittable whose flight ends in more than one ReadyForQuery: a statement's Sync, then a
- * pipelined simple query (the per-request reset, src/tenant-object/execute.ts). `phasesLeft` counts
- * the ReadyForQuery messages still to come; until the last, the client keeps it active: messages
- * keep going to it, and the client sends nothing else.
- */
-export interface PhasedSubmittable {
-  phasesLeft: number;
-  handleReadyForQuery(connection: unknown): void;
-  handleError(error: unknown, connection: unknown): void;
-}
-
-interface DriverClientInternals {
-  activeQuery: Partial<PhasedSubmittable> | null;
-  connection: unknown;
-}
-
-type MessageHandler = (this: Client, message: unknown) => void;
-const baseHandleReadyForQuery = (Client.prototype as unknown as { _handleReadyForQuery: MessageHandler })
-  ._handleReadyForQuery;
-const baseHandleErrorMessage = (Client.prototype as unknown as { _handleErrorMessage: MessageHandler })
-  ._handleErrorMessage;
-
-/**
- * The driver ends the active query at the first ReadyForQuery (and at an ErrorResponse). A phased
- * one (`PhasedSubmittable`) stays active until its last. The driver binds these two handlers when
- * it attaches to the connection, so a subclass's prototype carrying them is enough.
- */
-const phasedHandlers = {
-  _handleReadyForQuery(this: Client, message: unknown): void {
-    const internals = this as unknown as DriverClientInternals;
-    const active = internals.activeQuery;
-    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
-      active.phasesLeft--;
-      active.handleReadyForQuery?.(internals.connection);
-      return;
-    }
-    baseHandleReadyForQuery.call(this, message);
-  },
-  _handleErrorMessage(this: Client, message: unknown): void {
-    const internals = this as unknown as DriverClientInternals;
-    const active = internals.activeQuery;
-    if (active && typeof active.phasesLeft === "number" && active.phasesLeft > 1) {
-      active.handleError?.(message, internals.connection);
-      return;
-    }
-    baseHandleErrorMessage.call(this, message);
-  },
-};
 
 /**
  * A driver `Client` class whose connections carry this deployment's driver settings (or their
@@ -197,6 +154,5 @@ export function tenantClientClass(
       return conf;
     };
   };
-  Object.assign(TenantClient.prototype, phasedHandlers);
   return TenantClient;
 }

@@ -14,8 +14,7 @@ import {
   type TenantConnectionOptions,
 } from "./session-settings.ts";
 
-export type { PhasedSubmittable } from "./clients.ts";
-export { SettlingClient, serverParameters } from "./clients.ts";
+export { noteServerParameter, SettlingClient, serverParameters } from "./clients.ts";
 export type { ConnectionPurpose, ConnectionTarget, TunnelRoute } from "./driver.ts";
 export { configureDriver, connectionsOpened } from "./driver.ts";
 export type { Queryable } from "./queryable.ts";

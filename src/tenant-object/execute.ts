@@ -17,12 +17,14 @@
  *   costs no round trip and shares the statement's transaction, implicit or not.
  */
 import type { PoolClient } from "@neondatabase/serverless";
+import { FlightSplitter, type ResetReport } from "../core/flight-splitter.ts";
 import {
   beginStatement,
   type FieldDescription,
   type SqlRequest,
   type Statement,
 } from "../core/neon-protocol.ts";
+import { textMessage } from "../core/pg-wire.ts";
 import {
   driverOutputMode,
   type EncodedResult,
@@ -36,9 +38,9 @@ import {
 const resultFrameBytes = 128;
 
 import { LessorError } from "../errors/index.ts";
-import type { PhasedSubmittable } from "../postgres/index.ts";
+import { noteServerParameter } from "../postgres/index.ts";
 import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
-import { sessionResetSql } from "./connection-state.ts";
+import { noteTransactionStatus, sessionResetSql } from "./connection-state.ts";
 
 /** One statement's result: its rows already encoded as the JSON they are answered with. */
 export type RawResult = EncodedResult;
@@ -81,39 +83,56 @@ export type OverrunHandler = (why: Overrun) => void;
 const drainSlackBytes = 4 * 1024 * 1024;
 
 interface ProtocolConnection {
-  query(text: string): void;
   parse(config: { text: string; name: string; types: number[] }): void;
   bind(config: { portal: string; statement: string; values: (string | null)[] }): void;
   describe(config: { type: "P"; name: string }): void;
   execute(config: { portal: string; rows: number }): void;
   sync(): void;
   sendCopyFail(message: string): void;
-  stream?: { on(event: "data", listener: (chunk: Uint8Array) => void): void; off?: unknown };
+  stream?: DataStream;
 }
 
+type ChunkListener = (chunk: Uint8Array) => void;
+
+/** The driver's socket, as far as a statement uses it. */
 interface DataStream {
-  on(event: "data", listener: (chunk: Uint8Array) => void): void;
-  removeListener(event: "data", listener: (chunk: Uint8Array) => void): void;
+  on(event: "data", listener: ChunkListener): void;
+  on(event: "close", listener: () => void): void;
+  removeListener(event: "data", listener: ChunkListener): void;
+  removeListener(event: "close", listener: () => void): void;
+  listeners(event: "data"): ChunkListener[];
+  write(bytes: Uint8Array): boolean;
 }
+
+/**
+ * Part of a chunk the driver's socket emitted, as the driver's parser takes it: the chunk is the
+ * driver's `Buffer`, whose `slice` (unlike Uint8Array's) is a view of the same bytes, of its class.
+ */
+function partOf(chunk: Uint8Array, start: number, end?: number): Uint8Array {
+  return (chunk as unknown as { slice(start: number, end?: number): Uint8Array }).slice(start, end);
+}
+
+/** The per-request reset as its Query message, encoded once. */
+const resetQuery = textMessage(0x51, sessionResetSql);
 
 /**
  * A driver `Submittable`: the client hands it the connection to write messages to and calls its
  * `handle…` methods with each backend message until ReadyForQuery (or an error).
  *
- * With `resetSql`, the per-request reset rides in the same flight, as a simple query after the
+ * With `pipelineReset`, the per-request reset rides in the same flight, as a simple query after the
  * statement's Sync: Postgres runs it right after the statement, whatever the statement did (its
  * error, its open transaction), and the connection is clean one ReadyForQuery later, without a
  * round trip of its own. The statement's result settles at its own ReadyForQuery (the caller is
- * answered then); `resetDone` settles at the reset's (src/postgres/clients.ts keeps the statement
- * the client's active query until then, so nothing else is sent on the connection meanwhile).
+ * answered then). The reset's answer never reaches the driver: `FlightSplitter` reads it off the
+ * connection's bytes (docs/adr/025-reset-read-off-the-wire.md), and `resetDone` settles at its
+ * ReadyForQuery. Until then the connection is not back in the pool (src/tenant-object/query.ts), so
+ * nothing else is sent on it.
  */
-class BoundedStatement implements PhasedSubmittable {
+class BoundedStatement {
   readonly result: Promise<RawResult>;
   /** Settles when the pipelined reset has run: undefined if clean, the error if not; null without one. */
   readonly resetDone: Promise<Error | undefined> | null;
-  phasesLeft: number;
   private resolveReset: (failed: Error | undefined) => void = () => undefined;
-  private readyForQueries = 0;
   private statementSettled = false;
   private resetSettled = false;
   private resolve: (result: RawResult) => void = () => undefined;
@@ -142,25 +161,20 @@ class BoundedStatement implements PhasedSubmittable {
     private readonly budget: ResponseBudget,
     private readonly onOverrun: OverrunHandler,
     private readonly prelude: Statement | null = null,
-    private readonly resetSql: string | null = null,
+    /** Given what the pipelined reset's answer said (its status, its parameters); null: no pipelined reset. */
+    private readonly onResetReport: ((report: ResetReport) => void) | null = null,
   ) {
     this.inPrelude = prelude !== null;
     this.result = new Promise<RawResult>((resolve, reject) => {
       this.resolve = resolve;
       this.reject = reject;
     });
-    this.phasesLeft = resetSql === null ? 1 : 2;
     this.resetDone =
-      resetSql === null
+      onResetReport === null
         ? null
         : new Promise<Error | undefined>((resolve) => {
             this.resolveReset = resolve;
           });
-  }
-
-  /** Messages after the statement's ReadyForQuery are the reset's: nothing of them is answered. */
-  private get inReset(): boolean {
-    return this.readyForQueries > 0;
   }
 
   private finishReset(failed: Error | undefined): void {
@@ -170,7 +184,9 @@ class BoundedStatement implements PhasedSubmittable {
   }
 
   submit(connection: ProtocolConnection): null {
-    const stream = connection.stream as DataStream | undefined;
+    const stream = connection.stream;
+    const split = stream !== undefined && this.onResetReport !== null;
+    if (split) this.splitReset(stream, this.onResetReport);
     if (stream) {
       this.stream = stream;
       stream.on("data", this.onData);
@@ -185,8 +201,41 @@ class BoundedStatement implements PhasedSubmittable {
     connection.describe({ type: "P", name: "" });
     connection.execute({ portal: "", rows: 0 });
     connection.sync();
-    if (this.resetSql !== null) connection.query(this.resetSql);
+    if (split && stream) stream.write(resetQuery);
+    else if (this.resetDone) this.finishReset(new Error("the reset could not be pipelined"));
     return null;
+  }
+
+  /**
+   * Puts a `FlightSplitter` between the connection's bytes and the driver: the statement's answer
+   * passes through, the reset's is read and reported, and the driver's listeners are back once it
+   * has ended (or the connection has).
+   */
+  private splitReset(stream: DataStream, report: (report: ResetReport) => void): void {
+    const driverListeners = stream.listeners("data");
+    for (const listener of driverListeners) stream.removeListener("data", listener);
+    const splitter = new FlightSplitter();
+    const forward = (bytes: Uint8Array) => {
+      for (const listener of driverListeners) listener(bytes);
+    };
+    const finish = () => {
+      stream.removeListener("data", onChunk);
+      stream.removeListener("close", finish);
+      for (const listener of driverListeners) stream.on("data", listener);
+      const said = splitter.report();
+      report(said);
+      this.finishReset(said.failure === null ? undefined : new Error(said.failure));
+    };
+    const onChunk = (chunk: Uint8Array) => {
+      const cut = splitter.push(chunk);
+      if (cut.statementEnd > 0)
+        forward(cut.statementEnd === chunk.byteLength ? chunk : partOf(chunk, 0, cut.statementEnd));
+      if (cut.resetEnd === null) return;
+      finish();
+      if (cut.resetEnd < chunk.byteLength) forward(partOf(chunk, cut.resetEnd));
+    };
+    stream.on("data", onChunk);
+    stream.on("close", finish);
   }
 
   private overrun(): void {
@@ -203,7 +252,7 @@ class BoundedStatement implements PhasedSubmittable {
   }
 
   handleRowDescription(message: { fields: FieldDescription[] }): void {
-    if (this.inPrelude || this.inReset) return;
+    if (this.inPrelude) return;
     this.fields = message.fields.map((field) => ({
       name: field.name,
       tableID: field.tableID,
@@ -221,7 +270,7 @@ class BoundedStatement implements PhasedSubmittable {
   }
 
   handleDataRow(message: { fields: (string | null)[] }): void {
-    if (this.overran || this.inPrelude || this.inReset) return;
+    if (this.overran || this.inPrelude) return;
     const row = (this.encode ?? rowEncoder([], this.budget.mode))(message.fields);
     // The row as it will travel, and the comma before the next one.
     if (!this.budget.take(utf8Length(row) + 1)) {
@@ -232,7 +281,6 @@ class BoundedStatement implements PhasedSubmittable {
   }
 
   handleCommandComplete(message: { text?: string; command?: string }): void {
-    if (this.inReset) return;
     if (this.inPrelude) {
       this.inPrelude = false;
       return;
@@ -244,7 +292,6 @@ class BoundedStatement implements PhasedSubmittable {
   }
 
   handleEmptyQuery(): void {
-    if (this.inReset) return;
     this.command = "";
   }
 
@@ -257,30 +304,21 @@ class BoundedStatement implements PhasedSubmittable {
   }
 
   handleCopyData(message: { chunk?: Uint8Array }): void {
-    if (this.inReset) return;
     // COPY TO STDOUT: nothing of it is answered, but it still counts against the budget.
     if (!this.budget.take(message.chunk?.byteLength ?? 0)) this.overrun();
   }
 
   handleError(error: unknown): void {
-    if (!this.statementSettled && !this.inReset) {
-      this.statementSettled = true;
-      this.settle();
-      this.reject(this.overran ? tooLarge(this.budget.max) : error);
-      // A server's ErrorResponse ends the statement only: its Sync's ReadyForQuery and the reset
-      // follow. Anything else (the connection died) ends the whole flight.
-      if (!isServerError(error)) this.finishReset(asError(error));
-      return;
-    }
-    this.finishReset(asError(error));
+    if (this.statementSettled) return;
+    this.statementSettled = true;
+    this.settle();
+    this.reject(this.overran ? tooLarge(this.budget.max) : error);
+    // A server's ErrorResponse ends the statement only: its Sync's ReadyForQuery and the reset
+    // follow. Anything else (the connection died) ends the whole flight.
+    if (!isServerError(error)) this.finishReset(asError(error));
   }
 
   handleReadyForQuery(): void {
-    this.readyForQueries++;
-    if (this.readyForQueries > 1) {
-      this.finishReset(undefined);
-      return;
-    }
     if (this.statementSettled) return;
     this.statementSettled = true;
     this.settle();
@@ -334,7 +372,13 @@ export async function runStatement(
     budget,
     onOverrun,
     prelude,
-    pipeline ? sessionResetSql : null,
+    pipeline
+      ? (report) => {
+          // What the driver did not see of the connection: where the reset left it.
+          if (report.status !== null) noteTransactionStatus(client, report.status);
+          for (const [name, value] of report.parameters) noteServerParameter(client, name, value);
+        }
+      : null,
   );
   if (pipeline && bounded.resetDone) pipelinedReset(bounded.resetDone);
   (client as unknown as { query(submittable: BoundedStatement): void }).query(bounded);

@@ -10,6 +10,7 @@ import { drizzle } from "drizzle-orm/neon-serverless";
 import { integer, pgTable, serial, text } from "drizzle-orm/pg-core";
 import pg from "pg";
 import { afterEach, describe, expect, it } from "vitest";
+import { parameterStatusOf } from "../../src/core/pg-wire.ts";
 import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   asSuperuser,
@@ -17,9 +18,10 @@ import {
   createTenant,
   pollUntil,
   runtimeOf,
+  sqlFor,
   uniqueTenantId,
 } from "./harness.ts";
-import { inMode, WireClient, wirePool, wireSettings } from "./wire-client.ts";
+import { inMode, RawWire, WireClient, wirePool, wireSettings } from "./wire-client.ts";
 
 const notes = pgTable("notes", {
   id: serial("id").primaryKey(),
@@ -297,5 +299,30 @@ describe("what each pool mode keeps", () => {
         (n) => n.length > 0,
       ),
     ).toEqual([expect.stringMatching(/LISTEN lasts only until this transaction ends/)]);
+  });
+});
+
+describe("the greeting after /sql requests", () => {
+  it("repeats no setting a /sql statement changed: the pipelined reset's report puts it back", async () => {
+    const tenant = await createTenant(uniqueTenantId("wire-greeting"));
+    const greeting = async () => {
+      const wire = await RawWire.connect(tenant.id, tenant.key);
+      const messages = await wire.untilReady();
+      wire.close();
+      return new Map(
+        messages.flatMap((m) => (m.type === 0x53 ? [parameterStatusOf(m.body) ?? ["?", "?"]] : [])),
+      );
+    };
+    // The first wire client has the room learn the parameters of a pooled connection (the pool's
+    // only one, which the sequential requests below then reuse).
+    const before = (await greeting()).get("TimeZone");
+    expect(before).toBeDefined();
+    expect(before).not.toBe("Pacific/Chatham");
+    const sql = sqlFor(tenant);
+    for (let i = 0; i < 4; i++) await sql.query("SET TimeZone TO 'Pacific/Chatham'");
+    expect(await sql.query("SHOW TimeZone")).toEqual([{ TimeZone: before }]);
+    // The statement's ParameterStatus said Chatham (the driver read it); the reset's, read off the
+    // wire by Lessor, said it back.
+    expect((await greeting()).get("TimeZone")).toBe(before);
   });
 });

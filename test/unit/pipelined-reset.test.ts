@@ -1,16 +1,31 @@
 /**
  * The per-request reset pipelined in a statement's flight (src/tenant-object/execute.ts): what is
- * written, in what order, and how each of the two ReadyForQuery messages settles what. A recording
- * connection stands in for the driver's (the real path runs in every integration test: every
- * single-statement `/sql` request takes it, and test/integration/isolation.test.ts proves no
- * state passes between requests).
+ * written, in what order; that the driver sees the statement's answer and nothing of the reset's;
+ * and how each of the two ReadyForQuery messages settles what. A recording connection with a real
+ * event emitter as its socket stands in for the driver's (the real path runs in every integration
+ * test: every single-statement `/sql` request takes it, and test/integration/isolation.test.ts
+ * proves no state passes between requests).
  */
+import { EventEmitter } from "node:events";
 import { describe, expect, it } from "vitest";
-import { sessionResetSql } from "../../src/tenant-object/connection-state.ts";
+import {
+  concatBytes,
+  errorResponse,
+  frontendMessage,
+  noticeResponse,
+  parameterStatus,
+  readyForQuery,
+  textMessage,
+} from "../../src/core/pg-wire.ts";
+import { serverParameters } from "../../src/postgres/index.ts";
+import {
+  isIdleOutsideTransaction,
+  noteTransactionStatus,
+  sessionResetSql,
+} from "../../src/tenant-object/connection-state.ts";
 import { ResponseBudget, runStatement } from "../../src/tenant-object/execute.ts";
 
-interface Phased {
-  phasesLeft: number;
+interface Driven {
   submit(connection: unknown): void;
   handleRowDescription(message: unknown): void;
   handleDataRow(message: unknown): void;
@@ -19,11 +34,27 @@ interface Phased {
   handleError(error: unknown, connection: unknown): void;
 }
 
-/** A driver client reduced to what runStatement uses: it takes the submittable and lets the test drive it. */
+const encoder = new TextEncoder();
+const commandComplete = (tag: string) =>
+  frontendMessage(0x43, concatBytes([encoder.encode(tag), new Uint8Array([0])]));
+
+/** A driver client reduced to what runStatement uses; its socket is an event emitter of Buffers. */
 function recordingClient() {
   const written: string[] = [];
+  const socketWrites: Uint8Array[] = [];
+  const stream = Object.assign(new EventEmitter(), {
+    write(bytes: Uint8Array) {
+      written.push("raw write");
+      socketWrites.push(bytes);
+      return true;
+    },
+  });
+  /** What the driver's parser was given. */
+  const driverSaw: Uint8Array[] = [];
+  const driverListener = (chunk: Uint8Array) => driverSaw.push(chunk);
+  stream.on("data", driverListener);
   const connection = {
-    query: (text: string) => written.push(`Query ${text}`),
+    stream,
     parse: (c: { text: string }) => written.push(`Parse ${c.text}`),
     bind: () => written.push("Bind"),
     describe: () => written.push("Describe"),
@@ -31,9 +62,9 @@ function recordingClient() {
     sync: () => written.push("Sync"),
     sendCopyFail: () => written.push("CopyFail"),
   };
-  let active: Phased | null = null;
+  let active: Driven | null = null;
   const client = {
-    query(submittable: Phased) {
+    query(submittable: Driven) {
       active = submittable;
       submittable.submit(connection);
     },
@@ -42,7 +73,9 @@ function recordingClient() {
     if (!active) throw new Error("nothing submitted");
     return active;
   };
-  return { client, written, driven };
+  /** The server sends `bytes` (as the driver's socket emits them: a Buffer). */
+  const serverSends = (bytes: Uint8Array) => stream.emit("data", Buffer.from(bytes));
+  return { client, stream, written, socketWrites, driverSaw, driverListener, driven, serverSends };
 }
 
 const field = {
@@ -65,113 +98,123 @@ function settledState<T>(promise: Promise<T>): Promise<"pending" | "resolved" | 
   ]);
 }
 
+function start(query: string, client: ReturnType<typeof recordingClient>["client"]) {
+  let reset: Promise<Error | undefined> | null = null;
+  const result = runStatement(
+    client as never,
+    { query, params: [] },
+    new ResponseBudget(1_000_000),
+    () => undefined,
+    null,
+    (done) => {
+      reset = done;
+    },
+  );
+  result.catch(() => undefined);
+  return { result, reset: () => reset ?? Promise.reject(new Error("no reset handed over")) };
+}
+
+/** What the driver's parser got, as plain bytes; each piece must be a Buffer (a view, of the driver's class). */
+function seen(chunks: Uint8Array[]): Uint8Array {
+  expect(chunks.every((chunk) => Buffer.isBuffer(chunk))).toBe(true);
+  return Uint8Array.from(concatBytes(chunks));
+}
+
+const statementAnswer = concatBytes([commandComplete("SELECT 1"), readyForQuery("T")]);
+const resetAnswer = concatBytes([
+  noticeResponse({ severity: "WARNING", code: "25P01", message: "there is no transaction in progress" }),
+  commandComplete("ROLLBACK"),
+  parameterStatus("application_name", "lessor:t:1"),
+  commandComplete("DISCARD SEQUENCES"),
+  readyForQuery("I"),
+]);
+
 describe("the reset pipelined in the statement's flight", () => {
-  it("is written right after the statement's Sync, in the same flight", async () => {
-    const { client, written } = recordingClient();
-    let reset: Promise<Error | undefined> | null = null;
-    void runStatement(
-      client as never,
-      { query: "SELECT 1 AS one", params: [] },
-      new ResponseBudget(1_000_000),
-      () => undefined,
-      null,
-      (done) => {
-        reset = done;
-      },
-    ).catch(() => undefined);
-    expect(written).toEqual([
-      "Parse SELECT 1 AS one",
-      "Bind",
-      "Describe",
-      "Execute",
-      "Sync",
-      `Query ${sessionResetSql}`,
-    ]);
-    expect(reset).not.toBeNull();
+  it("is written right after the statement's Sync, in the same flight, as one Query message", () => {
+    const { client, written, socketWrites } = recordingClient();
+    start("SELECT 1 AS one", client);
+    expect(written).toEqual(["Parse SELECT 1 AS one", "Bind", "Describe", "Execute", "Sync", "raw write"]);
+    expect(socketWrites).toEqual([textMessage(0x51, sessionResetSql)]);
   });
 
-  it("answers at the statement's ReadyForQuery, and is clean only at the reset's", async () => {
-    const { client, driven } = recordingClient();
-    let reset: Promise<Error | undefined> = new Promise(() => undefined);
-    const result = runStatement(
-      client as never,
-      { query: "SELECT 1 AS one", params: [] },
-      new ResponseBudget(1_000_000),
-      () => undefined,
-      null,
-      (done) => {
-        reset = done;
-      },
-    );
+  it("answers at the statement's ReadyForQuery; the reset's answer never reaches the driver", async () => {
+    const { client, stream, driverSaw, driverListener, driven, serverSends } = recordingClient();
+    const { result, reset } = start("SELECT 1 AS one", client);
+    noteTransactionStatus(client as never, "T");
+    // The statement's answer and half of the reset's in one chunk, the rest in another.
+    const whole = concatBytes([statementAnswer, resetAnswer]);
+    const cut = statementAnswer.byteLength + 9;
+    serverSends(whole.subarray(0, cut));
+    expect(seen(driverSaw)).toEqual(statementAnswer);
+    // The driver, given those bytes, drives the statement as it would.
     const statement = driven();
-    expect(statement.phasesLeft).toBe(2);
     statement.handleRowDescription({ fields: [field] });
     statement.handleDataRow({ fields: ["1"] });
     statement.handleCommandComplete({ text: "SELECT 1" });
-    // The client keeps a phased query active past its first ReadyForQuery (src/postgres/clients.ts).
-    statement.phasesLeft--;
     statement.handleReadyForQuery(null);
     expect(await result).toMatchObject({ command: "SELECT", rowCount: 1, rows: ['["1"]'] });
-    expect(await settledState(reset)).toBe("pending");
-    // The reset's own messages (its advisory-unlock row among them) are nobody's answer.
-    statement.handleRowDescription({ fields: [field] });
-    statement.handleDataRow({ fields: ["t"] });
-    statement.handleCommandComplete({ text: "DISCARD SEQUENCES" });
-    statement.handleReadyForQuery(null);
-    expect(await reset).toBeUndefined();
+    expect(await settledState(reset())).toBe("pending");
+    expect(stream.listeners("data")).not.toContain(driverListener);
+    serverSends(whole.subarray(cut));
+    expect(await reset()).toBeUndefined();
+    // Nothing of the reset reached the driver; its listener is back; what the reset said is noted.
+    expect(seen(driverSaw)).toEqual(statementAnswer);
+    expect(stream.listeners("data")).toEqual([driverListener]);
+    expect(isIdleOutsideTransaction(client as never)).toBe(true);
+  });
+
+  it("gives the driver what the server sends after the reset's answer", async () => {
+    const { client, driverSaw, serverSends, driven, stream, driverListener } = recordingClient();
+    const { reset } = start("SELECT 1 AS one", client);
+    const after = parameterStatus("is_superuser", "off");
+    serverSends(concatBytes([statementAnswer, resetAnswer, after]));
+    driven().handleReadyForQuery(null);
+    expect(await reset()).toBeUndefined();
+    expect(seen(driverSaw)).toEqual(concatBytes([statementAnswer, after]));
+    expect(stream.listeners("data")).toEqual([driverListener]);
+    // A tenant connection records reported parameters; this stand-in is not one, so none are kept.
+    expect(serverParameters(client).size).toBe(0);
   });
 
   it("still resets after the statement's own error, and reports a failed reset", async () => {
-    const { client, driven } = recordingClient();
-    let reset: Promise<Error | undefined> = new Promise(() => undefined);
-    const result = runStatement(
-      client as never,
-      { query: "SELECT nope", params: [] },
-      new ResponseBudget(1_000_000),
-      () => undefined,
-      null,
-      (done) => {
-        reset = done;
-      },
-    );
-    const statement = driven();
+    const { client, driven, serverSends } = recordingClient();
+    const { result, reset } = start("SELECT nope", client);
     const failure = Object.assign(new Error('column "nope" does not exist'), {
       severity: "ERROR",
       code: "42703",
     });
-    statement.handleError(failure, null);
+    serverSends(
+      concatBytes([errorResponse({ severity: "ERROR", code: "42703", message: "nope" }), readyForQuery("I")]),
+    );
+    driven().handleError(failure, null);
     await expect(result).rejects.toBe(failure);
-    expect(await settledState(reset)).toBe("pending");
-    statement.phasesLeft--;
-    statement.handleReadyForQuery(null);
-    expect(await settledState(reset)).toBe("pending");
-    // The reset itself fails: the connection must not be reused.
-    const resetFailure = Object.assign(new Error("reset failed"), { severity: "ERROR", code: "XX000" });
-    statement.handleError(resetFailure, null);
-    expect(await reset).toBe(resetFailure);
+    driven().handleReadyForQuery(null);
+    expect(await settledState(reset())).toBe("pending");
+    serverSends(
+      concatBytes([
+        errorResponse({ severity: "ERROR", code: "XX000", message: "reset broke" }),
+        readyForQuery("I"),
+      ]),
+    );
+    const failed = await reset();
+    expect(failed).toBeInstanceOf(Error);
+    expect(failed?.message).toBe("the reset failed: XX000 reset broke");
   });
 
-  it("settles both at once when the connection dies mid-flight", async () => {
-    const { client, driven } = recordingClient();
-    let reset: Promise<Error | undefined> = new Promise(() => undefined);
-    const result = runStatement(
-      client as never,
-      { query: "SELECT pg_sleep(10)", params: [] },
-      new ResponseBudget(1_000_000),
-      () => undefined,
-      null,
-      (done) => {
-        reset = done;
-      },
-    );
+  it("settles both when the connection dies mid-flight, and gives the driver its listener back", async () => {
+    const { client, driven, stream, driverListener, serverSends } = recordingClient();
+    const { result, reset } = start("SELECT pg_sleep(10)", client);
+    serverSends(statementAnswer.subarray(0, 3));
     const dead = new Error("Connection terminated unexpectedly");
+    stream.emit("close");
     driven().handleError(dead, null);
     await expect(result).rejects.toBe(dead);
-    expect(await reset).toBe(dead);
+    expect((await reset())?.message).toBe("the reset did not finish");
+    expect(stream.listeners("data")).toEqual([driverListener]);
   });
 
   it("is not pipelined for a statement that may be a COPY (its protocol state would take the reset for data)", () => {
-    const { client, written } = recordingClient();
+    const { client, written, stream, driverListener } = recordingClient();
     let handed = false;
     void runStatement(
       client as never,
@@ -185,6 +228,7 @@ describe("the reset pipelined in the statement's flight", () => {
     ).catch(() => undefined);
     expect(written.at(-1)).toBe("Sync");
     expect(handed).toBe(false);
-    expect((written as string[]).some((w) => w.startsWith("Query"))).toBe(false);
+    expect(written).not.toContain("raw write");
+    expect(stream.listeners("data")).toContain(driverListener);
   });
 });

@@ -2,8 +2,9 @@
  * Runs a tenant's statements on one pooled connection, bounded, the way Neon's HTTP endpoint does:
  *
  * - always the extended protocol with the unnamed statement (Parse, Bind, Describe, Execute, Sync
- *   in one flight), so a string holds exactly one statement, parameters are checked by Postgres's
- *   Bind, and nothing reaches the connection unseen;
+ *   in one flight, encoded at once by src/core/extended-flight.ts and written once), so a string
+ *   holds exactly one statement, parameters are checked by Postgres's Bind, and nothing reaches the
+ *   connection unseen;
  * - raw text values in array mode, with the field list (shape.ts turns them into what the caller
  *   asked for);
  * - each row is encoded as the JSON it is answered with as it arrives (src/core/result-shape.ts), so
@@ -17,6 +18,7 @@
  *   costs no round trip and shares the statement's transaction, implicit or not.
  */
 import type { PoolClient } from "@neondatabase/serverless";
+import { extendedFlight } from "../core/extended-flight.ts";
 import { FlightSplitter, type ResetReport } from "../core/flight-splitter.ts";
 import {
   beginStatement,
@@ -82,14 +84,10 @@ export type OverrunHandler = (why: Overrun) => void;
 /** Wire bytes beyond the budget after which a connection is cut rather than drained. */
 const drainSlackBytes = 4 * 1024 * 1024;
 
+/** The driver's connection, as far as a statement uses it: its socket, and COPY's refusal. */
 interface ProtocolConnection {
-  parse(config: { text: string; name: string; types: number[] }): void;
-  bind(config: { portal: string; statement: string; values: (string | null)[] }): void;
-  describe(config: { type: "P"; name: string }): void;
-  execute(config: { portal: string; rows: number }): void;
-  sync(): void;
   sendCopyFail(message: string): void;
-  stream?: DataStream;
+  stream: DataStream;
 }
 
 type ChunkListener = (chunk: Uint8Array) => void;
@@ -185,24 +183,12 @@ class BoundedStatement {
 
   submit(connection: ProtocolConnection): null {
     const stream = connection.stream;
-    const split = stream !== undefined && this.onResetReport !== null;
-    if (split) this.splitReset(stream, this.onResetReport);
-    if (stream) {
-      this.stream = stream;
-      stream.on("data", this.onData);
-    }
-    if (this.prelude) {
-      connection.parse({ text: this.prelude.query, name: "", types: [] });
-      connection.bind({ portal: "", statement: "", values: this.prelude.params });
-      connection.execute({ portal: "", rows: 0 });
-    }
-    connection.parse({ text: this.statement.query, name: "", types: [] });
-    connection.bind({ portal: "", statement: "", values: this.statement.params });
-    connection.describe({ type: "P", name: "" });
-    connection.execute({ portal: "", rows: 0 });
-    connection.sync();
-    if (split && stream) stream.write(resetQuery);
-    else if (this.resetDone) this.finishReset(new Error("the reset could not be pipelined"));
+    if (this.onResetReport) this.splitReset(stream, this.onResetReport);
+    this.stream = stream;
+    stream.on("data", this.onData);
+    // The whole flight in one write (src/core/extended-flight.ts): the prelude, the statement, and
+    // the reset if it rides along.
+    stream.write(extendedFlight(this.statement, this.prelude, this.onResetReport ? resetQuery : null));
     return null;
   }
 

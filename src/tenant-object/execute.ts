@@ -117,7 +117,7 @@ const resetQuery = textMessage(0x51, sessionResetSql);
  * A driver `Submittable`: the client hands it the connection to write messages to and calls its
  * `handle…` methods with each backend message until ReadyForQuery (or an error).
  *
- * With `pipelineReset`, the per-request reset rides in the same flight, as a simple query after the
+ * With `onResetReport`, the per-request reset rides in the same flight, as a simple query after the
  * statement's Sync: Postgres runs it right after the statement, whatever the statement did (its
  * error, its open transaction), and the connection is clean one ReadyForQuery later, without a
  * round trip of its own. The statement's result settles at its own ReadyForQuery (the caller is

@@ -6,21 +6,10 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { extendedFlight, type FlightStatement } from "../../src/core/extended-flight.ts";
-import { isFrameProblem, type Message, MessageReader, textMessage } from "../../src/core/pg-wire.ts";
+import { type Message, textMessage } from "../../src/core/pg-wire.ts";
+import { messagesIn } from "./frontend-bytes.ts";
 
 const decoder = new TextDecoder();
-
-function messagesIn(bytes: Uint8Array): Message[] {
-  const reader = new MessageReader(bytes.byteLength + 1);
-  reader.push(bytes);
-  const out: Message[] = [];
-  for (let next = reader.next(); next !== null; next = reader.next()) {
-    if (isFrameProblem(next)) throw new Error("unframed");
-    out.push(next);
-  }
-  expect(reader.buffered).toBe(0);
-  return out;
-}
 
 /** A body read as Postgres's pq_getmsg* functions read it. */
 class Body {

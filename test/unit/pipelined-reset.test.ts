@@ -12,9 +12,6 @@ import {
   concatBytes,
   errorResponse,
   frontendMessage,
-  isFrameProblem,
-  type Message,
-  MessageReader,
   noticeResponse,
   parameterStatus,
   readyForQuery,
@@ -27,6 +24,7 @@ import {
   sessionResetSql,
 } from "../../src/tenant-object/connection-state.ts";
 import { ResponseBudget, runStatement } from "../../src/tenant-object/execute.ts";
+import { messagesIn } from "./frontend-bytes.ts";
 
 interface Driven {
   submit(connection: unknown): void;
@@ -46,18 +44,6 @@ function typesIn(bytes: Uint8Array): string {
   return messagesIn(bytes)
     .map((message) => String.fromCharCode(message.type))
     .join("");
-}
-
-function messagesIn(bytes: Uint8Array): Message[] {
-  const reader = new MessageReader(bytes.byteLength + 1);
-  reader.push(bytes);
-  const messages: Message[] = [];
-  for (let next = reader.next(); next !== null; next = reader.next()) {
-    if (isFrameProblem(next)) throw new Error("unframed bytes");
-    messages.push(next);
-  }
-  expect(reader.buffered).toBe(0);
-  return messages;
 }
 
 /** A driver client reduced to what runStatement uses; its socket is an event emitter of Buffers. */

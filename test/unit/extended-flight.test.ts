@@ -7,7 +7,7 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { extendedFlight, type FlightStatement } from "../../src/core/extended-flight.ts";
 import { type Message, textMessage } from "../../src/core/pg-wire.ts";
-import { messagesIn } from "./frontend-bytes.ts";
+import { messagesIn } from "./wire-bytes.ts";
 
 const decoder = new TextDecoder();
 

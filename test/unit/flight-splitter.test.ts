@@ -9,28 +9,12 @@ import { type Cut, FlightSplitter } from "../../src/core/flight-splitter.ts";
 import {
   concatBytes,
   errorResponse,
-  frontendMessage,
   noticeResponse,
   parameterStatus,
   readyForQuery,
 } from "../../src/core/pg-wire.ts";
+import { backend, commandComplete, cstring, dataRow } from "./wire-bytes.ts";
 
-const encoder = new TextEncoder();
-const cstring = (text: string) => concatBytes([encoder.encode(text), new Uint8Array([0])]);
-/** A backend message: the framing is the same as a frontend one's. */
-const backend = (type: string, body: Uint8Array = new Uint8Array(0)) =>
-  frontendMessage(type.charCodeAt(0), body);
-const commandComplete = (tag: string) => backend("C", cstring(tag));
-const dataRow = (values: string[]) => {
-  const parts: Uint8Array[] = [new Uint8Array([0, values.length])];
-  for (const value of values) {
-    const bytes = encoder.encode(value);
-    const length = new Uint8Array(4);
-    new DataView(length.buffer).setInt32(0, bytes.byteLength);
-    parts.push(length, bytes);
-  }
-  return backend("D", concatBytes(parts));
-};
 const rowDescription = backend("T", concatBytes([new Uint8Array([0, 1]), cstring("n"), new Uint8Array(18)]));
 
 /** The statement's answer: the driver's, byte for byte. Its rows are many and large enough to span chunks. */

@@ -11,7 +11,6 @@ import { describe, expect, it } from "vitest";
 import {
   concatBytes,
   errorResponse,
-  frontendMessage,
   noticeResponse,
   parameterStatus,
   readyForQuery,
@@ -24,7 +23,7 @@ import {
   sessionResetSql,
 } from "../../src/tenant-object/connection-state.ts";
 import { ResponseBudget, runStatement } from "../../src/tenant-object/execute.ts";
-import { messagesIn } from "./frontend-bytes.ts";
+import { commandComplete, messagesIn } from "./wire-bytes.ts";
 
 interface Driven {
   submit(connection: unknown): void;
@@ -34,10 +33,6 @@ interface Driven {
   handleReadyForQuery(connection: unknown): void;
   handleError(error: unknown, connection: unknown): void;
 }
-
-const encoder = new TextEncoder();
-const commandComplete = (tag: string) =>
-  frontendMessage(0x43, concatBytes([encoder.encode(tag), new Uint8Array([0])]));
 
 /** The type letters of the messages in `bytes` (`PBDES` = Parse … Sync). */
 function typesIn(bytes: Uint8Array): string {

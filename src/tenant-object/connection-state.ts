@@ -68,16 +68,38 @@ export function isConnectionFatal(error: unknown): boolean {
 }
 
 /**
- * Everything a session can hold, undone in one round trip (the reset Neon's own pool runs): any
- * transaction, cursors, the role, every setting (back to the connection's startup values), prepared
- * statements, LISTEN, session advisory locks, temporary tables, sequence state. Sent after every
- * request, whatever it ran, so no state can pass to the next request: a reset by construction,
- * with no guess about what a statement might have changed. Its one function is named with its
- * schema: the tenant chooses its role's `search_path` and fills `public`.
+ * Everything a session can hold besides its transaction, undone (the reset Neon's own pool runs):
+ * cursors, the role, every setting (back to the connection's startup values), prepared statements,
+ * LISTEN, session advisory locks, temporary tables, sequence state. Its one function is named with
+ * its schema: the tenant chooses its role's `search_path` and fills `public`.
  */
-export const sessionResetSql =
-  "ROLLBACK; CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; " +
+const resetAfterTransaction =
+  "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; " +
   "SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES";
+
+/**
+ * The reset sent after every request, whatever it ran, so no state can pass to the next request: a
+ * reset by construction, with no guess about what a statement might have changed. One round trip,
+ * and it needs no knowledge of the transaction status: the pipelined reset is written before the
+ * statement's ReadyForQuery has come back.
+ *
+ * It opens with `BEGIN; ROLLBACK`, not `ROLLBACK`: on an idle connection (nearly every request) a
+ * bare `ROLLBACK` makes Postgres write `WARNING: there is no transaction in progress` to the
+ * tenant's server log, once per request (and costs the backend more than the two statements do).
+ * `BEGIN` on an idle connection opens a transaction for `ROLLBACK` to end; inside a transaction the
+ * statement left open it warns once and `ROLLBACK` ends the tenant's. In a failed transaction (a
+ * single statement's flight cannot leave one) `BEGIN` fails, and the reset with it: the connection
+ * is destroyed, never reused.
+ */
+export const sessionResetSql = `BEGIN; ROLLBACK; ${resetAfterTransaction}`;
+
+/** The reset for a connection whose status the driver saw: nothing to end when it is idle. */
+export function resetSqlFor(client: PoolClient): string {
+  const status = statusOf.get(client);
+  if (status === "I") return resetAfterTransaction;
+  if (status === "T" || status === "E") return `ROLLBACK; ${resetAfterTransaction}`;
+  return sessionResetSql;
+}
 
 /**
  * Leaves the connection as a fresh one would be. Returns an error if it cannot be made clean, so the
@@ -85,7 +107,7 @@ export const sessionResetSql =
  */
 export async function resetConnection(client: PoolClient): Promise<Error | undefined> {
   try {
-    await client.query(sessionResetSql);
+    await client.query(resetSqlFor(client));
     return isIdleOutsideTransaction(client) ? undefined : new Error("reset left a transaction open");
   } catch (error) {
     return error instanceof Error ? error : new Error("reset failed");

@@ -19,6 +19,7 @@ import {
   sqlRequest,
   uniqueTenantId,
 } from "./harness.ts";
+import { markServerLog, serverLogLines } from "./server-log.ts";
 
 interface Answer {
   status: number;
@@ -295,6 +296,34 @@ describe("no session state passes from one request to the next", () => {
       }
       expect({ attack, lastval: await lastval() }).toEqual({ attack, lastval: "55000" });
     }
+  });
+
+  it("the reset writes nothing to the tenant's server log: no warning per request", async () => {
+    const tenant = await createTenant(uniqueTenantId("quiet"), { tier: "solo" });
+    const from = await markServerLog();
+    for (let i = 0; i < 5; i++) expect((await run(tenant, "SELECT $1::int AS n", [i])).status).toBe(200);
+    expect((await run(tenant, "SELECT 1/0")).status).toBe(400);
+    const batch = await sqlRequest(tenant.connectionString, {
+      queries: [
+        { query: "SELECT 1", params: [] },
+        { query: "SELECT 2", params: [] },
+      ],
+    });
+    expect(batch.status).toBe(200);
+    await batch.text();
+    // The last reset has run once the next request finds the one connection free again.
+    expect(await rows(tenant, "SELECT 1")).toEqual([["1"]]);
+    const to = await markServerLog();
+    // The prefix is `time|pid|application|user|database|` (test/server-log.ts).
+    const warnings = (await serverLogLines(from, to, "WARNING")).filter(
+      (line) => line.split("|")[4] === tenant.database,
+    );
+    expect(warnings).toEqual([]);
+    // A request that leaves a transaction open still has it ended before the next one: the two
+    // reads after it run in transactions of their own.
+    expect((await run(tenant, "BEGIN")).status).toBe(200);
+    const xid = "SELECT pg_current_xact_id()::text";
+    expect(await rows(tenant, xid)).not.toEqual(await rows(tenant, xid));
   });
 
   it("a multi-statement string is refused by Postgres, as on Neon", async () => {

@@ -29,10 +29,18 @@ const statementAnswer = concatBytes([
   readyForQuery("T"),
 ]);
 
-/** The reset's answer as Postgres sends it for Lessor's reset (src/tenant-object/connection-state.ts). */
+/**
+ * The reset's answer as Postgres sends it for Lessor's reset (src/tenant-object/connection-state.ts)
+ * after a statement that left a transaction open: its `BEGIN` warns.
+ */
 function resetAnswer(options: { error?: boolean; status?: "I" | "T" | "E" } = {}) {
   return concatBytes([
-    noticeResponse({ severity: "WARNING", code: "25P01", message: "there is no transaction in progress" }),
+    noticeResponse({
+      severity: "WARNING",
+      code: "25001",
+      message: "there is already a transaction in progress",
+    }),
+    commandComplete("BEGIN"),
     commandComplete("ROLLBACK"),
     commandComplete("CLOSE CURSOR ALL"),
     commandComplete("SET"),

@@ -116,8 +116,14 @@ function seen(chunks: Uint8Array[]): Uint8Array {
 }
 
 const statementAnswer = concatBytes([commandComplete("SELECT 1"), readyForQuery("T")]);
+/** The reset's answer after a statement that left a transaction open: its `BEGIN` warns. */
 const resetAnswer = concatBytes([
-  noticeResponse({ severity: "WARNING", code: "25P01", message: "there is no transaction in progress" }),
+  noticeResponse({
+    severity: "WARNING",
+    code: "25001",
+    message: "there is already a transaction in progress",
+  }),
+  commandComplete("BEGIN"),
   commandComplete("ROLLBACK"),
   parameterStatus("application_name", "lessor:t:1"),
   commandComplete("DISCARD SEQUENCES"),

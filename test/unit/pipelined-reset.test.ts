@@ -7,6 +7,7 @@
  * proves no state passes between requests).
  */
 import { EventEmitter } from "node:events";
+import { neonConfig } from "@neondatabase/serverless";
 import { describe, expect, it } from "vitest";
 import {
   concatBytes,
@@ -41,17 +42,38 @@ function typesIn(bytes: Uint8Array): string {
     .join("");
 }
 
+/**
+ * The fields of the Neon driver's socket that decide how a flight leaves (its TLS state, the bytes
+ * its coalescing still holds, its WebSocket); without them the socket is another driver's.
+ */
+interface DriverFields {
+  tlsState: number;
+  writeBuffer: Uint8Array | undefined;
+  sentToWebSocket: Uint8Array[];
+}
+
 /** A driver client reduced to what runStatement uses; its socket is an event emitter of Buffers. */
-function recordingClient() {
+function recordingClient(driver?: Omit<DriverFields, "sentToWebSocket">) {
   const written: string[] = [];
   const socketWrites: Uint8Array[] = [];
-  const stream = Object.assign(new EventEmitter(), {
-    write(bytes: Uint8Array) {
-      written.push(typesIn(bytes));
-      socketWrites.push(bytes);
-      return true;
+  const sentToWebSocket: Uint8Array[] = [];
+  const stream = Object.assign(
+    new EventEmitter(),
+    {
+      write(bytes: Uint8Array) {
+        written.push(typesIn(bytes));
+        socketWrites.push(bytes);
+        return true;
+      },
     },
-  });
+    driver
+      ? {
+          tlsState: driver.tlsState,
+          writeBuffer: driver.writeBuffer,
+          ws: { send: (bytes: Uint8Array) => sentToWebSocket.push(bytes) },
+        }
+      : {},
+  );
   /** What the driver's parser was given. */
   const driverSaw: Uint8Array[] = [];
   const driverListener = (chunk: Uint8Array) => driverSaw.push(chunk);
@@ -70,7 +92,17 @@ function recordingClient() {
   };
   /** The server sends `bytes` (as the driver's socket emits them: a Buffer). */
   const serverSends = (bytes: Uint8Array) => stream.emit("data", Buffer.from(bytes));
-  return { client, stream, written, socketWrites, driverSaw, driverListener, driven, serverSends };
+  return {
+    client,
+    stream,
+    written,
+    socketWrites,
+    sentToWebSocket,
+    driverSaw,
+    driverListener,
+    driven,
+    serverSends,
+  };
 }
 
 const field = {
@@ -231,5 +263,39 @@ describe("the reset pipelined in the statement's flight", () => {
     expect(written).toEqual(["PBDES"]);
     expect(handed).toBe(false);
     expect(stream.listeners("data")).toContain(driverListener);
+  });
+});
+
+describe("a flight built whole leaves at once, not from the driver's coalescing timer", () => {
+  it("relies only on fields the installed driver's socket has (`neonConfig` is its Socket class)", () => {
+    const socket = new (neonConfig as unknown as new () => Record<string, unknown>)();
+    expect(socket.tlsState).toBe(0);
+    expect("writeBuffer" in socket && socket.writeBuffer === undefined).toBe(true);
+    expect("ws" in socket).toBe(true);
+  });
+
+  it("goes to the WebSocket in one send when the driver's socket is plain and holds no bytes", () => {
+    const { client, written, sentToWebSocket } = recordingClient({ tlsState: 0, writeBuffer: undefined });
+    start("SELECT 1 AS one", client);
+    expect(written).toEqual([]);
+    expect(sentToWebSocket.map(typesIn)).toEqual(["PBDESQ"]);
+    expect(messagesIn(sentToWebSocket[0] ?? new Uint8Array(0)).at(-1)?.bytes).toEqual(
+      textMessage(0x51, sessionResetSql),
+    );
+  });
+
+  it("waits behind bytes the driver still holds, which it would otherwise overtake", () => {
+    const held = textMessage(0x51, "SELECT 'earlier'");
+    const { client, written, sentToWebSocket } = recordingClient({ tlsState: 0, writeBuffer: held });
+    start("SELECT 1 AS one", client);
+    expect(sentToWebSocket).toEqual([]);
+    expect(written).toEqual(["PBDESQ"]);
+  });
+
+  it("takes the driver's path through a socket with TLS inside it", () => {
+    const { client, written, sentToWebSocket } = recordingClient({ tlsState: 1, writeBuffer: undefined });
+    start("SELECT 1 AS one", client);
+    expect(sentToWebSocket).toEqual([]);
+    expect(written).toEqual(["PBDESQ"]);
   });
 });

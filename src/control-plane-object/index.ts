@@ -31,8 +31,14 @@ interface Session {
   reclaim: ReturnType<typeof setTimeout>;
 }
 
-/** What a session's connection is reset with before it goes back to the pool. */
-const resetSql = "ROLLBACK; SELECT pg_advisory_unlock_all(); RESET ALL";
+/**
+ * What a session's connection is reset with before it goes back to the pool. `BEGIN; ROLLBACK` ends
+ * a transaction the session left open, and on an idle connection (nearly every session) writes
+ * nothing to the server's log, where a bare `ROLLBACK` writes a WARNING (there is no transaction in
+ * progress) for every session: one per warm pool's heartbeat flush. A session left in a failed
+ * transaction makes `BEGIN` fail, and its connection is destroyed instead of returned.
+ */
+const resetSql = "BEGIN; ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all(); RESET ALL";
 
 export class ControlPlaneObject extends DurableObject<Env> {
   private pool: Pool | null = null;

@@ -13,7 +13,7 @@ import {
   parameterStatus,
   readyForQuery,
 } from "../../src/core/pg-wire.ts";
-import { backend, commandComplete, cstring, dataRow } from "./wire-bytes.ts";
+import { backend, commandComplete, cstring, dataRow, resetOpeningInTransaction } from "./wire-bytes.ts";
 
 const rowDescription = backend("T", concatBytes([new Uint8Array([0, 1]), cstring("n"), new Uint8Array(18)]));
 
@@ -35,13 +35,7 @@ const statementAnswer = concatBytes([
  */
 function resetAnswer(options: { error?: boolean; status?: "I" | "T" | "E" } = {}) {
   return concatBytes([
-    noticeResponse({
-      severity: "WARNING",
-      code: "25001",
-      message: "there is already a transaction in progress",
-    }),
-    commandComplete("BEGIN"),
-    commandComplete("ROLLBACK"),
+    ...resetOpeningInTransaction,
     commandComplete("CLOSE CURSOR ALL"),
     commandComplete("SET"),
     parameterStatus("application_name", "lessor:t:1"),

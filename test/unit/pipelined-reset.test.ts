@@ -12,7 +12,6 @@ import { describe, expect, it } from "vitest";
 import {
   concatBytes,
   errorResponse,
-  noticeResponse,
   parameterStatus,
   readyForQuery,
   textMessage,
@@ -24,7 +23,7 @@ import {
   sessionResetSql,
 } from "../../src/tenant-object/connection-state.ts";
 import { ResponseBudget, runStatement } from "../../src/tenant-object/execute.ts";
-import { commandComplete, messagesIn } from "./wire-bytes.ts";
+import { commandComplete, messagesIn, resetOpeningInTransaction } from "./wire-bytes.ts";
 
 interface Driven {
   submit(connection: unknown): void;
@@ -150,13 +149,7 @@ function seen(chunks: Uint8Array[]): Uint8Array {
 const statementAnswer = concatBytes([commandComplete("SELECT 1"), readyForQuery("T")]);
 /** The reset's answer after a statement that left a transaction open: its `BEGIN` warns. */
 const resetAnswer = concatBytes([
-  noticeResponse({
-    severity: "WARNING",
-    code: "25001",
-    message: "there is already a transaction in progress",
-  }),
-  commandComplete("BEGIN"),
-  commandComplete("ROLLBACK"),
+  ...resetOpeningInTransaction,
   parameterStatus("application_name", "lessor:t:1"),
   commandComplete("DISCARD SEQUENCES"),
   readyForQuery("I"),

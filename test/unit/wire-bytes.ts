@@ -9,6 +9,7 @@ import {
   isFrameProblem,
   type Message,
   MessageReader,
+  noticeResponse,
 } from "../../src/core/pg-wire.ts";
 
 const encoder = new TextEncoder();
@@ -20,6 +21,20 @@ export const backend = (type: string, body: Uint8Array = new Uint8Array(0)): Uin
   frontendMessage(type.charCodeAt(0), body);
 
 export const commandComplete = (tag: string): Uint8Array => backend("C", cstring(tag));
+
+/**
+ * How the reset's answer opens after a statement that left a transaction open
+ * (src/tenant-object/connection-state.ts): its `BEGIN` warns, then `BEGIN` and `ROLLBACK` complete.
+ */
+export const resetOpeningInTransaction: readonly Uint8Array[] = [
+  noticeResponse({
+    severity: "WARNING",
+    code: "25001",
+    message: "there is already a transaction in progress",
+  }),
+  commandComplete("BEGIN"),
+  commandComplete("ROLLBACK"),
+];
 
 /** A DataRow of text values. */
 export function dataRow(values: string[]): Uint8Array {

@@ -1,9 +1,7 @@
+import { fileURLToPath } from "node:url";
 import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
-
-/** Test-only secrets: never used outside this suite. */
-const testSealKey = "dGVzdC1zZWFsLWtleS0zMi1ieXRlcy1sb25nLi4uLi4="; // 32 bytes
-const testKeyMacKey = "dGVzdC1rZXktbWFjLWtleS0zMi1ieXRlcy1sb25nLi4="; // 32 bytes
+import { testAdminKey, testKeyMacKey, testSealKey } from "./test/secrets.ts";
 
 /** The integration files of the second half (the longest files alternate between the halves). */
 const secondHalf = [
@@ -32,6 +30,17 @@ const secondHalf = [
   "tunnels",
 ].map((file) => `test/integration/${file}.test.ts`);
 
+/**
+ * The tests run on a tenant schema of their own (test/fixtures/tenant-schema/): wherever the Worker
+ * imports the product's bundled tenant migrations, it gets the fixture's. A user who adds
+ * migrations or replaces the example schema (docs/migrations.md) changes what ships, not what the
+ * tests assume; test/unit/user-schema.test.ts runs the product's own bundle in a scratch copy.
+ */
+const fixtureTenantMigrations = {
+  find: /^(?:\.\.?\/)+(?:src\/)?migrations\/tenant\.gen\.ts$/,
+  replacement: fileURLToPath(new URL("./test/fixtures/tenant-schema/migrations.gen.ts", import.meta.url)),
+};
+
 /** The bindings whose value a global setup provided. */
 function definedOnly(bindings: Record<string, string | undefined>): Record<string, string> {
   return Object.fromEntries(
@@ -47,7 +56,7 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
         wrangler: { configPath: "./wrangler.toml" },
         miniflare: {
           bindings: {
-            LESSOR_ADMIN_KEY: "test-admin-key",
+            LESSOR_ADMIN_KEY: testAdminKey,
             // elastic: a pool of 2 on a fixed host; on an adaptive one it starts at 2 and moves from the
             // host's floor up to 6 (adaptive.test.ts).
             LESSOR_POOL_SIZES: JSON.stringify({
@@ -111,6 +120,7 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
         },
       })),
     ],
+    resolve: { alias: [fixtureTenantMigrations] },
     test: {
       name,
       include,
@@ -140,6 +150,16 @@ export default defineConfig({
           // A few unit tests drive real sockets (the WebSocket proxy's backpressure) and take seconds
           // on a loaded machine; their own loops are bounded.
           testTimeout: 60_000,
+        },
+      },
+      {
+        test: {
+          name: "user-schema",
+          include: ["test/user-schema/**/*.test.ts"],
+          environment: "node",
+          // Each case copies the checkout and runs a workerd test file in the copy.
+          testTimeout: 360_000,
+          hookTimeout: 120_000,
         },
       },
       // The integration files in two halves, each on a Postgres of its own, so `npm test` runs the

@@ -1,6 +1,11 @@
 /** Lessor's Worker entry: wires fetch and scheduled, and exports the Durable Object classes. */
+
 import { app } from "./app.ts";
 import { runScheduled } from "./cron/index.ts";
+import { guardConsole } from "./log/console-guard.ts";
+
+// Before anything runs: whatever any code in the isolate prints goes out as text without secrets.
+guardConsole();
 
 export { BudgetObject } from "./budget-object/index.ts";
 export { ControlPlaneObject } from "./control-plane-object/index.ts";

@@ -12,6 +12,7 @@
 import { startLocalPostgres } from "../local/postgres.ts";
 import { freePort } from "../local/stack.ts";
 import { startWsProxy } from "../local/wsproxy.ts";
+import { testCustomerPgPassword } from "./secrets.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
 /** What the tests read from the customer's side (vitest.config.ts turns them into bindings). */
@@ -38,7 +39,7 @@ export async function startCustomerServer(name: string): Promise<CustomerServer>
   const pg = await startLocalPostgres({
     dataDir,
     port,
-    password: "customer-test-password",
+    password: testCustomerPgPassword,
     persistent: false,
     extraFlags: serverLogFlags,
     log: serverLog.append,

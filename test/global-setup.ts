@@ -10,6 +10,7 @@ import { localAdminRole, providerGroup } from "../local/host-setup.ts";
 import { freePort, type LocalStack, prepareRegionControlPlane, startLocalStack } from "../local/stack.ts";
 import { type CustomerServer, startCustomerServer } from "./customer-server.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
+import { testPgPassword } from "./secrets.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
 
 declare module "vitest" {
@@ -78,7 +79,7 @@ async function startTestStack(
   const stack = await startLocalStack({
     dataDir,
     pgPort: await freePort(),
-    pgPassword: "lessor-test-password",
+    pgPassword: testPgPassword,
     persistent: false,
     proxyControl: true,
     // Hosts that cannot set it to 0 (Lessor's advice) need the clean-up path tested.
@@ -142,9 +143,10 @@ async function startTestStack(
       ? JSON.stringify({
           us: { locationHint: "enam" },
           eu: {
-            controlPlaneUrl: (
-              await prepareRegionControlPlane(stack.pg, "lessor-test-password", "eu")
-            ).replace("@127.0.0.1:", "@127.0.0.2:"),
+            controlPlaneUrl: (await prepareRegionControlPlane(stack.pg, testPgPassword, "eu")).replace(
+              "@127.0.0.1:",
+              "@127.0.0.2:",
+            ),
             hosts: ["eu-1", "eu-2"],
             // No jurisdiction: workerd refuses `jurisdiction()` ("not implemented"); the code path
             // that applies one is unit-tested (test/unit/regions.test.ts).
@@ -164,7 +166,7 @@ async function createTestAdmins(stack: LocalStack): Promise<void> {
   const client = new pg.Client(stack.pg.url("postgres"));
   await client.connect();
   try {
-    const password = "lessor-test-password";
+    const password = testPgPassword;
     for (const statement of [
       // The provider's group, but no CREATEDB (an attribute: not inherited from the group).
       `CREATE ROLE lessor_nocreatedb LOGIN CREATEROLE PASSWORD '${password}'`,

@@ -18,10 +18,12 @@
  */
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
+import { reportable, secretsIn } from "./output-canary.ts";
+import { testSecrets } from "./secrets.ts";
 
 const halves: { name: string; projects: string[] }[] = [
   { name: "a", projects: ["unit", "workers", "pg-restart"] },
-  { name: "b", projects: ["workers-2", "control-plane-outage", "regions"] },
+  { name: "b", projects: ["workers-2", "control-plane-outage", "regions", "user-schema"] },
 ];
 
 /** workerd's report of an output gate broken by a test's own `ctx.abort("test: …")`. */
@@ -30,6 +32,9 @@ const deliberateAbort =
 /** The line of workerd's own stack addresses that follows such a report. */
 const workerdStack = /^stack:( \S*workerd@[0-9a-f]+)+$/;
 let abortsHidden = 0;
+/** Lines of the run's output that carried a secret (the secret canary), as they may be reported. */
+const secretLines: string[] = [];
+let linesSearched = 0;
 
 /** Passes `line` on unless it is (the stack line right after) a deliberate abort's echo. */
 function lineFilter(): (line: string) => boolean {
@@ -60,6 +65,13 @@ function run(args: string[], prefix: string | null): Promise<number> {
         if (!stream) continue;
         const shown = lineFilter();
         createInterface({ input: stream }).on("line", (line) => {
+          linesSearched++;
+          const found = secretsIn(line, testSecrets);
+          if (found.length > 0) {
+            secretLines.push(`[${prefix}] ${found.join(", ")}: ${reportable(line, testSecrets)}`);
+            out.write(`[${prefix}] (a line that carried a secret; see the canary's report below)\n`);
+            return;
+          }
           if (shown(line)) out.write(`[${prefix}] ${line}\n`);
         });
       }
@@ -87,6 +99,14 @@ if (extra.length > 0) {
   );
   const seconds = Math.round((Date.now() - started) / 1000);
   const failed = halves.filter((_, i) => codes[i] !== 0).map((half) => half.name);
+  // The secret canary: not one line of either half's output may carry a secret of the stacks.
+  if (secretLines.length > 0) {
+    process.stdout.write(
+      `npm test: secret canary FAILED: ${secretLines.length} of ${linesSearched} lines carried a secret:\n${secretLines.join("\n")}\n`,
+    );
+  } else {
+    process.stdout.write(`npm test: secret canary: no secret in ${linesSearched} lines of output\n`);
+  }
   const hidden =
     abortsHidden > 0
       ? ` (${abortsHidden} objects aborted on purpose by tests; workerd's echoes not shown)`
@@ -96,5 +116,5 @@ if (extra.length > 0) {
       ? `npm test: both halves passed in ${seconds} s${hidden}\n`
       : `npm test: half ${failed.join(" and ")} FAILED (${seconds} s); see the lines prefixed [${failed.join("], [")}]\n`,
   );
-  process.exitCode = failed.length === 0 ? 0 : 1;
+  process.exitCode = failed.length === 0 && secretLines.length === 0 ? 0 : 1;
 }

@@ -89,7 +89,6 @@ export class ControlPlaneObject extends DurableObject<Env> {
         error: new LessorError("control_plane_unavailable", { retryAfterSeconds: 2 }).toWire(),
       };
     }
-    client.on("error", () => undefined);
     try {
       // The pool's connections are named lessor-control-plane; a job that wants to be seen as
       // itself renames its session (RESET ALL at close names it back).

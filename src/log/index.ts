@@ -34,6 +34,8 @@ const secretPatterns: ReadonlyArray<readonly [RegExp, string]> = [
   [/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^@\s]*@/gi, "$1[redacted]@"],
   // Lessor keys, wherever they appear.
   [/\blsk_[A-Za-z0-9_-]{8,}/g, "[redacted]"],
+  // Sealed values (src/crypto/seal.ts): `v1.<iv>.<ciphertext>`, `v2.<key id>.<iv>.<ciphertext>`.
+  [/\bv[12]\.(?:[A-Za-z0-9_-]{1,16}\.)?[A-Za-z0-9+/]{16,}={0,2}\.[A-Za-z0-9+/]{16,}={0,2}/g, "[redacted]"],
   // password=... in libpq keyword form or JSON-ish text.
   [/(password["']?\s*[:=]\s*["']?)[^"'\s,}]+/gi, "$1[redacted]"],
 ];

@@ -59,8 +59,14 @@ export function openControlPlanePool(
     application_name: "lessor-control-plane",
   });
   pool.Client = configuredClientClass(config);
-  pool.on("connect", () => {
+  pool.on("connect", (client: Client) => {
     countOpened("control_plane");
+    // Once per connection, when it opens: the pool listens only to idle connections, and a session's
+    // connection whose backend dies would otherwise raise an uncaught error in the object (the
+    // session's next statement sees the failure). Added per checkout instead, the listeners grew
+    // by one each session, and past ten the driver's EventEmitter printed a warning that dumped the
+    // client, connection string and password included (issue 39).
+    client.on("error", () => undefined);
   });
   pool.on("error", onError);
   return pool;

@@ -20,7 +20,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { app } from "../../src/app.ts";
 import { type CampaignTickReport, runCampaignTick, type TickOptions } from "../../src/campaigns/runner.ts";
 import worker from "../../src/index.ts";
-import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
+import { tenantMigrations } from "../fixtures/tenant-schema/migrations.gen.ts";
 import {
   admin,
   asSuperuser,

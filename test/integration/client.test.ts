@@ -10,7 +10,7 @@ import { drizzle } from "drizzle-orm/neon-http";
 import { describe, expect, it } from "vitest";
 import { createClient, type LessorClientOptions, LessorResponseError } from "../../src/client/index.ts";
 import { systemClock } from "../../src/client/retry.ts";
-import { notes } from "../../src/tenant-db/schema.ts";
+import { notes } from "../fixtures/tenant-schema/schema.ts";
 import {
   admin,
   asSuperuser,

@@ -18,13 +18,13 @@ import { appSchemaVersionReported } from "../../src/campaigns/schema-version.ts"
 import { loadConfig } from "../../src/config/index.ts";
 import { unseal } from "../../src/crypto/seal.ts";
 import { setLogSink } from "../../src/log/index.ts";
-import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import { provisioningHooksForTests } from "../../src/provisioning/test-hooks.ts";
 import { sessionLimits, tenantCredential } from "../../src/tenant-db/connect.ts";
 import { takeDatabaseOwnership } from "../../src/tenant-db/host-admin.ts";
 import { hostHygiene } from "../../src/tenant-db/hygiene.ts";
 import { withAdminConnection } from "../../src/tenant-db/maintenance.ts";
+import { tenantMigrations } from "../fixtures/tenant-schema/migrations.gen.ts";
 import {
   admin,
   asSuperuser,

@@ -7,7 +7,7 @@ import { NeonDbError } from "@neondatabase/serverless";
 import { eq, inArray } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/neon-http";
 import { beforeAll, describe, expect, it } from "vitest";
-import { notes } from "../../src/tenant-db/schema.ts";
+import { notes } from "../fixtures/tenant-schema/schema.ts";
 import { type CreatedTenant, createTenant, sqlFor, uniqueTenantId } from "./harness.ts";
 
 let tenant: CreatedTenant;

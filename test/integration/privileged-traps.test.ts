@@ -21,11 +21,11 @@ import { exportJWK, generateKeyPair, SignJWT } from "jose";
 import { beforeAll, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config/index.ts";
 import { unseal } from "../../src/crypto/seal.ts";
-import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
 import { sessionLimits, tenantCredential } from "../../src/tenant-db/connect.ts";
 import { hostHygiene } from "../../src/tenant-db/hygiene.ts";
 import { reapOrphanBackends } from "../../src/tenant-db/orphans.ts";
+import { tenantMigrations } from "../fixtures/tenant-schema/migrations.gen.ts";
 import {
   admin,
   asSuperuser,

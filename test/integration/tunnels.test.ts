@@ -11,8 +11,8 @@ import { env, runDurableObjectAlarm } from "cloudflare:test";
 import { Client } from "@neondatabase/serverless";
 import { afterAll, describe, expect, it } from "vitest";
 import { runCampaignTick } from "../../src/campaigns/runner.ts";
-import { tenantMigrations } from "../../src/migrations/tenant.gen.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
+import { tenantMigrations } from "../fixtures/tenant-schema/migrations.gen.ts";
 import {
   admin,
   asSuperuser,

@@ -11,7 +11,7 @@ import { promisify } from "node:util";
 import { getTableColumns } from "drizzle-orm";
 import { describe, expect, it } from "vitest";
 import { notes as exampleNotes } from "../../examples/drizzle.mjs";
-import { notes } from "../../src/tenant-db/schema.ts";
+import { notes } from "../fixtures/tenant-schema/schema.ts";
 
 const root = resolve(import.meta.dirname, "../..");
 const examples = readdirSync(resolve(root, "examples"))

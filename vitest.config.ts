@@ -162,6 +162,16 @@ export default defineConfig({
           hookTimeout: 120_000,
         },
       },
+      {
+        test: {
+          name: "canary",
+          include: ["test/canary/**/*.test.ts"],
+          environment: "node",
+          // `npm start` in a scratch copy, driven through faults.
+          testTimeout: 300_000,
+          hookTimeout: 240_000,
+        },
+      },
       // The integration files in two halves, each on a Postgres of its own, so `npm test` runs the
       // halves side by side in two vitest processes (test/run.ts) without one half's cron, hosts or
       // budgets meeting the other's. Balanced by measured duration.

@@ -192,7 +192,7 @@ if (stack && !stopping) {
       startBanner({
         baseUrl,
         pid: process.pid,
-        adminKey,
+        adminKeyFrom: process.env.LESSOR_ADMIN_KEY ? "environment" : "secrets-file",
         pgPort,
         firstStart,
         cron: cronOn ? { on: true } : { on: false, setting: process.env.LESSOR_LOCAL_CRON },

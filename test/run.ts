@@ -22,7 +22,7 @@ import { reportable, secretsIn } from "./output-canary.ts";
 import { testSecrets } from "./secrets.ts";
 
 const halves: { name: string; projects: string[] }[] = [
-  { name: "a", projects: ["unit", "workers", "pg-restart"] },
+  { name: "a", projects: ["unit", "workers", "pg-restart", "canary"] },
   { name: "b", projects: ["workers-2", "control-plane-outage", "regions", "user-schema"] },
 ];
 

@@ -295,7 +295,7 @@ describe("npm start: the banner", () => {
   const facts = {
     baseUrl: "http://127.0.0.1:8787",
     pid: 4242,
-    adminKey: "lak_key",
+    adminKeyFrom: "secrets-file" as const,
     pgPort: 54329,
     cron: { on: true } as const,
   };
@@ -303,7 +303,7 @@ describe("npm start: the banner", () => {
   it("on a first start, gives the quickstart with the variables the docs use", () => {
     const lines = startBanner({ ...facts, firstStart: true });
     expect(lines).toContain("Lessor is running at http://127.0.0.1:8787 (pid 4242; Ctrl-C stops it)");
-    expect(lines).toContain("Admin key: lak_key (kept in .lessor/secrets.json)");
+    expect(lines.join("\n")).toContain(`export KEY=$(node -p 'require("./.lessor/secrets.json").adminKey')`);
     expect(lines).toContain("  export LESSOR_URL=http://127.0.0.1:8787");
     expect(lines).toContain(
       "  export LESSOR_CONNECTION_STRING=$(npx lessorctl tenants create acme --connection-string)",
@@ -312,7 +312,13 @@ describe("npm start: the banner", () => {
   });
 
   it("after a restart, suggests no tenant that already exists (acme would answer 409)", () => {
-    const lines = startBanner({ ...facts, firstStart: false, cron: { on: false, setting: "off" } });
+    const lines = startBanner({
+      ...facts,
+      adminKeyFrom: "environment",
+      firstStart: false,
+      cron: { on: false, setting: "off" },
+    });
+    expect(lines.join("\n")).toContain("the LESSOR_ADMIN_KEY you set (not printed");
     expect(lines.join("\n")).not.toContain("create acme");
     expect(lines.join("\n")).toContain("npx lessorctl tenants create <new id> --connection-string");
     expect(lines.join("\n")).toContain("npx lessorctl tenants key <id> --connection-string");

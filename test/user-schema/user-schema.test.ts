@@ -9,20 +9,10 @@
  * real Postgres as a role that is not a superuser, and integration test files that use the example
  * schema, in workerd, as `npm test` runs them (on the tests' fixture schema, vitest.config.ts).
  */
-import { execFileSync, spawnSync } from "node:child_process";
-import {
-  copyFileSync,
-  cpSync,
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  readFileSync,
-  rmSync,
-  symlinkSync,
-  writeFileSync,
-} from "node:fs";
+import { spawnSync } from "node:child_process";
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join, resolve } from "node:path";
+import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -30,25 +20,17 @@ import { type LocalPostgres, startLocalPostgres } from "../../local/postgres.ts"
 import { freePort } from "../../local/stack.ts";
 import type { TenantMigration } from "../../src/tenant-db/migrator.ts";
 import { migrateTenantDatabase, readSchemaVersion } from "../../src/tenant-db/migrator.ts";
+import { checkoutRoot, scratchCheckout } from "../scratch-checkout.ts";
 import { testPgPassword } from "../secrets.ts";
 
-const root = resolve(import.meta.dirname, "../..");
+const root = checkoutRoot;
 const scratchDirs: string[] = [];
 
-/** A copy of this checkout's files (tracked and new, not ignored), with node_modules linked. */
+/** A scratch copy of the checkout, removed after the file's tests. */
 function scratchCopy(): string {
-  const dir = mkdtempSync(join(tmpdir(), "lessor-user-schema-"));
-  scratchDirs.push(dir);
-  const listed = execFileSync("git", ["ls-files", "-z", "--cached", "--others", "--exclude-standard"], {
-    cwd: root,
-  });
-  for (const file of listed.toString("utf8").split("\0")) {
-    if (file === "" || !existsSync(join(root, file))) continue;
-    mkdirSync(dirname(join(dir, file)), { recursive: true });
-    copyFileSync(join(root, file), join(dir, file));
-  }
-  symlinkSync(join(root, "node_modules"), join(dir, "node_modules"));
-  return dir;
+  const scratch = scratchCheckout("lessor-user-schema-");
+  scratchDirs.push(scratch.dir);
+  return scratch.dir;
 }
 
 /** Runs a command in `cwd` without a terminal, as CI and a script would; its output on failure. */

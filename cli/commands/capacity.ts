@@ -32,7 +32,8 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
     }),
     kv("connections", {
       allocated: status.allocated,
-      budget: status.poolCapacity,
+      budget: status.budget,
+      pool_capacity: status.poolCapacity,
       startup_reserved: status.reserved,
       waiters: status.waiters,
       draining: status.draining,
@@ -120,7 +121,7 @@ export function evictionLines(report: EvictionReport): string[] {
       size: report.size,
       outcome: report.outcome,
       used: report.used,
-      budget: report.poolCapacity,
+      pool_capacity: report.poolCapacity,
       draining: report.draining,
       waiters: report.waiters,
     }),
@@ -153,7 +154,7 @@ export function register(program: Command, ctx: CommandContext): void {
       `
 Output, per host:
   repos host=local ready=8 starting=1 draining=1 failed=2
-  connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  connections allocated=45 budget=54 pool_capacity=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
   pooled adaptive=on in_use=7 idle=38 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16
   maintenance in_use=1 reserve=4 waiting=0
   capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
@@ -168,18 +169,22 @@ Output, per host:
 
 Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every host:
   repos tunnel=acme-net ready=1 starting=0 draining=0 failed=0
-  connections allocated=2 budget=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1
+  connections allocated=2 budget=8 pool_capacity=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1
   maintenance in_use=0 reserve=1 waiting=0
   tunnel health=up breaker=closed failures_slow=0 failures_down=0 refused_by_breaker=0 last_failure=-
 
-  budget is the tunnel's capacity minus its reserve; leases are those held through the tunnel.
+  budget is the tunnel's capacity, pool_capacity that minus its reserve; leases are those held
+  through the tunnel.
   health is up, or slow (a connect timed out) or down (refused or cut) since the last failure;
   breaker=open refuses the tunnel's starts at once with 503 tunnel_unavailable until it cools down.
 
   ready/starting/draining and the connections come from the host's BudgetObject ledger;
-  budget is connections minus reserve (what pools may hold). failed is not in the ledger (a failed
-  pool holds no capacity): it counts tenants whose latest lifecycle event in the last 24 h moved
-  them to failed, from the control plane ("unknown" if the control plane is unreachable).`,
+  budget is the host's connections (LESSOR_BUDGETS), as in GET /v1/capacity and on the status page;
+  reserve is the part of it kept for maintenance; pool_capacity is budget minus reserve (what pools
+  may hold: allocated, startup_reserved and draining count against it).
+  failed is not in the ledger (a failed pool holds no capacity): it counts tenants whose latest
+  lifecycle event in the last 24 h moved them to failed, from the control plane ("unknown" if the
+  control plane is unreachable).`,
     )
     .action(async (options: { host?: string; tunnel?: string }, command: Command) => {
       const client = ctx.client(command);
@@ -227,7 +232,7 @@ Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every
       "after",
       `
 Output, per host:
-  evict_dry_run host=local size=5 outcome=evicts used=56 budget=56 draining=0 waiters=0
+  evict_dry_run host=local size=5 outcome=evicts used=56 pool_capacity=56 draining=0 waiters=0
   evict order=1 tenant=t-099 generation=4 size=5 idle=43m
   eligible_not_needed tenant=t-120 generation=2 size=5 idle=12m
   not_eligible tenant=t-007 generation=9 size=5 idle=- reason=leased leases=2

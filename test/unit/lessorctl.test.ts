@@ -371,6 +371,24 @@ describe("lessorctl status, acquire, release", () => {
   });
 });
 
+describe("lessorctl tenants usage", () => {
+  it("prints the fleet's totals, counting as tenants_with_usage the tenants whose usage is recorded", async () => {
+    const run = await lessorctl(["tenants", "usage"], {
+      "GET /v1/usage": () => ({
+        region: "default",
+        tenantsWithUsage: 1,
+        usage: { queries: 8, rowsReturned: 7, errors: 1, leaseMs: 178, poolStarts: 7 },
+        unfoldedDeltas: 3,
+        asOf: "2026-11-30T15:54:41.789Z",
+      }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual([
+      "fleet tenants_with_usage=1 queries=8 rows_returned=7 errors=1 lease_ms=178 pool_starts=7 unfolded_deltas=3 as_of=2026-11-30T15:54:41.789Z",
+    ]);
+  });
+});
+
 describe("lessorctl evict --dry-run", () => {
   it("prints the victims in order and why each other pool is spared", async () => {
     const report: EvictionReport = {

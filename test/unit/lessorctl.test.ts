@@ -929,6 +929,28 @@ describe("lessorctl and regions", () => {
     expect(new URL(done.requests[0]?.url ?? "").searchParams.get("region")).toBe("us");
   });
 
+  it("capacity asks the region named, and says on each host's first line which region it is", async () => {
+    const run = await lessorctl(["--region", "eu", "capacity"], {
+      "GET /v1/capacity": (request) => {
+        expect(new URL(request.url).searchParams.get("region")).toBe("eu");
+        return { region: "eu", hosts: [{ ...capacity, host: "eu-1" }], tunnels: [] };
+      },
+      "GET /v1/fleet/failing": () => ({ ...failing, byHost: { "eu-1": 1 } }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout.filter((line) => line.startsWith("repos "))).toEqual([
+      "repos host=eu-1 region=eu ready=8 starting=1 draining=1 failed=1",
+    ]);
+    expect(new URL(run.requests[1]?.url ?? "").searchParams.get("region")).toBe("eu");
+    // A host of another region is not this region's: the message says which region was asked.
+    const other = await lessorctl(["--region", "eu", "capacity", "--host", "local"], {
+      "GET /v1/capacity": () => ({ region: "eu", hosts: [{ ...capacity, host: "eu-1" }], tunnels: [] }),
+      "GET /v1/fleet/failing": () => failing,
+    });
+    expect(other.code).toBe(1);
+    expect(other.stderr.join("\n")).toContain("region eu");
+  });
+
   it("lists a region's tenants with a region column, and creates a tenant in a region", async () => {
     const list = await lessorctl(["--region", "eu", "tenants", "list"], {
       "GET /v1/tenants": () => ({

@@ -2,9 +2,7 @@
 // drizzle-orm's neon-serverless driver on Lessor's wire endpoint: interactive transactions, one
 // that commits and one that rolls back inside (tx.rollback()), and nothing of the second is kept.
 //
-//   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' npx node examples/wire-drizzle.mjs
-//
-// `npx node` is the checkout's Node 22, which has a WebSocket (plain Node 20 has none).
+//   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' node examples/wire-drizzle.mjs
 import { neonConfig, Pool } from "@neondatabase/serverless";
 import { desc, eq, sql } from "drizzle-orm";
 import { drizzle } from "drizzle-orm/neon-serverless";
@@ -81,7 +79,9 @@ export async function main({
   }
 }
 
-// Runs when executed (`npx node examples/wire-drizzle.mjs`), not when imported (the tests call main()).
+// Runs when executed (`node examples/wire-drizzle.mjs`), not when imported (the tests call main()).
 if (import.meta.filename !== undefined && import.meta.filename === process.argv[1]) {
-  console.log(await main());
+  // Node 20 has no WebSocket of its own (22 has one): there the driver takes the `ws` package's.
+  const webSocketConstructor = globalThis.WebSocket ?? (await import("ws")).default;
+  console.log(await main({ webSocketConstructor }));
 }

@@ -3,9 +3,8 @@
 // code, write) on one connection, then a plain query. Lessor leases a connection of the tenant's
 // pool per transaction (transaction mode) and gives it back, reset, when the transaction ends.
 //
-//   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' npx node examples/wire-pool.mjs
+//   LESSOR_CONNECTION_STRING='postgres://acme:lsk_…@127.0.0.1:8787/acme' node examples/wire-pool.mjs
 //
-// `npx node` is the checkout's Node 22, which has a WebSocket (plain Node 20 has none).
 // `notes` is a table of Lessor's example tenant schema (src/tenant-db/schema.ts).
 import { neonConfig, Pool } from "@neondatabase/serverless";
 
@@ -56,7 +55,9 @@ export async function main({
   }
 }
 
-// Runs when executed (`npx node examples/wire-pool.mjs`), not when imported (the tests call main()).
+// Runs when executed (`node examples/wire-pool.mjs`), not when imported (the tests call main()).
 if (import.meta.filename !== undefined && import.meta.filename === process.argv[1]) {
-  console.log(await main());
+  // Node 20 has no WebSocket of its own (22 has one): there the driver takes the `ws` package's.
+  const webSocketConstructor = globalThis.WebSocket ?? (await import("ws")).default;
+  console.log(await main({ webSocketConstructor }));
 }

@@ -13,6 +13,9 @@
  *                                                        # -- --name add_tags`)
  *     node local/bundle-migrations.ts --generate-objects # drizzle-kit generate for both objects' schemas
  *
+ * A generate that drizzle-kit could not finish (it needed to ask about a rename with no terminal to
+ * ask in, or the schema did not load) exits 1 and bundles nothing.
+ *
  * A tenant migration whose SQL contains the line `-- lessor:contract` is a contract step (it needs
  * every app at this version or newer); every other migration is an expand step.
  */
@@ -125,13 +128,43 @@ const bundles: { target: string; render: () => string; source: string }[] = [
   },
 ];
 
+/** A line of an error drizzle-kit printed (`Error: …`, `TypeError: …`), not of its progress. */
+const errorLine = /^\s*[A-Za-z]*Error\b/;
+/** A stack frame (`    at …`): never passed on. */
+const stackFrame = /^\s+at /;
+
+/**
+ * Runs `drizzle-kit generate` and exits 1 if it failed. drizzle-kit catches its own errors, prints
+ * them with their stack and exits 0 without writing a migration: above all when it must ask whether
+ * a table or column was renamed and there is no terminal to ask in. So its stderr is read (its
+ * stdin and stdout stay the terminal's, where it asks), and an error there is a failure, said in a
+ * few lines with what to do.
+ */
 function drizzleKitGenerate(config: string, args: readonly string[]): void {
   const run = spawnSync(
     process.execPath,
     [resolve(root, "node_modules/drizzle-kit/bin.cjs"), "generate", "--config", config, ...args],
-    { cwd: root, stdio: "inherit" },
+    { cwd: root, stdio: ["inherit", "inherit", "pipe"], encoding: "utf8" },
   );
-  if (run.status !== 0) process.exit(run.status ?? 1);
+  const lines = (run.stderr ?? "").split("\n").filter((line) => line.trim() !== "");
+  const errors = [...new Set(lines.filter((line) => errorLine.test(line)).map((line) => line.trim()))];
+  if (run.status === 0 && errors.length === 0) {
+    // Whatever else it said (a warning) is passed on as it came.
+    if (lines.length > 0) process.stderr.write(`${lines.join("\n")}\n`);
+    return;
+  }
+  const said = errors.length > 0 ? errors : lines.filter((line) => !stackFrame.test(line)).slice(0, 3);
+  const prompt = said.some((line) => line.includes("require a TTY"));
+  console.error(
+    [
+      `db:generate: drizzle-kit failed, so no migration was written and nothing was bundled (${config}):`,
+      ...said.map((line) => `  ${line.replace(/^Error: /, "")}`),
+      prompt
+        ? 'drizzle-kit asks whether each new table or column is new or a rename of one that went away, and it can ask only in a terminal. Run the same command in a terminal (not piped, not in CI) and answer it: docs/migrations.md, "Your own tenant schema", says what each answer generates.'
+        : "Fix what it names (the schema file the config points at), then run the same command again (docs/migrations.md).",
+    ].join("\n"),
+  );
+  process.exit(run.status === 0 || run.status === null ? 1 : run.status);
 }
 
 if (process.argv.includes("--generate")) {

@@ -18,13 +18,14 @@ interface FailingAnswer {
 /**
  * Capacity lines of one host: the seed's three lines, then one line per eviction candidate. A
  * customer's tunnel (docs/customer-databases.md) prints the same lines under `tunnel=<name>`, and its
- * health where a host prints its capabilities.
+ * health where a host prints its capabilities. The first line names the region the answer is of.
  */
-export function capacityLines(status: CapacityStatus, failed: number | null): string[] {
+export function capacityLines(status: CapacityStatus, failed: number | null, region?: string): string[] {
   const tunnel = status.tunnel ?? null;
   return [
     kv("repos", {
       ...(tunnel ? { tunnel: tunnel.name } : { host: status.host }),
+      ...(region === undefined ? {} : { region }),
       ready: status.pools.allocated,
       starting: status.pools.reserved,
       draining: status.pools.draining,
@@ -32,7 +33,8 @@ export function capacityLines(status: CapacityStatus, failed: number | null): st
     }),
     kv("connections", {
       allocated: status.allocated,
-      budget: status.poolCapacity,
+      budget: status.budget,
+      pool_capacity: status.poolCapacity,
       startup_reserved: status.reserved,
       waiters: status.waiters,
       draining: status.draining,
@@ -113,14 +115,15 @@ function tunnelLine(tunnel: TunnelStatus): string {
 }
 
 /** Lines of one host's eviction dry run. */
-export function evictionLines(report: EvictionReport): string[] {
+export function evictionLines(report: EvictionReport, region?: string): string[] {
   const lines = [
     kv("evict_dry_run", {
       host: report.host,
+      ...(region === undefined ? {} : { region }),
       size: report.size,
       outcome: report.outcome,
       used: report.used,
-      budget: report.poolCapacity,
+      pool_capacity: report.poolCapacity,
       draining: report.draining,
       waiters: report.waiters,
     }),
@@ -152,8 +155,8 @@ export function register(program: Command, ctx: CommandContext): void {
       "after",
       `
 Output, per host:
-  repos host=local ready=8 starting=1 draining=1 failed=2
-  connections allocated=45 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
+  repos host=local region=default ready=8 starting=1 draining=1 failed=2
+  connections allocated=45 budget=54 pool_capacity=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
   pooled adaptive=on in_use=7 idle=38 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16
   maintenance in_use=1 reserve=4 waiting=0
   capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
@@ -167,35 +170,48 @@ Output, per host:
   docs/capacity.md).
 
 Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every host:
-  repos tunnel=acme-net ready=1 starting=0 draining=0 failed=0
-  connections allocated=2 budget=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1
+  repos tunnel=acme-net region=default ready=1 starting=0 draining=0 failed=0
+  connections allocated=2 budget=8 pool_capacity=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1
   maintenance in_use=0 reserve=1 waiting=0
   tunnel health=up breaker=closed failures_slow=0 failures_down=0 refused_by_breaker=0 last_failure=-
 
-  budget is the tunnel's capacity minus its reserve; leases are those held through the tunnel.
+  budget is the tunnel's capacity, pool_capacity that minus its reserve; leases are those held
+  through the tunnel.
   health is up, or slow (a connect timed out) or down (refused or cut) since the last failure;
   breaker=open refuses the tunnel's starts at once with 503 tunnel_unavailable until it cools down.
 
+  region is the region asked (--region; the default region without it): only its hosts are
+  listed, and customer tunnels only with the default region, whose tenants they serve.
   ready/starting/draining and the connections come from the host's BudgetObject ledger;
-  budget is connections minus reserve (what pools may hold). failed is not in the ledger (a failed
-  pool holds no capacity): it counts tenants whose latest lifecycle event in the last 24 h moved
-  them to failed, from the control plane ("unknown" if the control plane is unreachable).`,
+  budget is the host's connections (LESSOR_BUDGETS), as in GET /v1/capacity and on the status page;
+  reserve is the part of it kept for maintenance; pool_capacity is budget minus reserve (what pools
+  may hold: allocated, startup_reserved and draining count against it).
+  failed is not in the ledger (a failed pool holds no capacity): it counts tenants whose latest
+  lifecycle event in the last 24 h moved them to failed, from the control plane ("unknown" if the
+  control plane is unreachable).`,
     )
     .action(async (options: { host?: string; tunnel?: string }, command: Command) => {
       const client = ctx.client(command);
-      const answer = await client.call<{ hosts: CapacityStatus[]; tunnels?: CapacityStatus[] }>(
-        "GET",
-        "/v1/capacity",
-      );
+      const answer = await client.call<{
+        region?: string;
+        hosts: CapacityStatus[];
+        tunnels?: CapacityStatus[];
+      }>("GET", "/v1/capacity");
       const hosts = options.tunnel !== undefined ? [] : answer.hosts;
       const tunnels = options.host !== undefined ? [] : (answer.tunnels ?? []);
       const shownHosts = options.host === undefined ? hosts : hosts.filter((h) => h.host === options.host);
       const shownTunnels =
         options.tunnel === undefined ? tunnels : tunnels.filter((t) => t.tunnel?.name === options.tunnel);
+      const inRegion =
+        answer.region === undefined ? "" : ` in region ${answer.region} (--region names another)`;
       if (options.host !== undefined && shownHosts.length === 0)
-        throw new ApiError("unknown_host", "No database host with that name is configured.", 400);
+        throw new ApiError("unknown_host", `No database host with that name is configured${inRegion}.`, 400);
       if (options.tunnel !== undefined && shownTunnels.length === 0)
-        throw new ApiError("unknown_tunnel", "No tunnel with that name is configured (LESSOR_TUNNELS).", 400);
+        throw new ApiError(
+          "unknown_tunnel",
+          `No tunnel with that name is configured (LESSOR_TUNNELS)${inRegion}.`,
+          400,
+        );
       const shown = [...shownHosts, ...shownTunnels];
       let failing: FailingAnswer | null = null;
       try {
@@ -203,10 +219,10 @@ Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every
       } catch (error) {
         if (!(error instanceof ApiError) || error.status < 500) throw error;
       }
-      ctx.print(command, { hosts: shownHosts, tunnels: shownTunnels, failing }, () => {
+      ctx.print(command, { region: answer.region, hosts: shownHosts, tunnels: shownTunnels, failing }, () => {
         for (const status of shown) {
-          for (const line of capacityLines(status, failing ? (failing.byHost[status.host] ?? 0) : null))
-            ctx.out.line(line);
+          const failed = failing ? (failing.byHost[status.host] ?? 0) : null;
+          for (const line of capacityLines(status, failed, answer.region)) ctx.out.line(line);
         }
       });
     });
@@ -227,7 +243,7 @@ Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every
       "after",
       `
 Output, per host:
-  evict_dry_run host=local size=5 outcome=evicts used=56 budget=56 draining=0 waiters=0
+  evict_dry_run host=local region=default size=5 outcome=evicts used=56 pool_capacity=56 draining=0 waiters=0
   evict order=1 tenant=t-099 generation=4 size=5 idle=43m
   eligible_not_needed tenant=t-120 generation=2 size=5 idle=12m
   not_eligible tenant=t-007 generation=9 size=5 idle=- reason=leased leases=2
@@ -247,9 +263,13 @@ Output, per host:
       if (options.size !== undefined) query.set("size", options.size);
       const answer = await ctx
         .client(command)
-        .call<{ hosts: EvictionReport[] }>("GET", `/v1/capacity/evictions?${query.toString()}`);
+        .call<{ region?: string; hosts: EvictionReport[] }>(
+          "GET",
+          `/v1/capacity/evictions?${query.toString()}`,
+        );
       ctx.print(command, answer, () => {
-        for (const report of answer.hosts) for (const line of evictionLines(report)) ctx.out.line(line);
+        for (const report of answer.hosts)
+          for (const line of evictionLines(report, answer.region)) ctx.out.line(line);
       });
     });
 }

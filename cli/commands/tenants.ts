@@ -393,7 +393,7 @@ Output:
       const client = ctx.client(command);
       if (tenantId === undefined) {
         const fleet = await client.call<{
-          tenants: number;
+          tenantsWithUsage: number;
           usage: Usage;
           unfoldedDeltas: number;
           asOf: string;
@@ -401,7 +401,7 @@ Output:
         ctx.print(command, fleet, () =>
           ctx.out.line(
             kv("fleet", {
-              tenants: fleet.tenants,
+              tenants_with_usage: fleet.tenantsWithUsage,
               ...usageFields(fleet.usage),
               unfolded_deltas: fleet.unfoldedDeltas,
               as_of: fleet.asOf,

@@ -177,6 +177,15 @@ export async function loadUsableKeys(db: ControlPlane, tenantId: string): Promis
   }));
 }
 
+/**
+ * A tier's pool size (its maximum) as this deployment configures it; the default tier's for a tier
+ * it no longer names. Read when a tenant's record is made and each time its object loads the
+ * record, never kept: a tier changed by a deploy reaches the pools started after it.
+ */
+export function tierPoolSize(config: LessorConfig, tier: string): number {
+  return config.poolSizes.get(tier) ?? config.poolSizes.get(config.defaultTier) ?? 1;
+}
+
 /** The TenantObject's view of a catalog row and its usable keys. */
 export function tenantRecordFromRow(
   row: typeof tenants.$inferSelect,
@@ -191,7 +200,7 @@ export function tenantRecordFromRow(
     status: row.status,
     keys,
     tier: row.tier,
-    poolSize: config.poolSizes.get(row.tier) ?? config.poolSizes.get(config.defaultTier) ?? 1,
+    poolSize: tierPoolSize(config, row.tier),
     host: row.host,
     databaseName: row.databaseName,
     roleName: row.roleName,

@@ -7,11 +7,11 @@
  *                                                newest first, and how many per host
  *     GET /v1/fleet/events?limit=&cursor=        the fleet's lifecycle events, newest first
  *     GET /v1/fleet/tenants?q=<prefix>&limit=    tenant search by id prefix (never the whole catalog)
- *     GET /v1/capacity/evictions?host=&tier=|size=   the eviction dry run of each host
+ *     GET /v1/capacity/evictions?host=&tier=|size=   the eviction dry run of each host of the region
  */
 import { Hono } from "hono";
 import * as v from "valibot";
-import { loadConfig } from "../config/index.ts";
+import { loadConfig, regionNamed } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
 import { LessorError } from "../errors/index.ts";
 import { readOverview } from "../fleet/overview.ts";
@@ -118,17 +118,28 @@ const evictionsQuery = v.object({
 
 fleetRoutes.get("/v1/capacity/evictions", requireAdmin, query(evictionsQuery), async (c) => {
   const config = loadConfig(c.env);
+  const region = regionNamed(config, regionParam(c));
   const { host, tier, size } = c.req.valid("query");
-  if (host !== undefined && !config.hosts.has(host)) throw new LessorError("unknown_host");
+  const named = host === undefined ? undefined : config.hosts.get(host);
+  if (host !== undefined && !named) throw new LessorError("unknown_host");
+  if (named && named.region !== region.name) {
+    throw new LessorError("host_not_in_region", {
+      publicMessage: `Host ${named.name} is in region ${named.region}, not ${region.name}; ask that region (?region=${named.region}, lessorctl --region ${named.region}).`,
+    });
+  }
   if (tier !== undefined && size !== undefined) {
     throw new LessorError("invalid_request", { publicMessage: "Give either tier or size, not both." });
   }
   // A start reserves its tier's size (which an adaptive pool may later grow past, up to its maximum).
   const tierSize = config.poolStartSizes.get(tier ?? config.defaultTier);
   if (tierSize === undefined) throw new LessorError("unknown_tier");
-  const names = host === undefined ? [...config.hosts.keys()] : [host];
+  const names = host === undefined ? region.hosts : [host];
   const hosts = await Promise.all(
     names.map((name) => budgetObject(c.env, name).evictionReport(name, size ?? tierSize)),
   );
-  return c.json({ tier: size === undefined ? (tier ?? config.defaultTier) : null, hosts });
+  return c.json({
+    region: region.name,
+    tier: size === undefined ? (tier ?? config.defaultTier) : null,
+    hosts,
+  });
 });

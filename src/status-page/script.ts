@@ -81,7 +81,7 @@ export const statusPageScript = `"use strict";
           el("td", { text: c.leases }), el("td", { text: c.pinned })]);
       });
       target.appendChild(el("div", { "class": "host", "data-host": h.host }, [
-        el("h3", { text: h.host + " — " + (h.allocated + h.reserved + h.draining) + " of " + cap + " connections (budget " + h.budget + ", reserve " + h.reserve + ")" }),
+        el("h3", { text: h.host + " — " + (h.allocated + h.reserved + h.draining) + " of " + cap + " connections for pools (budget " + h.budget + ", of which reserve " + h.reserve + ")" }),
         bar,
         legend([["allocated", "allocated " + h.allocated], ["reserved", "reserved (starting) " + h.reserved], ["draining", "draining " + h.draining], ["free", "free " + free]]),
         el("p", { "class": "muted", text: "waiters " + h.waiters + " · leases " + h.leases + " · evictions " + h.evictions + " · saturations " + h.saturations + " · admissions " + h.admissions }),

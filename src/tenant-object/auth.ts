@@ -2,7 +2,7 @@
  * Who the object serves: the tenant record (installed by provisioning and operator actions, or
  * read from the catalog on first use) and the check of a caller's key hash against it.
  */
-import { loadTenantRecord, withControlPlane } from "../control-plane/index.ts";
+import { loadTenantRecord, tierPoolSize, withControlPlane } from "../control-plane/index.ts";
 import { hashesEqual } from "../crypto/keys.ts";
 import { erasuresOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
@@ -56,6 +56,18 @@ export class TenantAuth {
     this.rt.record = record;
     this.unknownUntil = 0;
     this.rt.storage.write("record", record);
+  }
+
+  /**
+   * Loads the record storage kept (at the object's start), with its tier's pool size as the
+   * deployment configures it now: the stored one is the tier's when the record was kept, and a
+   * deploy may have changed the tier since.
+   */
+  restoreRecord(): void {
+    const stored = this.rt.storage.read<TenantRecord>("record");
+    this.rt.record = stored;
+    // Read after the record is in place: a test's settings for this tenant key on its id.
+    if (stored) this.rt.record = { ...stored, poolSize: tierPoolSize(this.rt.config, stored.tier) };
   }
 
   /** The record, from memory or (once) from the catalog; null for a tenant that does not exist. */

@@ -110,7 +110,7 @@ export class TenantObject extends DurableObject<Env> {
     const rt = this.rt;
     if (!rt.storage.hasTables()) return;
     await rt.storage.open();
-    rt.record = rt.storage.read<TenantRecord>("record");
+    this.auth.restoreRecord();
     rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
     rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
     rt.erase = rt.storage.read<EraseGate>("erase");

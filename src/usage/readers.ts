@@ -25,8 +25,11 @@ export interface TenantUsage {
 }
 
 export interface FleetUsage {
-  /** Tenants with any usage recorded. */
-  tenants: number;
+  /**
+   * Tenants whose usage the control plane has recorded (a rollup or a delta): not the catalog's
+   * tenants, which include those that have not used anything yet (nor flushed it: see above).
+   */
+  tenantsWithUsage: number;
   usage: UsageCounters;
   unfoldedDeltas: number;
   asOf: string;
@@ -110,7 +113,7 @@ export async function readFleetUsage(db: ControlPlane): Promise<FleetUsage> {
              coalesce(p.n, 0) AS n
         FROM usage_rollups r FULL JOIN pending p ON p.tenant_id = r.tenant_id
     )
-    SELECT count(*)::float8 AS tenants,
+    SELECT count(*)::float8 AS tenants_with_usage,
            coalesce(sum(queries), 0)::float8 AS queries,
            coalesce(sum(rows_returned), 0)::float8 AS rows_returned,
            coalesce(sum(errors), 0)::float8 AS errors,
@@ -121,7 +124,7 @@ export async function readFleetUsage(db: ControlPlane): Promise<FleetUsage> {
       FROM per_tenant`);
   const row = rows[0] ?? {};
   return {
-    tenants: num(row.tenants),
+    tenantsWithUsage: num(row.tenants_with_usage),
     usage: counters(row),
     unfoldedDeltas: num(row.unfolded),
     asOf: iso(row.as_of),

@@ -12,12 +12,16 @@
 import { evictDurableObject, runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
 import { describe, expect, it, vi } from "vitest";
+import { loadConfig } from "../../src/config/index.ts";
+import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
+  admin,
   type CreatedTenant,
   createTenant,
   eventsOf,
   type LifecycleEvent,
   ledgerGenerations,
+  lessor,
   pollUntil,
   runtimeOf,
   sqlFor,
@@ -154,5 +158,68 @@ describe("object restart", () => {
     expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:4`]));
     expect(await ledgerGenerations(tenant.id)).toEqual([1, 2, 3, 4]);
     expect(await runtimeOf(tenant.id)).toMatchObject({ state: "ready", generation: 4 });
+  });
+
+  it("a tier raised while the object was down reaches its next pool: size, bounds, ledger and connections", async () => {
+    const tenant = await createTenant(uniqueTenantId("restart-tier"));
+    const loaded = loadConfig(env);
+    const tier = "standard";
+    const before = loaded.poolSizes.get(tier) ?? 0;
+    expect(before).toBe(5);
+    expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:1`]));
+    expect(await runtimeOf(tenant.id)).toMatchObject({ generation: 1, poolSize: before });
+
+    // The deployment's tier raised by one (as a deploy with a new LESSOR_POOL_SIZES would), for this
+    // tenant's object only, then the object restarted: its record was kept in storage at the old size.
+    const raised = before + 1;
+    tenantHooksForTests.config = (id) =>
+      id === tenant.id
+        ? {
+            poolSizes: new Map(loaded.poolSizes).set(tier, raised),
+            poolStartSizes: new Map(loaded.poolStartSizes).set(tier, raised),
+          }
+        : undefined;
+    const leases: string[] = [];
+    try {
+      await resetObject(tenant);
+      expect(await servingApplicationNames(tenant)).toEqual(new Set([`lessor:${tenant.role}:2`]));
+
+      const detail = await (await admin(`/v1/tenants/${tenant.id}`)).json<{
+        runtime: { generation: number; poolSize: number; pool: { size: number; max: number } | null };
+      }>();
+      expect(detail.runtime).toMatchObject({
+        generation: 2,
+        poolSize: raised,
+        pool: { size: raised, max: raised },
+      });
+      // The host's ledger holds the generation at the raised size.
+      const report = await env.BUDGETS.getByName("local").evictionReport("local", 1);
+      expect(report.pools.find((p) => p.tenantId === tenant.id)).toMatchObject({
+        generation: 2,
+        size: raised,
+      });
+
+      // And the pool holds that many connections at once: one session lease on each, in Postgres.
+      for (let i = 0; i < raised; i++) {
+        const response = await lessor(`/v1/tenants/${tenant.id}/leases`, {
+          method: "POST",
+          headers: { Authorization: `Bearer ${tenant.key}`, "content-type": "application/json" },
+          body: JSON.stringify({ ttlMs: 30_000 }),
+        });
+        expect(response.status, `lease ${i + 1}: ${await response.clone().text()}`).toBe(201);
+        leases.push((await response.json<{ lease: string }>()).lease);
+      }
+      const backends = await tenantBackends(tenant);
+      expect(backends.filter((name) => name === `lessor:${tenant.role}:2`)).toHaveLength(raised);
+    } finally {
+      for (const lease of leases) {
+        const released = await lessor(`/v1/leases/${lease}`, {
+          method: "DELETE",
+          headers: { Authorization: `Bearer ${tenant.key}` },
+        });
+        await released.body?.cancel();
+      }
+      tenantHooksForTests.config = undefined;
+    }
   });
 });

@@ -13,7 +13,15 @@ import { beforeAll, describe, expect, it } from "vitest";
 import worker from "../../src/index.ts";
 import type { UsageCounters } from "../../src/usage/index.ts";
 import type { FleetUsage, TenantUsage } from "../../src/usage/readers.ts";
-import { admin, type CreatedTenant, createTenant, lessor, sqlFor, uniqueTenantId } from "./harness.ts";
+import {
+  admin,
+  asSuperuser,
+  type CreatedTenant,
+  createTenant,
+  lessor,
+  sqlFor,
+  uniqueTenantId,
+} from "./harness.ts";
 
 /** One cron tick through the real scheduled handler. */
 async function tick(): Promise<void> {
@@ -132,10 +140,33 @@ describe("usage readers", () => {
     const response = await admin("/v1/usage");
     expect(response.status).toBe(200);
     const fleet = await response.json<FleetUsage>();
-    expect(fleet.tenants).toBeGreaterThanOrEqual(2);
+    expect(fleet.tenantsWithUsage).toBeGreaterThanOrEqual(2);
     for (const key of ["queries", "rowsReturned", "errors", "leaseMs", "poolStarts"] as const) {
       expect(fleet.usage[key]).toBeGreaterThanOrEqual(a.usage[key] + b.usage[key]);
     }
+  });
+
+  it("counts the tenants whose usage is recorded under a name that says so: a tenant with none is not counted", async () => {
+    const idle = await createTenant(uniqueTenantId("usage-idle"));
+    const recorded = () =>
+      asSuperuser(async (client) => {
+        const { rows } = await client.query(
+          `
+          SELECT count(*)::int AS tenants,
+                 count(*) FILTER (WHERE tenant_id = $1)::int AS idle
+            FROM (SELECT tenant_id FROM usage_rollups UNION SELECT tenant_id FROM usage_deltas) recorded`,
+          [idle.id],
+        );
+        return rows[0] as { tenants: number; idle: number };
+      }, "lessor");
+    const before = await recorded();
+    // The idle tenant is in the catalog and has no usage recorded: a count of tenants would count it.
+    expect(before.idle).toBe(0);
+    const fleet = await (await admin("/v1/usage")).json<FleetUsage & Record<string, unknown>>();
+    expect(fleet.tenantsWithUsage).toBe(before.tenants);
+    expect(await recorded()).toEqual(before);
+    // No field by the bare name, which a reader takes for the catalog's tenants.
+    expect(fleet).not.toHaveProperty("tenants");
   });
 
   it("keeps fleet totals from tenant keys", async () => {

@@ -225,6 +225,38 @@ describe("a forged key naming another region", () => {
   });
 });
 
+describe("capacity by region", () => {
+  const euHosts = () => loadConfig(env).regions.get("eu")?.hosts ?? [];
+
+  it("lists only the asked region's hosts, and says which region they are, in /v1/capacity and the eviction dry run", async () => {
+    expect(euHosts()).toEqual(["eu-1", "eu-2"]);
+    const eu = await admin("/v1/capacity?region=eu");
+    expect(eu.status).toBe(200);
+    const euBody = await eu.json<{ region: string; hosts: { host: string }[]; tunnels: unknown[] }>();
+    expect(euBody.hosts.map((h) => h.host)).toEqual(euHosts());
+    expect(euBody.region).toBe("eu");
+
+    // The default region without ?region=: its hosts, none of eu's.
+    const home = await admin("/v1/capacity");
+    const homeBody = await home.json<{ region: string; hosts: { host: string }[] }>();
+    expect(homeBody.region).toBe("us");
+    const homeHosts = homeBody.hosts.map((h) => h.host);
+    expect(homeHosts).toEqual(loadConfig(env).regions.get("us")?.hosts);
+    expect(homeHosts).toContain("local");
+    expect(homeHosts.filter((h) => euHosts().includes(h))).toEqual([]);
+
+    const dryRun = await admin("/v1/capacity/evictions?region=eu");
+    expect(dryRun.status).toBe(200);
+    const dryRunBody = await dryRun.json<{ region: string; hosts: { host: string }[] }>();
+    expect(dryRunBody.region).toBe("eu");
+    expect(dryRunBody.hosts.map((h) => h.host)).toEqual(euHosts());
+    // A host of another region, named: refused with the region it is in, not listed as this one's.
+    const elsewhere = await admin("/v1/capacity/evictions?region=eu&host=local");
+    expect(elsewhere.status).toBe(400);
+    expect(await elsewhere.json()).toMatchObject({ code: "host_not_in_region" });
+  });
+});
+
 /** Rolls a tenant back to schema version 2, behind Lessor's back, so a campaign has work to do. */
 async function rollBackToVersion2(tenant: RegionalTenant): Promise<void> {
   await asSuperuser(async (client) => {

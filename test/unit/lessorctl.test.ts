@@ -130,7 +130,7 @@ describe("lessorctl capacity", () => {
     expect(run.code).toBe(0);
     expect(run.stdout).toEqual([
       "repos host=local ready=8 starting=1 draining=1 failed=2",
-      "connections allocated=40 budget=50 startup_reserved=5 waiters=3 draining=5 reserve=10 leases=7",
+      "connections allocated=40 budget=60 pool_capacity=50 startup_reserved=5 waiters=3 draining=5 reserve=10 leases=7",
       "pooled adaptive=on in_use=7 idle=33 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16",
       "maintenance in_use=2 reserve=10 waiting=1",
       "capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 admin=neondb_owner probed=2026-12-01T10:00:00.000Z",
@@ -188,7 +188,7 @@ describe("lessorctl capacity", () => {
     expect(run.code).toBe(0);
     expect(run.stdout.slice(-4)).toEqual([
       "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
-      "connections allocated=2 budget=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1",
+      "connections allocated=2 budget=8 pool_capacity=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1",
       "maintenance in_use=0 reserve=1 waiting=0",
       "tunnel health=slow breaker=open failures_slow=2 failures_down=0 refused_by_breaker=3 last_failure=2026-12-01T10:00:00.000Z",
     ]);
@@ -200,6 +200,26 @@ describe("lessorctl capacity", () => {
     const unknown = await lessorctl(["capacity", "--tunnel", "nowhere"], answers);
     expect(unknown.code).toBe(1);
     expect(unknown.stderr.join("\n")).toContain("unknown_tunnel");
+  });
+
+  it("means by budget= what /v1/capacity and the status page mean: the host's connections; pools share pool_capacity=", async () => {
+    const run = await lessorctl(["capacity"], {
+      "GET /v1/capacity": () => ({ hosts: [capacity] }),
+      "GET /v1/fleet/failing": () => failing,
+    });
+    const fields = Object.fromEntries(
+      (run.stdout.find((line) => line.startsWith("connections ")) ?? "")
+        .split(" ")
+        .slice(1)
+        .map((field) => field.split("=")),
+    );
+    expect(capacity.budget).not.toBe(capacity.poolCapacity);
+    expect(fields).toMatchObject({
+      budget: String(capacity.budget),
+      reserve: String(capacity.reserve),
+      pool_capacity: String(capacity.budget - capacity.reserve),
+    });
+    expect(run.stdout.join("\n")).not.toMatch(new RegExp(`\\bbudget=${capacity.poolCapacity}\\b`));
   });
 
   it("prints JSON with --json", async () => {
@@ -351,6 +371,24 @@ describe("lessorctl status, acquire, release", () => {
   });
 });
 
+describe("lessorctl tenants usage", () => {
+  it("prints the fleet's totals, counting as tenants_with_usage the tenants whose usage is recorded", async () => {
+    const run = await lessorctl(["tenants", "usage"], {
+      "GET /v1/usage": () => ({
+        region: "default",
+        tenantsWithUsage: 1,
+        usage: { queries: 8, rowsReturned: 7, errors: 1, leaseMs: 178, poolStarts: 7 },
+        unfoldedDeltas: 3,
+        asOf: "2026-11-30T15:54:41.789Z",
+      }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout).toEqual([
+      "fleet tenants_with_usage=1 queries=8 rows_returned=7 errors=1 lease_ms=178 pool_starts=7 unfolded_deltas=3 as_of=2026-11-30T15:54:41.789Z",
+    ]);
+  });
+});
+
 describe("lessorctl evict --dry-run", () => {
   it("prints the victims in order and why each other pool is spared", async () => {
     const report: EvictionReport = {
@@ -412,7 +450,7 @@ describe("lessorctl evict --dry-run", () => {
       },
     });
     expect(run.stdout).toEqual([
-      "evict_dry_run host=local size=5 outcome=evicts used=50 budget=50 draining=0 waiters=0",
+      "evict_dry_run host=local size=5 outcome=evicts used=50 pool_capacity=50 draining=0 waiters=0",
       "evict order=1 tenant=old generation=2 size=5 idle=1h",
       "eligible_not_needed tenant=new generation=1 size=5 idle=1m",
       "not_eligible tenant=busy generation=9 size=5 idle=- reason=leased leases=2",
@@ -889,6 +927,28 @@ describe("lessorctl and regions", () => {
     );
     expect(done.stdout).toEqual(["tenant=acme state=moved from=us to=eu moved_at=2026-12-01T18:00:09.000Z"]);
     expect(new URL(done.requests[0]?.url ?? "").searchParams.get("region")).toBe("us");
+  });
+
+  it("capacity asks the region named, and says on each host's first line which region it is", async () => {
+    const run = await lessorctl(["--region", "eu", "capacity"], {
+      "GET /v1/capacity": (request) => {
+        expect(new URL(request.url).searchParams.get("region")).toBe("eu");
+        return { region: "eu", hosts: [{ ...capacity, host: "eu-1" }], tunnels: [] };
+      },
+      "GET /v1/fleet/failing": () => ({ ...failing, byHost: { "eu-1": 1 } }),
+    });
+    expect(run.code).toBe(0);
+    expect(run.stdout.filter((line) => line.startsWith("repos "))).toEqual([
+      "repos host=eu-1 region=eu ready=8 starting=1 draining=1 failed=1",
+    ]);
+    expect(new URL(run.requests[1]?.url ?? "").searchParams.get("region")).toBe("eu");
+    // A host of another region is not this region's: the message says which region was asked.
+    const other = await lessorctl(["--region", "eu", "capacity", "--host", "local"], {
+      "GET /v1/capacity": () => ({ region: "eu", hosts: [{ ...capacity, host: "eu-1" }], tunnels: [] }),
+      "GET /v1/fleet/failing": () => failing,
+    });
+    expect(other.code).toBe(1);
+    expect(other.stderr.join("\n")).toContain("region eu");
   });
 
   it("lists a region's tenants with a region column, and creates a tenant in a region", async () => {

@@ -9,35 +9,26 @@
  * question (a new column) generates and bundles as before, and so does a run with nothing to do.
  */
 import { execFile } from "node:child_process";
-import {
-  cpSync,
-  mkdirSync,
-  mkdtempSync,
-  readdirSync,
-  readFileSync,
-  rmSync,
-  symlinkSync,
-  writeFileSync,
-} from "node:fs";
-import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
+import { cpSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
+import { checkoutRoot, scratchCheckout as copyCheckout } from "../scratch-checkout.ts";
 
-const root = resolve(import.meta.dirname, "../..");
-const scratches: string[] = [];
+const scratches: { remove(): void }[] = [];
 
-/** A copy of what `db:generate` reads and writes, with `schema` as the tenant schema. */
+/**
+ * A scratch copy of the checkout (test/scratch-checkout.ts) whose tenant migrations are the example
+ * schema's (the tests' fixture: whatever this checkout's own are), with `schema` as the tenant schema.
+ */
 function scratchCheckout(schema: string): string {
-  const dir = mkdtempSync(join(tmpdir(), "lessor-db-generate-"));
-  scratches.push(dir);
-  for (const path of ["drizzle", "local/bundle-migrations.ts", "src/migrations"]) {
-    cpSync(join(root, path), join(dir, path), { recursive: true });
-  }
-  mkdirSync(join(dir, "src/tenant-db"), { recursive: true });
-  writeFileSync(join(dir, "src/tenant-db/schema.ts"), schema);
-  writeFileSync(join(dir, "package.json"), '{ "type": "module" }\n');
-  symlinkSync(join(root, "node_modules"), join(dir, "node_modules"));
-  return dir;
+  const scratch = copyCheckout("lessor-db-generate-");
+  scratches.push(scratch);
+  rmSync(join(scratch.dir, "drizzle/tenant"), { recursive: true, force: true });
+  cpSync(join(checkoutRoot, "test/fixtures/tenant-schema/drizzle"), join(scratch.dir, "drizzle/tenant"), {
+    recursive: true,
+  });
+  writeFileSync(join(scratch.dir, "src/tenant-db/schema.ts"), schema);
+  return scratch.dir;
 }
 
 /** Runs `node local/bundle-migrations.ts <args>` in `dir`, stdin not a terminal. */
@@ -62,10 +53,11 @@ const shown = (run: { stdout: string; stderr: string }) =>
 const tenantMigrations = (dir: string) =>
   readdirSync(join(dir, "drizzle/tenant")).filter((f) => f.endsWith(".sql"));
 
-const exampleSchema = readFileSync(join(root, "src/tenant-db/schema.ts"), "utf8");
+/** The example schema, as the fixture keeps it (the checkout's own may have been replaced). */
+const exampleSchema = readFileSync(join(checkoutRoot, "test/fixtures/tenant-schema/schema.ts"), "utf8");
 
 afterEach(() => {
-  for (const dir of scratches.splice(0)) rmSync(dir, { recursive: true, force: true });
+  for (const scratch of scratches.splice(0)) scratch.remove();
 });
 
 describe("npm run db:generate", () => {

@@ -341,6 +341,14 @@ describe("npm start: cron self-trigger", () => {
     expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.250Z"))).toBe(750);
   });
 
+  it("takes a timer that fired a moment early as its own minute, not as one more tick right after", () => {
+    // Seen in npm start: a tick at 12:00:59.999 set the next for 12:01:00.000, found itself running,
+    // and printed "this minute skipped".
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.999Z"))).toBe(60_001);
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.500Z"))).toBe(60_500);
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:01:00.003Z"))).toBe(59_997);
+  });
+
   it("calls wrangler's /__scheduled with the cron expression, and reports failures in one line", async () => {
     const seen: string[] = [];
     const ok = await listen((req, res) => {

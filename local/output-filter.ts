@@ -12,9 +12,9 @@
  * message before it.
  *
  * A normal shutdown makes noise that is no error: Postgres ends each open connection with a FATAL,
- * and the Worker's pools warn that they lost those connections. That noise is hidden once a
- * shutdown is under way, and only then, so the same lines at any other time (someone terminated
- * backends, the database went away) still show. A shutdown is under way when `npm start` begins
+ * and the Worker's pools (tenants' and the control plane's) warn that they lost those connections.
+ * That noise is hidden once a shutdown is under way, and only then, so the same lines at any other
+ * time (someone terminated backends, the database went away) still show. A shutdown is under way when `npm start` begins
  * one, or when Postgres says it received a shutdown request: a terminal's Ctrl-C reaches Postgres
  * directly, often before `npm start` has reacted.
  *
@@ -55,7 +55,8 @@ const postgresShutdownRequest = /received (smart|fast|immediate) shutdown reques
 const postgresError = /\b(ERROR|FATAL|PANIC)\b/;
 const postgresShutdownNoise =
   /FATAL:\s+(terminating .* due to administrator command|the database system is shutting down)/;
-const workerShutdownNoise = /"event":"pool_connection_error"/;
+/** A pool of the Worker (a tenant's, a control-plane shard's) told that Postgres ended a connection. */
+const workerShutdownNoise = /"event":"(pool|control_plane)_connection_error"/;
 
 // biome-ignore lint/suspicious/noControlCharactersInRegex: an ANSI colour sequence starts with ESC.
 const ansiEscape = /\x1b\[[0-9;]*m/g;

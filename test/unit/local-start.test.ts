@@ -182,7 +182,11 @@ describe("npm start: what it shows of Postgres and wrangler", () => {
     // Outside a shutdown the same lines mean someone terminated backends: they show.
     expect(filter.showPostgres(terminating)).toBe(true);
     expect(filter.worker(poolWarning)).toEqual([poolWarning]);
+    const controlPlaneWarning =
+      '▲ [WARNING] {"level":"warn","event":"control_plane_connection_error","region":"default","failure":"error 57P01: terminating connection due to administrator command"}';
+    expect(filter.worker(controlPlaneWarning)).toEqual([controlPlaneWarning]);
     filter.expectShutdown();
+    expect(filter.worker(controlPlaneWarning)).toEqual([]);
     expect(filter.showPostgres(terminating)).toBe(false);
     expect(
       filter.showPostgres("2026-11-30 12:00:00.000 UTC [43] FATAL:  the database system is shutting down"),

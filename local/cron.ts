@@ -13,9 +13,21 @@ export function localCronEnabled(value: string | undefined): boolean {
   return !["off", "0", "false", "no"].includes((value ?? "").trim().toLowerCase());
 }
 
-/** Milliseconds from `now` to the start of the next wall-clock minute (never 0). */
+/**
+ * How early a timer may fire and still be the tick it was set for. Node's timers run on a
+ * monotonic clock and can fire a millisecond before the wall-clock minute; measured from there,
+ * the "next" minute was a millisecond away, a second tick followed at once, and `npm start`
+ * printed "previous scheduled run still going; this minute skipped" for a minute that was not.
+ */
+export const earlyTimerToleranceMs = 500;
+
+/**
+ * Milliseconds from `now` to the start of the next wall-clock minute (never 0). A `now` within
+ * {@link earlyTimerToleranceMs} before a minute counts as that minute: the next is the one after.
+ */
 export function msUntilNextMinute(now: number): number {
-  return 60_000 - (now % 60_000);
+  const untilNext = 60_000 - (now % 60_000);
+  return untilNext <= earlyTimerToleranceMs ? untilNext + 60_000 : untilNext;
 }
 
 /** The URL that makes `wrangler dev --test-scheduled` run the scheduled handler. */

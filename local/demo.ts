@@ -28,7 +28,17 @@ import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { neon, neonConfig } from "@neondatabase/serverless";
 import pg from "pg";
-import { freePort, type LocalStack, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "./stack.ts";
+import {
+  freePort,
+  freshWorkerSecrets,
+  type LocalStack,
+  localWorkerVars,
+  root,
+  startLocalStack,
+  wranglerDevArgs,
+  writeEnvFile,
+} from "./stack.ts";
+import { outputTail, waitForWorker } from "./worker-ready.ts";
 import { quietWranglerEnv } from "./wrangler-env.ts";
 
 const poolSize = 5;
@@ -125,11 +135,12 @@ const wranglerDir = resolve(stateDir, "demo-wrangler");
 const envFile = resolve(stateDir, "demo.vars");
 /** Everything `wrangler dev` printed during the last demo, for when a run needs explaining. */
 const wranglerLog = resolve(stateDir, "demo-wrangler.log");
-const adminKey = `lak_demo_${randomBytes(24).toString("base64url")}`;
+const secrets = freshWorkerSecrets();
+const adminKey = secrets.adminKey;
 
 let stack: LocalStack | undefined;
 let wrangler: ChildProcess | undefined;
-const wranglerOutput: string[] = [];
+const wranglerOutput = outputTail();
 let baseUrl = "";
 
 async function stopEverything(): Promise<void> {
@@ -232,17 +243,13 @@ async function startStack(): Promise<void> {
     },
   });
   // wrangler reads the demo's settings from an env file; single quotes keep the JSON literal.
-  const vars: Record<string, string> = {
-    LESSOR_ADMIN_KEY: adminKey,
-    LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
-    LESSOR_KEY_MAC_KEYS: randomBytes(32).toString("base64"),
-    LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-    LESSOR_HOSTS: stack.hostsJson,
-    LESSOR_WS_PROXY: stack.wsProxy,
-    LESSOR_BUDGETS: JSON.stringify({ "*": { connections: budget + demoReserve, reserve: demoReserve } }),
-    LESSOR_POOL_SIZES: JSON.stringify({ [tier]: poolSize }),
-  };
-  writeEnvFile(envFile, vars);
+  writeEnvFile(
+    envFile,
+    localWorkerVars(stack, secrets, {
+      LESSOR_BUDGETS: JSON.stringify({ "*": { connections: budget + demoReserve, reserve: demoReserve } }),
+      LESSOR_POOL_SIZES: JSON.stringify({ [tier]: poolSize }),
+    }),
+  );
   baseUrl = `http://127.0.0.1:${port}`;
   const child = spawn(
     process.execPath,
@@ -258,23 +265,11 @@ async function startStack(): Promise<void> {
   child.once("exit", () => log.end());
   const keep = (chunk: Buffer) => {
     log.write(chunk);
-    for (const line of chunk.toString().split("\n")) if (line.trim()) wranglerOutput.push(line);
-    if (wranglerOutput.length > 300) wranglerOutput.splice(0, wranglerOutput.length - 300);
+    wranglerOutput.push(chunk);
   };
   child.stdout?.on("data", keep);
   child.stderr?.on("data", keep);
-  for (let attempt = 0; attempt < 480; attempt++) {
-    if (child.exitCode !== null) break;
-    try {
-      const response = await fetch(`${baseUrl}/`, { signal: AbortSignal.timeout(2_000) });
-      await response.body?.cancel();
-      if (response.status === 200) return;
-    } catch {
-      // Not listening yet.
-    }
-    await sleep(250);
-  }
-  throw new Error(`wrangler dev did not come up:\n${wranglerOutput.slice(-30).join("\n")}`);
+  await waitForWorker({ url: `${baseUrl}/`, child, output: wranglerOutput.text, timeoutMs: 120_000 });
 }
 
 // ── Tenants ──────────────────────────────────────────────────────────────────────────────────────

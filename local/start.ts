@@ -5,37 +5,36 @@
  * WebSocket proxy, the control-plane migrations and `wrangler dev` with scheduled handlers
  * testable at /__scheduled, which it then calls every minute itself (`LESSOR_LOCAL_CRON=off` stops
  * that). Local secrets are generated on the first start and kept in `.lessor/secrets.json`
- * (git-ignored); `LESSOR_ADMIN_KEY` from the environment wins.
+ * (git-ignored); `LESSOR_ADMIN_KEY` from the environment becomes the kept admin key
+ * (local/secrets.ts).
+ *
+ * What it prints is filtered (local/output-filter.ts): Postgres's errors but not tenants' own
+ * (those, and the rest of Postgres's log, go to `.lessor/postgres.log`), wrangler's output without
+ * a line per request (`LESSOR_LOCAL_REQUEST_LOG=on` shows them) and with its bindings table once.
  *
  * It refuses at once, in one line and with exit code 1, when Lessor already runs on this folder or
  * a port it needs is taken. SIGINT and SIGTERM stop wrangler first, then the proxy, then Postgres.
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { startBanner } from "./banner.ts";
 import { localCronEnabled, startLocalCron } from "./cron.ts";
-import { lineSplitter, stackOutputFilter } from "./output-filter.ts";
+import { lineSplitter, postgresLogFlags, requestLogEnabled, stackOutputFilter } from "./output-filter.ts";
+import { openPostgresLog } from "./postgres-log.ts";
 import { claimStateDir, describeRunning, portFromEnv, portInUse } from "./preflight.ts";
+import { type LocalSecrets, localSecrets } from "./secrets.ts";
 import {
   type LocalStack,
   localRegionNames,
   localRegionsSetup,
+  localWorkerVars,
   root,
   startLocalStack,
   wranglerDevArgs,
   writeEnvFile,
 } from "./stack.ts";
 import { quietWranglerEnv } from "./wrangler-env.ts";
-
-interface LocalSecrets {
-  adminKey: string;
-  sealKey: string;
-  /** The MAC key tenant keys are minted under (added later: older secrets files get one on start). */
-  keyMacKey?: string;
-  pgPassword: string;
-}
 
 /** How long wrangler gets to stop on SIGTERM before its process group is killed. */
 const wranglerStopMs = 10_000;
@@ -55,16 +54,11 @@ mkdirSync(stateDir, { recursive: true });
 const secretsFile = resolve(stateDir, "secrets.json");
 
 function loadSecrets(): LocalSecrets & { keyMacKey: string } {
-  const stored: LocalSecrets = existsSync(secretsFile)
+  const stored = existsSync(secretsFile)
     ? (JSON.parse(readFileSync(secretsFile, "utf8")) as LocalSecrets)
-    : {
-        adminKey: `lak_${randomBytes(32).toString("base64url")}`,
-        sealKey: randomBytes(32).toString("base64"),
-        pgPassword: randomBytes(24).toString("base64url"),
-      };
-  const secrets = { ...stored, keyMacKey: stored.keyMacKey ?? randomBytes(32).toString("base64") };
-  if (stored.keyMacKey === undefined)
-    writeFileSync(secretsFile, JSON.stringify(secrets, null, 2), { mode: 0o600 });
+    : null;
+  const { secrets, write } = localSecrets(stored, process.env.LESSOR_ADMIN_KEY);
+  if (write) writeFileSync(secretsFile, JSON.stringify(secrets, null, 2), { mode: 0o600 });
   return secrets;
 }
 
@@ -87,8 +81,10 @@ for (const taken of [port, pgPort]) {
 }
 
 const secrets = loadSecrets();
-const adminKey = process.env.LESSOR_ADMIN_KEY || secrets.adminKey;
-const output = stackOutputFilter();
+const adminKey = secrets.adminKey;
+const output = stackOutputFilter({ requests: requestLogEnabled(process.env.LESSOR_LOCAL_REQUEST_LOG) });
+const postgresLog = openPostgresLog(resolve(stateDir, "postgres.log"));
+process.on("exit", () => postgresLog.close());
 const baseUrl = `http://127.0.0.1:${port}`;
 
 let stack: LocalStack | undefined;
@@ -141,9 +137,12 @@ try {
     pgPort,
     pgPassword: secrets.pgPassword,
     persistent: true,
+    pgFlags: postgresLogFlags,
     log: (chunk) => {
-      for (const line of chunk.split("\n"))
+      for (const line of chunk.split("\n")) {
+        postgresLog.line(line);
         if (output.showPostgres(line)) console.error(`[postgres] ${line}`);
+      }
     },
   });
 } catch (error) {
@@ -161,15 +160,13 @@ if (stack && !stopping) {
   const regionNames = localRegionNames(process.env.LESSOR_LOCAL_REGIONS);
   if ("problem" in regionNames) fail(regionNames.problem);
   const regions = await localRegionsSetup(stack, secrets.pgPassword, regionNames);
-  writeEnvFile(envFile, {
-    ...(regions.regionsJson === null ? {} : { LESSOR_REGIONS: regions.regionsJson }),
-    LESSOR_ADMIN_KEY: adminKey,
-    LESSOR_SEAL_KEY: secrets.sealKey,
-    LESSOR_KEY_MAC_KEYS: secrets.keyMacKey,
-    LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-    LESSOR_HOSTS: regions.hostsJson,
-    LESSOR_WS_PROXY: stack.wsProxy,
-  });
+  writeEnvFile(
+    envFile,
+    localWorkerVars(stack, secrets, {
+      ...(regions.regionsJson === null ? {} : { LESSOR_REGIONS: regions.regionsJson }),
+      LESSOR_HOSTS: regions.hostsJson,
+    }),
+  );
 
   const child = spawn(
     process.execPath,
@@ -201,11 +198,11 @@ if (stack && !stopping) {
     if (cronOn) cron = startLocalCron({ baseUrl, log: (line) => console.error(line) });
   };
   const stdout = lineSplitter((line) => {
-    if (output.showWorker(line)) process.stdout.write(`${line}\n`);
+    for (const shown of output.worker(line)) process.stdout.write(`${shown}\n`);
     if (!announced && /Ready on/i.test(line)) announce();
   });
   const stderr = lineSplitter((line) => {
-    if (output.showWorker(line)) process.stderr.write(`${line}\n`);
+    for (const shown of output.worker(line)) process.stderr.write(`${shown}\n`);
   });
   child.stdout?.on("data", (chunk: Buffer) => stdout.push(chunk)).on("end", () => stdout.flush());
   child.stderr?.on("data", (chunk: Buffer) => stderr.push(chunk)).on("end", () => stderr.flush());

@@ -1,8 +1,10 @@
 /**
  * The cron fan-out: runs a list of named, independent jobs for one tick. Each job is guarded (a
- * job that throws or hangs is reported and logged; the others run on regardless) and each logs
- * its outcome with `logEvent`. Jobs must be idempotent: a tick can be delivered twice, and a run
- * can be killed half way.
+ * job that throws or hangs is reported and logged; the others run on regardless). A run logs a
+ * `cron_job` line when it changed something, failed, timed out or warns; a run that found nothing
+ * due and changed nothing (`changed: false`) is reported to the caller and logs nothing, so the
+ * logs say what the cron did, not that it ran (nine jobs a minute per region said "nothing due").
+ * Jobs must be idempotent: a tick can be delivered twice, and a run can be killed half way.
  */
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
@@ -28,6 +30,11 @@ export interface JobResult {
   fields?: Record<string, unknown>;
   /** Log level of a successful run (default info). */
   level?: "info" | "warn";
+  /**
+   * `false` when the run found nothing due and changed nothing: it writes no log line (a `warn`
+   * run still does). Absent counts as changed, so a job that does not say is always logged.
+   */
+  changed?: boolean;
 }
 
 export interface CronJob {
@@ -83,13 +90,16 @@ export async function runGuarded(job: CronJob, env: Env, tick: CronTick): Promis
       logEvent("error", "cron_job", { ...base, status: "timed_out", summary, durationMs });
       return { job: job.name, region: tick.region, status: "timed_out", summary, durationMs };
     }
-    logEvent(result.level ?? "info", "cron_job", {
-      ...base,
-      status: "ok",
-      summary: result.summary,
-      durationMs,
-      ...result.fields,
-    });
+    const level = result.level ?? "info";
+    if (result.changed !== false || level !== "info") {
+      logEvent(level, "cron_job", {
+        ...base,
+        status: "ok",
+        summary: result.summary,
+        durationMs,
+        ...result.fields,
+      });
+    }
     return { job: job.name, region: tick.region, status: "ok", summary: result.summary, durationMs };
   } catch (error) {
     const durationMs = Date.now() - started;

@@ -17,6 +17,7 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS vers
        pg_catalog.pg_has_role(r.oid, 'pg_read_all_stats', 'USAGE') AS read_all_stats,
        pg_catalog.has_parameter_privilege('temp_file_limit', 'SET') AS temp_file_limit,
        pg_catalog.current_setting('max_prepared_transactions')::pg_catalog.int4 AS max_prepared,
+       pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') AS create_here,
        EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
                  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
                 WHERE n.nspname OPERATOR(pg_catalog.=) 'lessor_provider'
@@ -41,6 +42,7 @@ interface FactsRow {
   read_all_stats: boolean;
   temp_file_limit: boolean;
   max_prepared: number;
+  create_here: boolean;
   provider_function: boolean;
   public_connect: string[];
 }
@@ -77,8 +79,14 @@ export async function probeHostFacts(admin: Queryable): Promise<HostFacts> {
   let eventTriggers: EventTriggerPath = "none";
   // The guard is a `login` trigger (Postgres 17+); before 17 any event answers the question.
   const event = Number(row.version) >= loginTriggerServerVersion ? "login" : "ddl_command_end";
-  if (row.superuser || (await canCreateEventTriggers(admin, event))) eventTriggers = "direct";
+  // The probe runs only where its answer is not known already and it can ask: it creates a schema,
+  // so in a database where the admin may not (locally `postgres`, which the admin only connects
+  // to) it would fail on that, not on the trigger, and leave `permission denied for database` in
+  // the server's log at every probe. The provider function exists only on hosts whose admin
+  // cannot create event triggers itself (local/host-setup.ts); it works wherever it is installed.
+  if (row.superuser) eventTriggers = "direct";
   else if (row.provider_function) eventTriggers = "provider_function";
+  else if (row.create_here && (await canCreateEventTriggers(admin, event))) eventTriggers = "direct";
   return {
     serverVersionNum: Number(row.version),
     role: row.role,

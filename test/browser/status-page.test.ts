@@ -22,16 +22,21 @@ import { type BrowserContext, chromium, type Page } from "playwright-core";
 import { runCli } from "../../cli/program.ts";
 import {
   freePort,
+  freshWorkerSecrets,
   type LocalStack,
+  localWorkerVars,
   root,
   startLocalStack,
   wranglerDevArgs,
   writeEnvFile,
 } from "../../local/stack.ts";
+import { outputTail, waitForWorker } from "../../local/worker-ready.ts";
+import { quietWranglerEnv } from "../../local/wrangler-env.ts";
 
 const chromiumPath = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
 const screenshotPath = resolve(root, "docs/status-page.png");
-const adminKey = `lak_${randomBytes(24).toString("base64url")}`;
+const secrets = freshWorkerSecrets();
+const adminKey = secrets.adminKey;
 const scratch = mkdtempSync(join(tmpdir(), "lessor-browser-"));
 
 function sleep(ms: number): Promise<void> {
@@ -60,7 +65,7 @@ async function eventually<T>(
 
 let stack: LocalStack | null = null;
 let wrangler: ChildProcess | null = null;
-const wranglerOutput: string[] = [];
+const wranglerOutput = outputTail();
 let browser: BrowserContext | null = null;
 let page: Page;
 let base = "";
@@ -144,16 +149,14 @@ before(async () => {
     persistent: false,
   });
   const envFile = join(scratch, "lessor.vars");
-  writeEnvFile(envFile, {
-    LESSOR_ADMIN_KEY: adminKey,
-    LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
-    LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-    LESSOR_HOSTS: stack.hostsJson,
-    LESSOR_WS_PROXY: stack.wsProxy,
-    LESSOR_BUDGETS: JSON.stringify({ "*": { connections: 40, reserve: 4 } }),
-    // Pools stay warm for the whole test, so the bar the page draws holds still while it is compared.
-    LESSOR_IDLE_TIMEOUT_MS: "600000",
-  });
+  writeEnvFile(
+    envFile,
+    localWorkerVars(stack, secrets, {
+      LESSOR_BUDGETS: JSON.stringify({ "*": { connections: 40, reserve: 4 } }),
+      // Pools stay warm for the whole test, so the bar the page draws holds still while it is compared.
+      LESSOR_IDLE_TIMEOUT_MS: "600000",
+    }),
+  );
   const port = await freePort();
   base = `http://127.0.0.1:${port}`;
   wrangler = spawn(
@@ -169,31 +172,19 @@ before(async () => {
       cwd: root,
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
-      env: {
+      env: quietWranglerEnv({
         ...process.env,
-        WRANGLER_SEND_METRICS: "false",
         CI: "1",
         WRANGLER_CI_DISABLE_CONFIG_WATCHING: "true",
         WRANGLER_REGISTRY_PATH: join(scratch, "registry"),
-      },
+      }),
     },
   );
   for (const stream of [wrangler.stdout, wrangler.stderr]) {
-    stream?.on("data", (chunk: Buffer) => {
-      wranglerOutput.push(chunk.toString());
-      if (wranglerOutput.length > 200) wranglerOutput.shift();
-    });
+    stream?.on("data", (chunk: Buffer) => wranglerOutput.push(chunk));
   }
-  await eventually(
-    "wrangler dev to answer",
-    async () => {
-      if (wrangler?.exitCode !== null)
-        throw new Error(`wrangler exited:\n${wranglerOutput.join("").slice(-3000)}`);
-      const response = await fetch(`${base}/`, { signal: AbortSignal.timeout(2_000) });
-      return response.ok ? true : undefined;
-    },
-    180_000,
-  );
+  // Fails at once, with wrangler's output, if wrangler exits or the Worker refuses its settings.
+  await waitForWorker({ url: `${base}/`, child: wrangler, output: wranglerOutput.text, timeoutMs: 180_000 });
   browser = await chromium.launchPersistentContext(join(scratch, "chromium-profile"), {
     executablePath: chromiumPath,
     headless: true,

@@ -14,6 +14,7 @@ import type { HostReport } from "../../src/core/host-capabilities.ts";
 import { unseal } from "../../src/crypto/seal.ts";
 import { setLogSink } from "../../src/log/index.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
+import { probeHostFacts } from "../../src/tenant-db/capabilities.ts";
 import { admin, asSuperuser, createTenant, sqlRequest, uniqueTenantId } from "./harness.ts";
 import { serverLogLinesSoFar } from "./server-log.ts";
 
@@ -120,6 +121,39 @@ describe("capabilities", () => {
       capabilities: { verdict: { fit: true } },
     });
     expect(maintenance.hosts.find((h) => h.host === "neonlike")?.kind).toBe("neon");
+  });
+});
+
+describe("the probe of what an admin can do", () => {
+  it("leaves no error in the server's log, in a database where the admin may not create a schema", async () => {
+    // `postgres` is where the hosts' admin URLs point, and where the admins may only connect: the
+    // probe once created its scratch schema there, and logged `permission denied for database
+    // postgres` at every probe (npm start showed it at creates, erases and cron ticks).
+    const app = `lessor-test-probe-${crypto.randomUUID()}`;
+    const facts = await asSuperuser(async (client) => {
+      await client.query(`SELECT pg_catalog.set_config('application_name', $1, false)`, [app]);
+      const probeAs = async (role: string) => {
+        await client.query(`SET ROLE ${role}`);
+        try {
+          const { rows } = await client.query(
+            "SELECT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') AS may",
+          );
+          expect(rows[0]?.may, `${role} may not create in postgres`).toBe(false);
+          return await probeHostFacts(client);
+        } finally {
+          await client.query("RESET ROLE");
+        }
+      };
+      return { local: await probeAs("lessor_admin"), notrigger: await probeAs("lessor_notrigger") };
+    });
+    // The answers the probe gave before: the stack's admin goes through the provider function, and
+    // an admin with neither that nor a way of its own has no way to create the login guard.
+    expect(facts.local.eventTriggers).toBe("provider_function");
+    expect(facts.notrigger.eventTriggers).toBe("none");
+    const logged = await serverLog(`|${app}|`);
+    // The session's own lines are there (its disconnection, at least): the search finds them.
+    expect(logged.some((line) => line.includes("disconnection:"))).toBe(true);
+    expect(logged.filter((line) => /\b(ERROR|FATAL):/.test(line))).toEqual([]);
   });
 });
 

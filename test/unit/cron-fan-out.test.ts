@@ -92,6 +92,36 @@ describe("cron fan-out", () => {
     expect(logLines(warn)).toEqual([expect.objectContaining({ job: "pinned", status: "ok" })]);
   });
 
+  it("logs nothing for a run that changed nothing (unless it warns), and still reports it", async () => {
+    const jobs: CronJob[] = [
+      { name: "idle", run: async () => ({ summary: "no erase due", changed: false }) },
+      {
+        name: "idle-but-warns",
+        run: async () => ({ summary: "1 campaign(s): blocked", changed: false, level: "warn" }),
+      },
+      { name: "worked", run: async () => ({ summary: "folded 3 rows", changed: true }) },
+      { name: "does-not-say", run: async () => ({ summary: "aged out 2 audit row(s)" }) },
+      {
+        name: "idle-then-fails",
+        run: async () => {
+          throw new Error("control plane unreachable");
+        },
+      },
+    ];
+    const reports = await runJobs(jobs, env, tick, ["default"], () => undefined);
+    // The caller (and the tests, and /__scheduled) still sees every run.
+    expect(reports.map((r) => [r.job, r.status, r.summary])).toEqual([
+      ["idle", "ok", "no erase due"],
+      ["idle-but-warns", "ok", "1 campaign(s): blocked"],
+      ["worked", "ok", "folded 3 rows"],
+      ["does-not-say", "ok", "aged out 2 audit row(s)"],
+      ["idle-then-fails", "failed", "Error: control plane unreachable"],
+    ]);
+    expect(logLines(log).map((line) => line.job)).toEqual(["worked", "does-not-say"]);
+    expect(logLines(warn).map((line) => line.job)).toEqual(["idle-but-warns"]);
+    expect(logLines(error).map((line) => line.job)).toEqual(["idle-then-fails"]);
+  });
+
   it("reports a job that outlives its timeout without waiting for it", async () => {
     let release: () => void = () => undefined;
     const hanging = new Promise<void>((resolve) => {

@@ -9,7 +9,9 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { Command } from "commander";
 import { afterEach, describe, expect, it } from "vitest";
+import { commandContext } from "../../cli/context.ts";
 import { startBanner } from "../../local/banner.ts";
 import {
   localCronEnabled,
@@ -18,8 +20,16 @@ import {
   startLocalCron,
   triggerScheduled,
 } from "../../local/cron.ts";
-import { lineSplitter, stackOutputFilter } from "../../local/output-filter.ts";
+import {
+  isTenantRole,
+  lineSplitter,
+  postgresLogFlags,
+  requestLogEnabled,
+  stackOutputFilter,
+} from "../../local/output-filter.ts";
+import { openPostgresLog } from "../../local/postgres-log.ts";
 import { claimStateDir, describeRunning, isRunning, portFromEnv, portInUse } from "../../local/preflight.ts";
+import { type LocalSecrets, localSecrets } from "../../local/secrets.ts";
 import { localRegionNames } from "../../local/stack.ts";
 import { quietWranglerEnv } from "../../local/wrangler-env.ts";
 
@@ -171,13 +181,17 @@ describe("npm start: what it shows of Postgres and wrangler", () => {
     );
     // Outside a shutdown the same lines mean someone terminated backends: they show.
     expect(filter.showPostgres(terminating)).toBe(true);
-    expect(filter.showWorker(poolWarning)).toBe(true);
+    expect(filter.worker(poolWarning)).toEqual([poolWarning]);
+    const controlPlaneWarning =
+      '▲ [WARNING] {"level":"warn","event":"control_plane_connection_error","region":"default","failure":"error 57P01: terminating connection due to administrator command"}';
+    expect(filter.worker(controlPlaneWarning)).toEqual([controlPlaneWarning]);
     filter.expectShutdown();
+    expect(filter.worker(controlPlaneWarning)).toEqual([]);
     expect(filter.showPostgres(terminating)).toBe(false);
     expect(
       filter.showPostgres("2026-11-30 12:00:00.000 UTC [43] FATAL:  the database system is shutting down"),
     ).toBe(false);
-    expect(filter.showWorker(poolWarning)).toBe(false);
+    expect(filter.worker(poolWarning)).toEqual([]);
     // Real errors still show during a shutdown.
     expect(
       filter.showPostgres(
@@ -187,7 +201,9 @@ describe("npm start: what it shows of Postgres and wrangler", () => {
     expect(filter.showPostgres("2026-11-30 12:00:00.000 UTC [45] PANIC:  could not write to file")).toBe(
       true,
     );
-    expect(filter.showWorker("✘ [ERROR] Address already in use (127.0.0.1:8787)")).toBe(true);
+    expect(filter.worker("✘ [ERROR] Address already in use (127.0.0.1:8787)")).toEqual([
+      "✘ [ERROR] Address already in use (127.0.0.1:8787)",
+    ]);
   });
 
   it("takes a shutdown Postgres announces itself (a Ctrl-C that reached it directly) as expected", () => {
@@ -196,7 +212,114 @@ describe("npm start: what it shows of Postgres and wrangler", () => {
       false,
     );
     expect(filter.showPostgres(terminating)).toBe(false);
-    expect(filter.showWorker(poolWarning)).toBe(false);
+    expect(filter.worker(poolWarning)).toEqual([]);
+  });
+
+  // As npm start has Postgres prefix its lines (postgresLogFlags): time, pid, then role@database.
+  const at = "2026-11-30 12:00:00.000 UTC [41]";
+  const tenant = "t_0123456789abcdef";
+
+  it("keeps a tenant's own SQL errors off the console, and Lessor's and the server's on it", () => {
+    const filter = stackOutputFilter();
+    // The tenant's session: its role, or its end users' login role, and what follows its message.
+    expect(
+      filter.showPostgres(`${at} ${tenant}@${tenant} ERROR:  syntax error at or near "SELEC" at character 1`),
+    ).toBe(false);
+    expect(filter.showPostgres("  ERROR here is part of the same message")).toBe(false);
+    expect(
+      filter.showPostgres(`${at} ${tenant}_jwt@${tenant} ERROR:  permission denied for table notes`),
+    ).toBe(false);
+    expect(
+      filter.showPostgres(
+        `${at} ${tenant}@${tenant} FATAL:  terminating connection due to idle-in-transaction timeout`,
+      ),
+    ).toBe(false);
+    expect(filter.showPostgres(`${at} tenant_acme@tenant_acme ERROR:  division by zero`)).toBe(false);
+    // Lessor's own sessions and the server's: shown.
+    expect(
+      filter.showPostgres(`${at} lessor_admin@postgres ERROR:  permission denied for database postgres`),
+    ).toBe(true);
+    expect(filter.showPostgres("  ERROR here is part of Lessor's message")).toBe(true);
+    expect(
+      filter.showPostgres(`${at} [unknown]@[unknown] FATAL:  password authentication failed for user "x"`),
+    ).toBe(true);
+    expect(filter.showPostgres(`${at} FATAL:  could not write lock file "postmaster.pid"`)).toBe(true);
+    // A PANIC is the server's, whoever's session hit it.
+    expect(
+      filter.showPostgres(`${at} ${tenant}@${tenant} PANIC:  could not write to file "pg_wal/xlogtemp"`),
+    ).toBe(true);
+    // Not a tenant role, only like one.
+    expect(filter.showPostgres(`${at} t_notatenant@postgres ERROR:  x`)).toBe(true);
+    expect(isTenantRole(tenant)).toBe(true);
+    expect(isTenantRole(`${tenant}_jwt`)).toBe(true);
+    expect(isTenantRole("lessor_admin")).toBe(false);
+  });
+
+  it("runs Postgres with a prefix that names the session's role, and no statement text in its log", () => {
+    expect(postgresLogFlags).toEqual([
+      "-c",
+      "log_line_prefix=%m [%p] %q%u@%d ",
+      "-c",
+      "log_min_error_statement=panic",
+    ]);
+    expect(readFileSync(join(import.meta.dirname, "../../local/start.ts"), "utf8")).toContain(
+      "pgFlags: postgresLogFlags",
+    );
+  });
+
+  it("leaves out request lines unless LESSOR_LOCAL_REQUEST_LOG turns them on", () => {
+    const request = "[wrangler:info] POST /sql 200 OK (8ms)";
+    const scheduled = "[wrangler:info] GET /__scheduled 200 OK (45ms)";
+    const quiet = stackOutputFilter();
+    expect(quiet.worker(request)).toEqual([]);
+    expect(quiet.worker(scheduled)).toEqual([]);
+    expect(quiet.worker("\u001b[2m[wrangler:info]\u001b[22m GET /v1/tenants 401 Unauthorized (3ms)")).toEqual(
+      [],
+    );
+    // What is not a request line still shows.
+    expect(quiet.worker("[wrangler:info] Ready on http://127.0.0.1:8787")).toEqual([
+      "[wrangler:info] Ready on http://127.0.0.1:8787",
+    ]);
+    expect(quiet.worker('{"level":"info","event":"tenant_provisioned","tenant":"acme"}')).toHaveLength(1);
+    expect(stackOutputFilter({ requests: true }).worker(request)).toEqual([request]);
+    for (const value of ["on", "1", "true", "YES"]) expect(requestLogEnabled(value)).toBe(true);
+    for (const value of [undefined, "", "off", "0"]) expect(requestLogEnabled(value)).toBe(false);
+  });
+
+  it("shows wrangler's bindings table once, then after a reload only the bindings that changed", () => {
+    const table = (poolSizes: string, extra: string[] = []) => [
+      "Using secrets defined in .lessor/dev.vars",
+      "Your Worker has access to the following bindings:",
+      "Binding                                                   Resource                  Mode",
+      "env.TENANTS (TenantObject)                                Durable Object            local",
+      `env.LESSOR_POOL_SIZES ("${poolSizes}")                   Environment Variable      local`,
+      ...extra,
+      'env.LESSOR_ADMIN_KEY ("(hidden)")                         Environment Variable      local',
+      "",
+    ];
+    const filter = stackOutputFilter();
+    const shown = (lines: string[]) => lines.flatMap((line) => filter.worker(line));
+    const first = table('{"standard":5}');
+    expect(shown([...first, "⎔ Starting local server..."])).toEqual([...first, "⎔ Starting local server..."]);
+    // A reload with the same bindings: nothing but wrangler's own reload line.
+    expect(shown(["⎔ Reloading local server...", ...table('{"standard":5}')])).toEqual([
+      "⎔ Reloading local server...",
+    ]);
+    // A reload that raised a tier's size: that row, said once.
+    const raised = table('{"standard":6}', [
+      'env.LESSOR_UPGRADE_ON_DEMAND ("true")                      Environment Variable      local',
+    ]);
+    expect(shown([...raised, "⎔ Local server updated and ready"])).toEqual([
+      "wrangler reloaded its configuration; bindings that changed:",
+      `env.LESSOR_POOL_SIZES ("{"standard":6}")                   Environment Variable      local`,
+      'env.LESSOR_UPGRADE_ON_DEMAND ("true")                      Environment Variable      local',
+      "⎔ Local server updated and ready",
+    ]);
+    // And one removed.
+    expect(shown(table('{"standard":6}'))).toEqual([
+      "wrangler reloaded its configuration; bindings that changed:",
+      'env.LESSOR_UPGRADE_ON_DEMAND ("true")                      Environment Variable      local  (removed)',
+    ]);
   });
 
   it("cuts output into lines however the chunks fall, multi-byte characters included", () => {
@@ -220,6 +343,14 @@ describe("npm start: cron self-trigger", () => {
   it("fires at the start of each minute", () => {
     expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:00.000Z"))).toBe(60_000);
     expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.250Z"))).toBe(750);
+  });
+
+  it("takes a timer that fired a moment early as its own minute, not as one more tick right after", () => {
+    // Seen in npm start: a tick at 12:00:59.999 set the next for 12:01:00.000, found itself running,
+    // and printed "this minute skipped".
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.999Z"))).toBe(60_001);
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:00:59.500Z"))).toBe(60_500);
+    expect(msUntilNextMinute(Date.parse("2026-11-30T12:01:00.003Z"))).toBe(59_997);
   });
 
   it("calls wrangler's /__scheduled with the cron expression, and reports failures in one line", async () => {
@@ -340,5 +471,79 @@ describe("LESSOR_LOCAL_REGIONS", () => {
       problem: expect.stringMatching(/not a region name/),
     });
     expect(localRegionNames("eu,eu")).toMatchObject({ problem: expect.stringMatching(/twice/) });
+  });
+});
+
+describe("npm start: one admin key", () => {
+  const stored: LocalSecrets = {
+    adminKey: "lak_generated",
+    sealKey: "seal",
+    keyMacKey: "mac",
+    pgPassword: "pw",
+  };
+
+  it("makes LESSOR_ADMIN_KEY the kept key, so lessorctl and the banner's file name the key the Worker runs with", () => {
+    const { secrets, write } = localSecrets(stored, "lak_mine");
+    expect(secrets).toEqual({ ...stored, adminKey: "lak_mine" });
+    expect(write).toBe(true);
+    // The next start, with or without the variable, runs with the same key, and writes nothing.
+    expect(localSecrets(secrets, undefined)).toEqual({ secrets, write: false });
+    expect(localSecrets(secrets, "lak_mine")).toEqual({ secrets, write: false });
+    expect(localSecrets(secrets, "")).toEqual({ secrets, write: false });
+  });
+
+  it("generates every secret on a first start, and a MAC key for a file that predates it", () => {
+    const first = localSecrets(null, undefined);
+    expect(first.write).toBe(true);
+    expect(first.secrets.adminKey).toMatch(/^lak_[A-Za-z0-9_-]{43}$/);
+    expect(Buffer.from(first.secrets.keyMacKey, "base64")).toHaveLength(32);
+    expect(localSecrets(null, "lak_mine").secrets.adminKey).toBe("lak_mine");
+    const { keyMacKey: _none, ...older } = stored;
+    const upgraded = localSecrets(older, undefined);
+    expect(upgraded.write).toBe(true);
+    expect(upgraded.secrets).toMatchObject({ adminKey: "lak_generated", sealKey: "seal", pgPassword: "pw" });
+    expect(Buffer.from(upgraded.secrets.keyMacKey, "base64")).toHaveLength(32);
+  });
+
+  it("is what npm start runs with: lessorctl, started in this checkout, reads the key the Worker has", async () => {
+    const dir = tempStateDir();
+    const { secrets } = localSecrets(stored, "lak_mine");
+    mkdirSync(join(dir, ".lessor"));
+    writeFileSync(join(dir, ".lessor", "secrets.json"), JSON.stringify(secrets));
+    const start = readFileSync(join(import.meta.dirname, "../../local/start.ts"), "utf8");
+    expect(start).toContain("localSecrets(stored, process.env.LESSOR_ADMIN_KEY)");
+    expect(start).toContain("const adminKey = secrets.adminKey;");
+    // lessorctl's own lookup for a loopback Lessor (cli/context.ts), with no LESSOR_ADMIN_KEY in its shell.
+    const sent: (string | null)[] = [];
+    const client = commandContext({
+      out: { line: () => undefined, error: () => undefined, isTTY: false, redraw: () => undefined },
+      fetch: async (_url, init) => {
+        sent.push(new Headers(init?.headers).get("authorization"));
+        return new Response("{}");
+      },
+      env: { LESSOR_URL: "http://127.0.0.1:8787" },
+      cwd: dir,
+      sleep: async () => undefined,
+    }).client(new Command());
+    await client.call("GET", "/v1/capacity");
+    expect(sent).toEqual(["Bearer lak_mine"]);
+  });
+});
+
+describe("npm start: .lessor/postgres.log", () => {
+  it("keeps every line of a run, and moves the previous run's (and a full file's) to .1", () => {
+    const dir = tempStateDir();
+    const path = join(dir, "postgres.log");
+    const first = openPostgresLog(path);
+    first.line("2026-11-30 12:00:00.000 UTC [41] t_0123456789abcdef@t_0123456789abcdef ERROR:  syntax error");
+    first.close();
+    const second = openPostgresLog(path, 100);
+    expect(readFileSync(`${path}.1`, "utf8")).toContain("ERROR:  syntax error");
+    expect(readFileSync(path, "utf8")).toBe("");
+    second.line("a".repeat(60));
+    second.line("b".repeat(60));
+    second.close();
+    expect(readFileSync(`${path}.1`, "utf8")).toBe(`${"a".repeat(60)}\n`);
+    expect(readFileSync(path, "utf8")).toBe(`${"b".repeat(60)}\n`);
   });
 });

@@ -20,6 +20,7 @@ export const auditRetentionJob: CronJob = {
     return {
       summary: `aged out ${trimmed} audit row(s) older than ${config.auditRetentionDays} days`,
       fields: { trimmed, retentionDays: config.auditRetentionDays },
+      changed: trimmed > 0,
     };
   },
 };

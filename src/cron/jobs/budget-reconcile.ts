@@ -66,6 +66,7 @@ export const budgetReconcileJob: CronJob = {
       summary: `checked ${checked} allocations on ${hosts.length} hosts${tunnels.length > 0 ? ` and ${tunnels.length} tunnels` : ""}, released ${released}; freed ${maintenanceExpired} expired maintenance slots; terminated ${orphansTerminated} orphaned backends`,
       fields: { hosts: hosts.length, checked, released, maintenanceExpired, orphansTerminated },
       level: released + maintenanceExpired + orphansTerminated > 0 ? "warn" : "info",
+      changed: released + maintenanceExpired + orphansTerminated > 0,
     };
   },
 };

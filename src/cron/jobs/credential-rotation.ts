@@ -71,6 +71,7 @@ export const credentialRotationJob: CronJob = {
         summary: "no rotation policy (LESSOR_CREDENTIAL_ROTATION_DAYS unset)",
         fields: {},
         level: "info",
+        changed: false,
       };
     }
     const due = await withControlPlane(config, env, tick.region, (db) =>
@@ -96,6 +97,7 @@ export const credentialRotationJob: CronJob = {
       summary: `rotated ${rotated} of ${due.length} due credentials (older than ${days} days); ${deferred} deferred to the next tick`,
       fields: { due: due.length, rotated, deferred },
       level: deferred > 0 ? "warn" : "info",
+      changed: due.length > 0,
     };
   },
 };

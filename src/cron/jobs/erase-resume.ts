@@ -41,6 +41,7 @@ export const eraseResumeJob: CronJob = {
           : `${due.length} erase(s) resumed: ${erased} committed, ${running} still running`,
       level: failed > 0 ? "warn" : "info",
       fields: { due: due.length, erased, running, failed },
+      changed: due.length > 0,
     };
   },
 };

@@ -33,6 +33,7 @@ export const hostHygieneJob: CronJob = {
       summary: `${hosts.length} hosts: ${moved} tenant databases taken over, ${preparedRolledBack} prepared transactions rolled back, ${failed} failures`,
       fields: { hosts: hosts.length, moved, preparedRolledBack, failed },
       level: moved + preparedRolledBack + failed > 0 ? "warn" : "info",
+      changed: moved + preparedRolledBack + failed > 0,
     };
   },
 };

@@ -13,12 +13,15 @@ export const campaignJob: CronJob = {
       report.campaigns.reduce((n, c) => n + pick(c), 0);
     const moved = report.campaigns.filter((c) => c.from !== c.to).map((c) => `${c.id} ${c.from}→${c.to}`);
     const blocked = report.campaigns.filter((c) => c.blocked !== null).length;
+    const work = sum((c) => c.claimed + c.succeeded + c.failed + c.skipped + c.abandoned);
     return {
       summary:
         report.campaigns.length === 0
           ? "no active campaign"
           : `${report.campaigns.length} campaign(s): ${sum((c) => c.succeeded)} migrated, ${sum((c) => c.failed)} failed, ${sum((c) => c.skipped)} skipped${moved.length > 0 ? `; ${moved.join(", ")}` : ""}`,
       level: sum((c) => c.failed) > 0 || blocked > 0 ? "warn" : "info",
+      // A campaign waiting on a running migration, with nothing claimed or finished, changed nothing.
+      changed: work > 0 || moved.length > 0,
       fields: {
         campaigns: report.campaigns.length,
         claimed: sum((c) => c.claimed),

@@ -42,6 +42,7 @@ export const moveResumeJob: CronJob = {
           : `${due.length} move(s) resumed: ${moved} done, ${running} still running`,
       level: failed > 0 ? "warn" : "info",
       fields: { due: due.length, moved, running, failed },
+      changed: due.length > 0,
     };
   },
 };

@@ -63,17 +63,22 @@ export const resealJob: CronJob = {
   async run(env, cron) {
     const config = loadConfig(env);
     if (config.resealBatch === 0) {
-      return { summary: "off (LESSOR_RESEAL_BATCH=0)", fields: {} };
+      return { summary: "off (LESSOR_RESEAL_BATCH=0)", fields: {}, changed: false };
     }
     const ring = await sealRingSummary(env.LESSOR_SEAL_KEY);
     if (ring.keyIds.length === 1) {
-      return { summary: `LESSOR_SEAL_KEY holds one key (${ring.current}); nothing to reseal`, fields: {} };
+      return {
+        summary: `LESSOR_SEAL_KEY holds one key (${ring.current}); nothing to reseal`,
+        fields: {},
+        changed: false,
+      };
     }
     const tick = await resealTick(env, config, { batch: config.resealBatch, region: cron.region });
     return {
       summary: `resealed ${tick.resealed} credential(s) under ${tick.currentKeyId}; ${tick.remaining} not under it yet (${tick.failed} could not be opened)`,
       fields: { ...tick, keyIds: ring.keyIds },
       level: tick.failed > 0 ? "warn" : "info",
+      changed: tick.resealed + tick.failed > 0,
     };
   },
 };

@@ -16,10 +16,20 @@ export const usageFoldJob: CronJob = {
       tick.scheduledTime,
     );
     const { outcome } = run;
+    const folded = outcome.kind === "folded" ? outcome : null;
+    const changedRows = folded
+      ? folded.foldedRows +
+        folded.replayedRows +
+        folded.trimmedGenerations +
+        folded.trimmedEvents +
+        folded.trimmedOutcomes
+      : 0;
     return {
       summary: describeFoldOutcome(outcome),
       // A pin is worth an operator's look; one skipped tick is not an error.
       level: outcome.kind === "skipped_pinned" || run.unobservableBackends > 0 ? "warn" : "info",
+      // Nothing to fold, or another fold holding the lock, is nothing to report; a failure is.
+      changed: changedRows > 0 || outcome.kind === "failed",
       fields: {
         outcome: outcome.kind,
         outcomeId: run.id,

@@ -81,7 +81,6 @@ for (const taken of [port, pgPort]) {
 }
 
 const secrets = loadSecrets();
-const adminKey = secrets.adminKey;
 const output = stackOutputFilter({ requests: requestLogEnabled(process.env.LESSOR_LOCAL_REQUEST_LOG) });
 const postgresLog = openPostgresLog(resolve(stateDir, "postgres.log"));
 process.on("exit", () => postgresLog.close());

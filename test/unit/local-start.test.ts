@@ -512,7 +512,8 @@ describe("npm start: one admin key", () => {
     writeFileSync(join(dir, ".lessor", "secrets.json"), JSON.stringify(secrets));
     const start = readFileSync(join(import.meta.dirname, "../../local/start.ts"), "utf8");
     expect(start).toContain("localSecrets(stored, process.env.LESSOR_ADMIN_KEY)");
-    expect(start).toContain("const adminKey = secrets.adminKey;");
+    // The Worker's settings are made from those secrets (localWorkerVars: LESSOR_ADMIN_KEY among them).
+    expect(start).toContain("localWorkerVars(stack, secrets");
     // lessorctl's own lookup for a loopback Lessor (cli/context.ts), with no LESSOR_ADMIN_KEY in its shell.
     const sent: (string | null)[] = [];
     const client = commandContext({

@@ -8,49 +8,54 @@
 
 /** First in, first out, with a constant cost per operation (`Array.shift` moves every element). */
 export class Fifo<T> {
-  private items: T[] = [];
+  private entries: T[] = [];
   private first = 0;
 
   get size(): number {
-    return this.items.length - this.first;
+    return this.entries.length - this.first;
   }
 
   push(item: T): void {
-    this.items.push(item);
+    this.entries.push(item);
   }
 
   peek(): T | undefined {
-    return this.items[this.first];
+    return this.entries[this.first];
   }
 
   /** Replaces the first item (what is left of it, once part was taken). */
   replaceFirst(item: T): void {
-    if (this.size > 0) this.items[this.first] = item;
+    if (this.size > 0) this.entries[this.first] = item;
   }
 
   shift(): T | undefined {
     if (this.size === 0) return undefined;
-    const item = this.items[this.first];
+    const item = this.entries[this.first];
     this.first++;
-    if (this.first === this.items.length) {
-      this.items = [];
+    if (this.first === this.entries.length) {
+      this.entries = [];
       this.first = 0;
-    } else if (this.first >= 64 && this.first * 2 >= this.items.length) {
-      this.items = this.items.slice(this.first);
+    } else if (this.first >= 64 && this.first * 2 >= this.entries.length) {
+      this.entries = this.entries.slice(this.first);
       this.first = 0;
     }
     return item;
   }
 
+  /** The item `index` places from the first, without taking it. */
+  at(index: number): T | undefined {
+    return this.entries[this.first + index];
+  }
+
   /** Takes every item, oldest first; the queue is empty after. */
   takeAll(): T[] {
-    const items = this.items.slice(this.first);
+    const items = this.entries.slice(this.first);
     this.clear();
     return items;
   }
 
   clear(): void {
-    this.items = [];
+    this.entries = [];
     this.first = 0;
   }
 }
@@ -164,4 +169,46 @@ export class WireLedger {
   get size(): number {
     return this.live.size;
   }
+}
+
+/**
+ * What goes in the next frame of a queue of whole messages (each part one or more whole messages):
+ * whole parts joined while they fit in `size`; a part larger than `frameBytes` is cut, as it must
+ * cross in frames anyway. Null when the first part fits a frame but not `size` (it waits for room),
+ * so that frames end between messages whenever a message fits one: a connection ended mid-stream
+ * can then still be told why, after the last whole message.
+ */
+export function takeWhole(
+  queue: Fifo<Uint8Array>,
+  size: number,
+  frameBytes: number,
+): { bytes: Uint8Array; cut: boolean } | null {
+  const head = queue.peek();
+  if (!head) return null;
+  if (head.byteLength > frameBytes) {
+    const piece = Math.min(size, frameBytes);
+    const bytes = head.subarray(0, piece);
+    queue.replaceFirst(head.subarray(piece));
+    return { bytes, cut: true };
+  }
+  if (head.byteLength > size) return null;
+  let total = 0;
+  let count = 0;
+  for (let part = queue.at(0); part !== undefined; part = queue.at(count)) {
+    if (total + part.byteLength > size || part.byteLength > frameBytes) break;
+    total += part.byteLength;
+    count++;
+  }
+  if (count === 1) {
+    queue.shift();
+    return { bytes: head, cut: false };
+  }
+  const bytes = new Uint8Array(total);
+  let at = 0;
+  for (let i = 0; i < count; i++) {
+    const part = queue.shift() ?? new Uint8Array(0);
+    bytes.set(part, at);
+    at += part.byteLength;
+  }
+  return { bytes, cut: false };
 }

@@ -192,6 +192,8 @@ export class WireConnection implements AnswerTarget {
       if (!this.take(next)) break;
     }
     this.held?.write(toServer);
+    // Messages wait with no connection (the last one went back at its ReadyForQuery): lease another.
+    if (!this.held && !this.acquiring && !this.closed && this.waiting.size > 0) void this.acquire();
     this.answers.settle(this.outstanding);
     this.checkLifetime();
     this.measure();
@@ -383,7 +385,13 @@ export class WireConnection implements AnswerTarget {
   /** Ends the connection with `error` as a FATAL ErrorResponse (unless `silent`), then closes. */
   refuse(error: LessorError, silent = false): void {
     if (this.closed) return;
-    if (!silent) this.link.last(errorResponse(postgresFieldsOf(error.toWire(), "FATAL")));
+    if (!silent) {
+      // A client that does not read is not sent the rest of a message it stopped inside of.
+      this.link.last(
+        errorResponse(postgresFieldsOf(error.toWire(), "FATAL")),
+        error.code !== "client_not_reading",
+      );
+    }
     logEventSampled("warn", "wire_connection_refused", this.rt.tenantId, {
       tenant: this.rt.tenantId,
       code: error.code,

@@ -13,7 +13,7 @@
  * Acknowledgements and the edge's notice that its frame budget is spent are text frames; the
  * protocol's own bytes are binary frames.
  */
-import { Fifo, takeBytes } from "../core/wire-buffers.ts";
+import { Fifo, takeWhole } from "../core/wire-buffers.ts";
 import { AckMeter, ackFrame, CreditWindow, parseControlFrame, type WireBounds } from "../core/wire-flow.ts";
 
 export interface EdgeLinkEvents {
@@ -38,7 +38,8 @@ export class EdgeLink {
   private waitingBytes = 0;
   private drainTimer: ReturnType<typeof setTimeout> | undefined;
   private open = true;
-  peakWaiting = 0;
+  /** The last frame sent ended inside a message (one larger than a frame): its rest is first in line. */
+  private cut = false;
 
   constructor(
     private readonly socket: WebSocket,
@@ -106,17 +107,25 @@ export class EdgeLink {
       this.waitingBytes += part.byteLength;
     }
     this.flush();
-    if (this.waitingBytes > this.peakWaiting) this.peakWaiting = this.waitingBytes;
     if (this.waitingBytes > this.holdBytes) this.events.notDraining("bytes");
   }
 
-  /** Sends what the window allows, in frames of at most `frameBytes`, joining small parts. */
+  /**
+   * Sends what the window allows, in frames of at most `frameBytes` that end between messages
+   * unless a message is larger than a frame (core `takeWhole`).
+   */
   private flush(): void {
     while (this.waitingBytes > 0 && this.down.room > 0) {
-      const size = Math.min(this.down.room, this.bounds.frameBytes, this.waitingBytes);
-      const frame = this.take(size);
-      this.down.sent(frame.byteLength);
-      if (!this.sendRaw(frame)) return;
+      const next = takeWhole(
+        this.waiting,
+        Math.min(this.down.room, this.bounds.frameBytes),
+        this.bounds.frameBytes,
+      );
+      if (next === null) break;
+      this.waitingBytes -= next.bytes.byteLength;
+      this.cut = next.cut;
+      this.down.sent(next.bytes.byteLength);
+      if (!this.sendRaw(next.bytes)) return;
     }
     if (this.waitingBytes === 0) {
       clearTimeout(this.drainTimer);
@@ -130,18 +139,19 @@ export class EdgeLink {
    * The next `size` waiting bytes as one frame: a part, or a view of one, when it is that large;
    * small parts joined (each byte copied once).
    */
-  private take(size: number): Uint8Array {
-    this.waitingBytes -= size;
-    return takeBytes(this.waiting, size);
-  }
-
   /**
    * Sends a last message (a FATAL) past the window, dropping what waited: the connection ends, and
-   * whatever the client's side did not take it will not be given.
+   * whatever the client's side did not take it will not be given. If the last frame ended inside a
+   * message, the client cannot be told anything after it unless the message is finished: with
+   * `finish`, its rest goes first (one message, bounded by the answer bound); without (the client
+   * does not read), nothing more is sent and the close says it ended. Answers whether it was sent.
    */
-  last(bytes: Uint8Array): void {
+  last(bytes: Uint8Array, finish: boolean): boolean {
+    const rest = this.cut ? this.waiting.peek() : undefined;
     this.drop();
-    if (this.open) this.sendRaw(bytes);
+    if (!this.open || (rest && !finish)) return false;
+    if (rest) this.sendRaw(rest);
+    return this.sendRaw(bytes);
   }
 
   private sendRaw(data: Uint8Array | string): boolean {

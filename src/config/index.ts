@@ -707,7 +707,7 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_WIRE_MAX_LIFETIME_MS,
       3_600_000,
     ),
-    wireMaxFrames: positiveInt("LESSOR_WIRE_MAX_FRAMES", vars.LESSOR_WIRE_MAX_FRAMES, 1_000_000),
+    wireMaxFrames: positiveInt("LESSOR_WIRE_MAX_FRAMES", vars.LESSOR_WIRE_MAX_FRAMES, 100_000),
     keyMacRing,
     maxKeysPerTenant: positiveInt("LESSOR_MAX_KEYS_PER_TENANT", vars.LESSOR_MAX_KEYS_PER_TENANT, 5),
     controlPlaneShards: positiveInt("LESSOR_CONTROL_PLANE_SHARDS", vars.LESSOR_CONTROL_PLANE_SHARDS, 8),

@@ -262,8 +262,10 @@ export class WireConnection implements AnswerTarget {
       return "end";
     }
     const wasIdle = flight.idle;
+    // A CopyDone ends COPY in the flight; it still belongs to the COPY's cycle.
+    const copyIn = flight.copyIn;
     flight.fromClient(message.type, size);
-    for (const part of out) gate.forwarded(part[0] ?? 0, part.byteLength, flight.copyIn);
+    for (const part of out) gate.forwarded(part[0] ?? 0, part.byteLength, copyIn);
     toServer.push(...out);
     if (wasIdle && !flight.idle) held.watchdog.arm();
     return "sent";
@@ -327,15 +329,8 @@ export class WireConnection implements AnswerTarget {
   // ── Server to client ─────────────────────────────────────────────────────────────────────────
 
   private attach(lease: LiveLease, client: PoolClient): void {
-    this.held = new ServerLeg(
-      this.rt,
-      this.room.pool,
-      this.record,
-      lease,
-      client,
-      this.bounds,
-      this.serverSide,
-    );
+    const { rt, room, record, bounds, serverSide } = this;
+    this.held = new ServerLeg(rt, room.pool, record, lease, client, bounds, serverSide);
     this.statements?.attached();
   }
 
@@ -371,9 +366,8 @@ export class WireConnection implements AnswerTarget {
     this.quietTimer = setTimeout(() => {
       this.quietTimer = undefined;
       const why = this.lifetimeSpent;
-      if (why === null) return;
-      if (this.outstanding || this.link.behind) return;
-      this.refuse(lifetimeReached(why, this.bounds));
+      if (why !== null && !this.outstanding && !this.link.behind)
+        this.refuse(lifetimeReached(why, this.bounds));
     }, lifetimeQuietMs);
   }
 

@@ -8,6 +8,8 @@
  * sides' counts are back at zero.
  */
 import { env } from "cloudflare:test";
+import { neonConfig } from "@neondatabase/serverless";
+import pg from "pg";
 import { afterEach, describe, expect, it } from "vitest";
 import type { LessorConfig } from "../../src/config/index.ts";
 import { loadConfig } from "../../src/config/index.ts";
@@ -26,7 +28,7 @@ import {
   runtimeOf,
   uniqueTenantId,
 } from "./harness.ts";
-import { fieldsOf, RawWire, typesOf, wirePool } from "./wire-client.ts";
+import { fieldsOf, RawWire, typesOf, wirePool, wireSettings } from "./wire-client.ts";
 
 afterEach(() => {
   tenantHooksForTests.config = undefined;
@@ -244,6 +246,34 @@ describe("server to client: what a client has not taken is bounded", () => {
   });
 });
 
+describe("whichever side ends a connection, what it held is released", () => {
+  it("its server connection ended under a running statement: the FATAL is passed on, nothing is left", async () => {
+    const tenant = await createTenant(uniqueTenantId("wire-server-ends"));
+    const wire = await RawWire.connect(tenant.id, tenant.key);
+    const { pid } = await ready(wire);
+    wire.send(q("SELECT pg_sleep(30)"));
+    expect(
+      await pollUntil(
+        () => sleeping(tenant),
+        (busy) => busy,
+      ),
+    ).toBe(true);
+    const terminated = await asSuperuser(async (client) => {
+      const { rows } = await client.query(
+        `SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity
+          WHERE usename = $1 AND state = 'active' AND query LIKE '%pg_sleep(30)%'`,
+        [tenant.role],
+      );
+      return rows as { done: boolean }[];
+    });
+    expect(terminated).toEqual([{ done: true }]);
+    const got = outcome(await wire.untilClosed());
+    expect(got.error).toMatchObject({ S: "FATAL", C: "57P01" });
+    await released(pid);
+    expect(await leasesOf(tenant)).toBe(0);
+  });
+});
+
 describe("reassembly: a message in 1-byte frames", () => {
   it("a short statement in 1-byte frames is served; an 8 KiB one is refused: FATAL 54000 frame_limit", async () => {
     const tenant = await createTenant(uniqueTenantId("wire-frames"));
@@ -278,6 +308,31 @@ describe("lifetime: a connection is told to reconnect between transactions", () 
     expect((await pool.query("SELECT 2 AS n")).rows).toEqual([{ n: 2 }]);
     expect(pids).toHaveLength(2);
     expect(pids[1]).not.toBe(firstPid);
+    await pool.end();
+  });
+
+  it("node-postgres's own Pool over the driver's socket does the same: the idle client is dropped, the next query gets another", async () => {
+    const tenant = await createTenant(uniqueTenantId("wire-lifetime-pg"));
+    boundsFor(tenant, { wireMaxLifetimeMs: 500 });
+    const pool = new pg.Pool({
+      connectionString: tenant.connectionString,
+      max: 1,
+      stream: () => Object.assign(new neonConfig(), wireSettings) as never,
+    });
+    const errors: { code?: string; detail?: string }[] = [];
+    pool.on("error", (error: Error & { code?: string; detail?: string }) => errors.push(error));
+    const pids: number[] = [];
+    pool.on("connect", (client: unknown) => pids.push((client as { processID: number }).processID));
+    expect((await pool.query("SELECT 1 AS n")).rows).toEqual([{ n: 1 }]);
+    const [firstPid = 0] = pids;
+    const ended = await pollUntil(
+      async () => buffersOf(firstPid),
+      (counts) => counts.ended,
+    );
+    expect(ended.ended).toBe(true);
+    expect(errors).toMatchObject([{ code: "57P01", detail: "wire_lifetime" }]);
+    expect((await pool.query("SELECT 2 AS n")).rows).toEqual([{ n: 2 }]);
+    expect(pids).toHaveLength(2);
     await pool.end();
   });
 

@@ -250,7 +250,10 @@ describe("queues and frames", () => {
           const frames: Uint8Array[] = [];
           const ends = new Set<number>();
           let at = 0;
-          for (const size of parts.map((part) => part.byteLength)) ends.add((at += size));
+          for (const part of parts) {
+            at += part.byteLength;
+            ends.add(at);
+          }
           let sent = 0;
           for (let i = 0; queue.size > 0; i++) {
             const room = Math.max(rooms[i % rooms.length] ?? 1, frameBytes);

@@ -722,10 +722,17 @@ export class NamedStatements {
         this.parses = this.parses.filter((parse) => parse.cycle !== cycle);
         return true;
       }
-      case backend.readyForQuery:
+      case backend.readyForQuery: {
+        // A Parse of the cycle that ended and never answered was skipped (an error came first,
+        // and the server skipped the rest of the cycle): its statement is not on the server.
+        const ended = this.cyclesAnswered;
+        for (const parse of this.parses) {
+          if (parse.cycle === ended && (parse.bytes || parse.injected)) this.onServer.delete(parse.name);
+        }
         this.cyclesAnswered++;
         this.parses = this.parses.filter((parse) => parse.cycle >= this.cyclesAnswered);
         return true;
+      }
       default:
         return true;
     }

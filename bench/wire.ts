@@ -13,6 +13,12 @@
  * - `floor`: the same `Pool` straight to Postgres through the local WebSocket-to-TCP proxy (what the
  *   driver costs with no Lessor at all), as a superuser on a database of its own with the same table.
  *
+ * Then it measures what one relayed frame costs the Worker's workerd (docs/adr/017-wire-protocol.md,
+ * "Bounds"): one raw connection, sent straight to that workerd, sends `RELAY_FRAMES` lone Syncs, each
+ * in a frame of its own, which the tenant's object answers without a lease (a ReadyForQuery each),
+ * and the workerd's CPU over them is divided by the frames the edge relayed (both ways). That is an
+ * upper bound of the edge's share: it includes the object's dispatch and the runtime's own.
+ *
  * It starts its own stack (a throwaway Postgres under .lessor/bench-wire-pg and the WebSocket proxy)
  * and `wrangler dev` on the bench Worker bundled once (bench/processes.ts), provisions the tenant
  * through Lessor's API, warms every path, then measures in rounds, interleaving the paths so drift
@@ -21,6 +27,7 @@
  *
  *     npm run bench:wire                 # 400 requests per cell, 4 rounds
  *     QUICK=1 npm run bench:wire         # a smoke run: 40 requests per cell, concurrency 1 and 8
+ *     RELAY_FRAMES=50000 npm run bench:wire  # lone Syncs for the CPU per frame (default 20000)
  */
 import { randomBytes } from "node:crypto";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
@@ -28,16 +35,26 @@ import { cpus, loadavg, totalmem } from "node:os";
 import { resolve } from "node:path";
 import { Client, neon, neonConfig, Pool } from "@neondatabase/serverless";
 import pg from "pg";
+import WebSocket from "ws";
 import { freePort, root, startLocalStack, writeEnvFile } from "../local/stack.ts";
+import { concatBytes, frontend, startupMessage, textMessage } from "../src/core/pg-wire.ts";
 import { wranglerVars } from "./harness.ts";
 import { lightFetch } from "./load.ts";
-import { buildWorker, type RunningWrangler, startWrangler } from "./processes.ts";
+import {
+  buildWorker,
+  cpuDelta,
+  findWranglerLayout,
+  type RunningWrangler,
+  sampleCpu,
+  startWrangler,
+} from "./processes.ts";
 
 const quick = process.env.QUICK === "1";
 const requestsPerCell = Number(process.env.REQUESTS ?? (quick ? 40 : 400));
 const rounds = quick ? 1 : 4;
 const concurrencies = quick ? [1, 8] : [1, 8, 64];
 const tableRows = 10_000;
+const relayFrames = Number(process.env.RELAY_FRAMES ?? (quick ? 4000 : 20_000));
 const stateDir = resolve(root, ".lessor");
 const pgDir = resolve(stateDir, "bench-wire-pg");
 const persistDir = resolve(stateDir, "bench-wire-wrangler");
@@ -96,6 +113,93 @@ function poolWith(config: ConstructorParameters<typeof Pool>[0], settings: Recor
   };
   pool.on("error", () => undefined);
   return pool;
+}
+
+/** What relaying one frame costs the Worker's workerd, measured over lone Syncs on one connection. */
+interface RelayCost {
+  frames: number;
+  cpuSeconds: number;
+  wallSeconds: number;
+  microsecondsPerFrame: number;
+  framesPerSecond: number;
+}
+
+/**
+ * Sends `count` lone Syncs, each in its own WebSocket frame, in windows of 100, on one authenticated
+ * connection to `/v2` straight at the Worker's workerd; counts the frames that came back and the
+ * workerd's CPU meanwhile.
+ */
+async function measureRelay(
+  directPort: number,
+  workerdPid: number,
+  user: string,
+  key: string,
+  count: number,
+): Promise<RelayCost> {
+  const socket = new WebSocket(`ws://127.0.0.1:${directPort}/v2`);
+  socket.binaryType = "arraybuffer";
+  await new Promise<void>((resolve, reject) => {
+    socket.once("open", () => resolve());
+    socket.once("error", reject);
+  });
+  let received = 0;
+  let ready = 0;
+  let wake: (() => void) | null = null;
+  socket.on("message", (data: ArrayBuffer) => {
+    received++;
+    const bytes = new Uint8Array(data);
+    // Count ReadyForQuery messages ('Z', length 5) in the frame.
+    for (let at = 0; at + 5 <= bytes.byteLength; ) {
+      const length =
+        ((bytes[at + 1] ?? 0) << 24) |
+        ((bytes[at + 2] ?? 0) << 16) |
+        ((bytes[at + 3] ?? 0) << 8) |
+        (bytes[at + 4] ?? 0);
+      if (bytes[at] === 0x5a) ready++;
+      at += 1 + length;
+    }
+    wake?.();
+  });
+  const until = async (readyCount: number) => {
+    while (ready < readyCount) {
+      await new Promise<void>((resolve, reject) => {
+        wake = resolve;
+        setTimeout(() => reject(new Error(`only ${ready} of ${readyCount} ReadyForQuery`)), 30_000).unref();
+      });
+    }
+  };
+  socket.send(concatBytes([startupMessage({ user, database: user }), textMessage(frontend.password, key)]));
+  await until(1);
+  const sync = new Uint8Array([frontend.sync, 0, 0, 0, 4]);
+  const receivedBefore = received;
+  const cpuBefore = sampleCpu({
+    wranglerNode: [],
+    workerdProxy: [],
+    workerdWorker: [workerdPid],
+    wsProxy: [],
+    postgres: [],
+  });
+  const started = performance.now();
+  for (let sent = 0; sent < count; ) {
+    const batch = Math.min(100, count - sent);
+    for (let i = 0; i < batch; i++) socket.send(sync);
+    sent += batch;
+    await until(1 + sent);
+  }
+  const wallSeconds = (performance.now() - started) / 1000;
+  const cpu = cpuDelta(
+    cpuBefore,
+    sampleCpu({ wranglerNode: [], workerdProxy: [], workerdWorker: [workerdPid], wsProxy: [], postgres: [] }),
+  );
+  const frames = count + (received - receivedBefore);
+  socket.close();
+  return {
+    frames,
+    cpuSeconds: cpu.workerdWorker,
+    wallSeconds,
+    microsecondsPerFrame: (cpu.workerdWorker * 1e6) / frames,
+    framesPerSecond: frames / wallSeconds,
+  };
 }
 
 /** The two queries, checked: the answer of `SELECT 1`, the row of the indexed read. */
@@ -273,6 +377,20 @@ async function main(): Promise<void> {
       pools.length = 0;
     }
 
+    if (wrangler.child.pid === undefined) throw new Error("wrangler has no pid");
+    const layout = await findWranglerLayout(wrangler.child.pid, port);
+    const workerdPid = layout.groups.workerdWorker[0];
+    if (workerdPid === undefined) throw new Error("no workerd for the Worker");
+    const user = new URL(connectionString.replace(/^postgres:/, "http:"));
+    await measureRelay(layout.directPort, workerdPid, user.username, decodeURIComponent(user.password), 1000);
+    const relay = await measureRelay(
+      layout.directPort,
+      workerdPid,
+      user.username,
+      decodeURIComponent(user.password),
+      relayFrames,
+    );
+
     const find = (path: PathName, query: QueryName, c: number) =>
       cells.find((cell) => cell.path === path && cell.query === query && cell.concurrency === c);
     console.log("\n| query, concurrency | path | req/s | p50 / p99 ms | ÷ /sql | ÷ floor |");
@@ -284,6 +402,9 @@ async function main(): Promise<void> {
         `| ${cell.query}, ${cell.concurrency} | ${cell.path} | ${cell.requestsPerSecond.toFixed(0)} | ${cell.p50Ms.toFixed(1)} / ${cell.p99Ms.toFixed(1)} | ${(cell.requestsPerSecond / sql).toFixed(2)} | ${(cell.requestsPerSecond / floor).toFixed(2)} |`,
       );
     }
+    console.log(
+      `\nrelay: ${relay.frames} frames, workerd CPU ${(relay.cpuSeconds * 1000).toFixed(0)} ms over ${relay.wallSeconds.toFixed(2)} s: ${relay.microsecondsPerFrame.toFixed(1)} µs per frame (edge, object and runtime together), ${relay.framesPerSecond.toFixed(0)} frames/s on one connection`,
+    );
     const date = new Date().toISOString().slice(0, 10);
     const out = resolve(root, "bench/results", `wire-${quick ? "quick-" : ""}${date}.json`);
     mkdirSync(resolve(root, "bench/results"), { recursive: true });
@@ -298,6 +419,7 @@ async function main(): Promise<void> {
           rounds,
           poolSize,
           cells,
+          relay,
         },
         null,
         2,

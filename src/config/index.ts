@@ -156,6 +156,17 @@ export interface LessorConfig {
   tempFileLimit: string | null;
   /** Largest `/sql` or lease answer; a bigger result stops being read and is answered 507. */
   maxResponseBytes: number;
+  /**
+   * A wire connection's high-water mark per hop and direction (docs/adr/017-wire-protocol.md,
+   * "Bounds"): what the edge holds of a client, what the server may owe, what is in flight back.
+   */
+  wireBufferBytes: number;
+  /** How long a wire client's side may leave what was sent to it untaken before it is refused. */
+  wireDrainMs: number;
+  /** A wire connection is told to reconnect, between transactions, after this long … */
+  wireMaxLifetimeMs: number;
+  /** … or after its edge relayed this many frames, so the edge's CPU stays under `cpu_ms`. */
+  wireMaxFrames: number;
   /** The MAC keys tenant keys are minted and checked under. */
   keyMacRing: KeyMacRing;
   /** Usable keys a tenant may hold at once. */
@@ -689,6 +700,14 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_MAX_RESPONSE_BYTES,
       10 * 1024 * 1024,
     ),
+    wireBufferBytes: positiveInt("LESSOR_WIRE_BUFFER_BYTES", vars.LESSOR_WIRE_BUFFER_BYTES, 1024 * 1024),
+    wireDrainMs: positiveInt("LESSOR_WIRE_DRAIN_MS", vars.LESSOR_WIRE_DRAIN_MS, 30_000),
+    wireMaxLifetimeMs: positiveInt(
+      "LESSOR_WIRE_MAX_LIFETIME_MS",
+      vars.LESSOR_WIRE_MAX_LIFETIME_MS,
+      3_600_000,
+    ),
+    wireMaxFrames: positiveInt("LESSOR_WIRE_MAX_FRAMES", vars.LESSOR_WIRE_MAX_FRAMES, 100_000),
     keyMacRing,
     maxKeysPerTenant: positiveInt("LESSOR_MAX_KEYS_PER_TENANT", vars.LESSOR_MAX_KEYS_PER_TENANT, 5),
     controlPlaneShards: positiveInt("LESSOR_CONTROL_PLANE_SHARDS", vars.LESSOR_CONTROL_PLANE_SHARDS, 8),

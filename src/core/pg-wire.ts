@@ -2,8 +2,8 @@
  * The Postgres frontend/backend protocol (version 3.0) as Lessor's wire endpoint speaks it: pure
  * functions over bytes, with no runtime (docs/adr/017-wire-protocol.md).
  *
- * - `MessageReader` reassembles messages from WebSocket frames (a frame may hold half a message or
- *   many), with a bound on a message's declared length;
+ * - `MessageReader` (src/core/wire-reassembly.ts, re-exported here) reassembles messages from
+ *   WebSocket frames, linear in the bytes, with a bound on a message's declared length;
  * - the startup packet, and the few frontend messages Lessor reads (password, Parse, Bind, Describe,
  *   Close) are decoded; the backend messages Lessor writes itself are encoded;
  * - `ServerFlight` follows a leased server connection from the messages that cross it: how many
@@ -18,6 +18,8 @@
  *
  * The runtime (src/tenant-object/wire.ts, src/routes/wire.ts) only moves bytes and leases.
  */
+
+import type { Message } from "./wire-reassembly.ts";
 
 /** Protocol 3.0 in a startup packet (major 3, minor 0). */
 export const protocolVersion3 = 3 << 16;
@@ -86,102 +88,13 @@ export function isFrontendMessage(type: number): boolean {
   return afterStartup.has(type);
 }
 
-/** A whole message: its type (0 for the untyped startup packet), all its bytes, and its body. */
-export interface Message {
-  type: number;
-  /** Type byte, length and body: what is forwarded. */
-  bytes: Uint8Array;
-  /** What follows the length. */
-  body: Uint8Array;
-}
-
-/** Why a stream cannot be read on: a length below 4, or one past the bound. */
-export type FrameProblem = { problem: "malformed" } | { problem: "oversized"; declared: number };
-
-/**
- * Reassembles messages from chunks. `next()` answers a whole message, `null` until one is whole, or
- * a problem (sticky: a stream with a bad length cannot be resynchronised). Messages are views of
- * buffers that are never written again, so they stay valid after later pushes.
- */
-export class MessageReader {
-  private buffer: Uint8Array = new Uint8Array(0);
-  private start = 0;
-  private end = 0;
-  private failed: FrameProblem | null = null;
-  private readonly maxMessageBytes: number;
-  private untyped: boolean;
-
-  /**
-   * @param maxMessageBytes the largest message accepted, type byte and length included
-   * @param untyped whether the next message is a startup packet (no type byte)
-   */
-  constructor(maxMessageBytes: number, untyped = false) {
-    this.maxMessageBytes = maxMessageBytes;
-    this.untyped = untyped;
-  }
-
-  /** Bytes received and not yet returned as a message. */
-  get buffered(): number {
-    return this.end - this.start;
-  }
-
-  /** Everything received and not yet returned as a message, as it came; the reader is empty after. */
-  takeRest(): Uint8Array {
-    const rest = this.buffer.subarray(this.start, this.end);
-    this.start = this.end;
-    return rest;
-  }
-
-  /** The next message will be an untyped startup packet (after an SSLRequest was answered). */
-  expectStartupPacket(): void {
-    this.untyped = true;
-  }
-
-  push(chunk: Uint8Array): void {
-    if (chunk.byteLength === 0) return;
-    if (this.start === this.end) {
-      this.buffer = chunk;
-      this.start = 0;
-      this.end = chunk.byteLength;
-      return;
-    }
-    // A fresh buffer each time: views already handed out keep their bytes.
-    const merged = new Uint8Array(this.end - this.start + chunk.byteLength);
-    merged.set(this.buffer.subarray(this.start, this.end), 0);
-    merged.set(chunk, this.end - this.start);
-    this.buffer = merged;
-    this.start = 0;
-    this.end = merged.byteLength;
-  }
-
-  next(): Message | FrameProblem | null {
-    if (this.failed) return this.failed;
-    const typeBytes = this.untyped ? 0 : 1;
-    const available = this.end - this.start;
-    if (available < typeBytes + 4) return null;
-    const length = readInt32(this.buffer, this.start + typeBytes);
-    if (length < 4) {
-      this.failed = { problem: "malformed" };
-      return this.failed;
-    }
-    const total = typeBytes + length;
-    if (total > this.maxMessageBytes) {
-      this.failed = { problem: "oversized", declared: total };
-      return this.failed;
-    }
-    if (available < total) return null;
-    const bytes = this.buffer.subarray(this.start, this.start + total);
-    this.start += total;
-    const type = this.untyped ? 0 : (bytes[0] ?? 0);
-    this.untyped = false;
-    return { type, bytes, body: bytes.subarray(typeBytes + 4) };
-  }
-}
-
-/** Whether `next()` answered a problem rather than a message. */
-export function isFrameProblem(value: Message | FrameProblem): value is FrameProblem {
-  return "problem" in value;
-}
+export {
+  type FrameProblem,
+  isFrameProblem,
+  type Message,
+  MessageReader,
+  maxFramesPerMessage,
+} from "./wire-reassembly.ts";
 
 // ── Reading ─────────────────────────────────────────────────────────────────────────────────────
 
@@ -809,10 +722,17 @@ export class NamedStatements {
         this.parses = this.parses.filter((parse) => parse.cycle !== cycle);
         return true;
       }
-      case backend.readyForQuery:
+      case backend.readyForQuery: {
+        // A Parse of the cycle that ended and never answered was skipped (an error came first,
+        // and the server skipped the rest of the cycle): its statement is not on the server.
+        const ended = this.cyclesAnswered;
+        for (const parse of this.parses) {
+          if (parse.cycle === ended && (parse.bytes || parse.injected)) this.onServer.delete(parse.name);
+        }
         this.cyclesAnswered++;
         this.parses = this.parses.filter((parse) => parse.cycle >= this.cyclesAnswered);
         return true;
+      }
       default:
         return true;
     }

@@ -312,6 +312,33 @@ export const errorCatalog = {
     message:
       "The connection holds as many named prepared statements as Lessor keeps for it (256, or 4 MiB of their text); close some (DEALLOCATE, or the driver's Close) first.",
   },
+  pipeline_limit: {
+    status: 413,
+    message:
+      "The wire client pipelined more than Lessor holds for a connection (statements behind one the server has not answered, past LESSOR_WIRE_BUFFER_BYTES); the connection is closed. Wait for answers before sending more.",
+  },
+  frame_limit: {
+    status: 400,
+    message:
+      "The wire client split a message into more WebSocket frames than Lessor takes (16, and one more per 4 KiB of the message); the connection is closed.",
+  },
+  client_not_reading: {
+    status: 400,
+    message:
+      "The wire client did not take the answers sent to it within LESSOR_WIRE_DRAIN_MS; the connection is closed.",
+  },
+  wire_lifetime: {
+    status: 503,
+    message:
+      "The wire connection reached its lifetime (LESSOR_WIRE_MAX_LIFETIME_MS or LESSOR_WIRE_MAX_FRAMES) and was closed between transactions; open another (a pool does so by itself).",
+    retryable: true,
+  },
+  cancel_rate_limited: {
+    status: 429,
+    message:
+      "Too many CancelRequests from this client or for this connection; nothing was cancelled. Retry later.",
+    retryable: true,
+  },
   wire_upgrade_required: {
     status: 400,
     message:
@@ -397,7 +424,8 @@ export interface WireError {
 /**
  * The SQLSTATE a refusal carries on the Postgres wire protocol (an ErrorResponse's `C`), chosen so
  * that drivers and poolers classify it as Postgres's own refusal of the same kind: 28P01/28000 for
- * authentication, 53300 and 57P03 for "try again", 57014 for a statement stopped, 54000 for a bound.
+ * authentication, 53300 and 57P03 for "try again", 57014 for a statement stopped, 54000 for a bound,
+ * 57P01 for a connection ended on purpose that a pool replaces (a stale generation, a wire lifetime).
  */
 export function sqlstateOf(code: ErrorCode): string {
   switch (code) {
@@ -411,11 +439,13 @@ export function sqlstateOf(code: ErrorCode): string {
     case "jwt_required":
       return "28000";
     case "authentication_rate_limited":
+    case "cancel_rate_limited":
     case "capacity_saturated":
     case "lease_limit":
     case "lease_timeout":
       return "53300";
     case "stale_generation":
+    case "wire_lifetime":
       return "57P01";
     case "statement_timeout":
       return "57014";
@@ -427,6 +457,9 @@ export function sqlstateOf(code: ErrorCode): string {
     case "response_too_large":
     case "payload_too_large":
     case "prepared_statement_limit":
+    case "pipeline_limit":
+    case "frame_limit":
+    case "client_not_reading":
       return "54000";
     case "prepared_transaction_refused":
       return "0A000";

@@ -10,8 +10,10 @@
  * reaches no object, every failed authentication answers the same FATAL 28P01 and counts toward the
  * tenant id's rate limit. Only then is the tenant's object asked to take the connection (it checks
  * the key's hash, as for every route); from there on the edge relays frames both ways and reads
- * none of them. A CancelRequest, which carries only the key the client was given, is routed
- * through the cancel registry (src/wire-cancel-object) to the tenant whose connection it names.
+ * none of them (wire-relay.ts), within the bounds the object answers with. A CancelRequest, which
+ * carries only the key the client was given, is checked here (its MAC), counted, and routed through
+ * the cancel registry (src/wire-cancel-object) to the tenant whose connection it names
+ * (wire-cancel.ts).
  */
 import { Hono } from "hono";
 import { loadConfig } from "../config/index.ts";
@@ -32,8 +34,8 @@ import {
   type PostgresErrorFields,
   type StartupRequest,
 } from "../core/pg-wire.ts";
-import { parseTenantObjectName } from "../core/placement.ts";
 import { parseTenantId } from "../core/tenant-id.ts";
+import { parseWireBounds, type WireBounds, wireBounds } from "../core/wire-flow.ts";
 import {
   describeFailure,
   durableObjectFailure,
@@ -44,9 +46,17 @@ import {
 import { logEvent } from "../log/index.ts";
 import { tenantObject, tenantObjectName } from "../placement/index.ts";
 import { followMoves, noteMove } from "../placement/moves.ts";
-import { cancelRefreshMs, cancelShardOf, type WireOpen, wireOpenHeader } from "../rpc/wire.ts";
+import {
+  cancelRefreshMs,
+  cancelShardOf,
+  type WireOpen,
+  wireBoundsHeader,
+  wireOpenHeader,
+} from "../rpc/wire.ts";
 import { countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import type { AppContext, AppEnv } from "./context.ts";
+import { mintCancelKey, routeCancel } from "./wire-cancel.ts";
+import { EdgeRelay, heldFrameOverheadBytes } from "./wire-relay.ts";
 
 export const wireRoutes = new Hono<AppEnv>();
 
@@ -76,20 +86,25 @@ type Phase = "startup" | "password" | "authenticating" | "relaying" | "closed";
 
 /** One client's WebSocket at the edge: the startup, the key check, then the relay. */
 class WireEdge {
-  private readonly reader = new MessageReader(maxStartupPacketBytes, true);
+  private readonly reader = new MessageReader(maxStartupPacketBytes, true, true);
   private phase: Phase = "startup";
   private request: Extract<StartupRequest, { ok: true }> | null = null;
   /** What a pipelining client sent behind its password, held until the tenant's object takes over. */
   private held: Uint8Array[] = [];
   private heldBytes = 0;
   private upstream: WebSocket | null = null;
+  private relay: EdgeRelay | null = null;
+  /** The hold bound before the object answers with the connection's own bounds. */
+  private readonly defaultBounds: WireBounds;
   private deadline: ReturnType<typeof setTimeout> | undefined;
   private cancelKey: { pid: number; tenantId: string; refresh: ReturnType<typeof setInterval> } | null = null;
 
   constructor(
     private readonly c: AppContext,
     private readonly socket: WebSocket,
-  ) {}
+  ) {
+    this.defaultBounds = wireBounds(loadConfig(c.env));
+  }
 
   start(): void {
     this.socket.addEventListener("message", (event) => this.fromClient(event.data));
@@ -114,7 +129,7 @@ class WireEdge {
     }
     const bytes = new Uint8Array(data);
     if (this.phase === "relaying") {
-      this.forward(bytes);
+      this.relay?.fromClient(bytes);
       return;
     }
     if (this.phase === "authenticating") {
@@ -127,10 +142,9 @@ class WireEdge {
 
   private holdBack(bytes: Uint8Array): void {
     this.held.push(bytes);
-    this.heldBytes += bytes.byteLength;
-    const bound = loadConfig(this.c.env).maxBodyBytes * 2;
-    if (this.heldBytes > bound)
-      this.fatal(postgresFieldsOf(new LessorError("payload_too_large").toWire(), "FATAL"));
+    this.heldBytes += bytes.byteLength + heldFrameOverheadBytes;
+    if (this.heldBytes > this.defaultBounds.edgeHoldBytes)
+      this.fatal(postgresFieldsOf(new LessorError("pipeline_limit").toWire(), "FATAL"));
   }
 
   private readHandshake(): void {
@@ -138,7 +152,11 @@ class WireEdge {
       const message = this.reader.next();
       if (message === null) return;
       if (isFrameProblem(message)) {
-        this.fatal({ severity: "FATAL", code: "08P01", message: "invalid startup packet or message length" });
+        this.fatal(
+          message.problem === "fragmented"
+            ? postgresFieldsOf(new LessorError("frame_limit").toWire(), "FATAL")
+            : { severity: "FATAL", code: "08P01", message: "invalid startup packet or message length" },
+        );
         return;
       }
       if (this.phase === "startup") {
@@ -214,15 +232,14 @@ class WireEdge {
       this.fatal(authenticationFailed);
       return;
     }
-    const [pid = 1, secret = 0] = crypto.getRandomValues(new Uint32Array(2));
+    const { pid, secret } = await mintCancelKey(loadConfig(c.env).keyMacRing);
     const open: WireOpen = {
       tenantId,
       proof,
       mode: request.mode,
       applicationName: request.applicationName,
-      // Positive and never 0: drivers take 0 for "no key".
-      pid: pid & 0x7fffffff || 1,
-      secret: secret | 0,
+      pid,
+      secret,
     };
     // The tenant's object in the region its key names, or where it moved since (src/placement/moves.ts).
     let region = followMoves(tenantId, proof.region);
@@ -258,13 +275,20 @@ class WireEdge {
       return;
     }
     this.upstream = upstream;
-    upstream.addEventListener("message", (event) => this.send(event.data));
+    const bounds = parseWireBounds(response.headers.get(wireBoundsHeader)) ?? this.defaultBounds;
+    const relay = new EdgeRelay(this.socket, upstream, bounds, open.pid, {
+      refuse: (error) => this.fatal(postgresFieldsOf(error.toWire(), "FATAL")),
+    });
+    this.relay = relay;
+    upstream.addEventListener("message", (event) => relay.fromUpstream(event.data));
     upstream.addEventListener("close", (event) => this.upstreamClosed(event.code));
     upstream.addEventListener("error", () => this.upstreamClosed(1011));
     this.phase = "relaying";
     clearTimeout(this.deadline);
-    for (const bytes of this.held) this.forward(bytes);
+    const held = this.held;
     this.held = [];
+    this.heldBytes = 0;
+    for (const bytes of held) relay.fromClient(bytes);
     this.registerCancelKey(open.pid, tenantObjectName(loadConfig(c.env), region, tenantId));
   }
 
@@ -273,14 +297,6 @@ class WireEdge {
     return tenantObject(this.c.env, region, open.tenantId).fetch("https://tenant.lessor.internal/wire", {
       headers: { Upgrade: "websocket", [wireOpenHeader]: JSON.stringify(open) },
     });
-  }
-
-  private forward(bytes: Uint8Array): void {
-    try {
-      this.upstream?.send(bytes);
-    } catch {
-      this.upstreamClosed(1011);
-    }
   }
 
   /** The tenant's object ended the connection: normally (it said why), or by dying (a restart). */
@@ -293,6 +309,8 @@ class WireEdge {
       );
       return;
     }
+    // What a client that stopped reading was not given goes first (test-only: wire-relay.ts).
+    this.relay?.close(true);
     this.closeSocket();
     this.end();
   }
@@ -306,19 +324,16 @@ class WireEdge {
     this.cancelKey = { pid, tenantId, refresh: setInterval(register, cancelRefreshMs) };
   }
 
-  /** Routes a CancelRequest to the tenant whose connection its key names; best effort, no answer. */
+  /**
+   * A CancelRequest: routed to the tenant whose connection its key names, best effort and without
+   * an answer, as Postgres's own; one past its rate limit is told so before the socket closes.
+   */
   private async cancel(pid: number, secret: number): Promise<void> {
-    const { env } = this.c;
-    try {
-      const tenantId = await env.WIRE_CANCELS.getByName(cancelShardOf(pid)).lookup(pid);
-      // The registry holds the object's name (`<tenant>@<region>` outside the default region).
-      if (tenantId !== null) {
-        const named = parseTenantObjectName(tenantId);
-        const region = named.region ?? loadConfig(env).defaultRegion;
-        await tenantObject(env, region, named.tenantId).cancelWire(pid, secret);
-      }
-    } catch (error) {
-      logEvent("warn", "wire_cancel_failed", { failure: describeFailure(error) });
+    const source = this.c.req.header("CF-Connecting-IP") ?? "unknown";
+    const outcome = await routeCancel(this.c.env, source, pid, secret);
+    if (outcome === "limited") {
+      logEvent("warn", "wire_cancel_limited", { pid });
+      this.send(errorResponse(postgresFieldsOf(new LessorError("cancel_rate_limited").toWire(), "FATAL")));
     }
   }
 
@@ -364,6 +379,7 @@ class WireEdge {
     this.phase = "closed";
     clearTimeout(this.deadline);
     this.closeSocket();
+    this.relay?.close(false);
     const upstream = this.upstream;
     this.upstream = null;
     if (upstream) closeOpen(upstream, "client gone");

@@ -129,7 +129,7 @@ interface DriverSocket {
  * the flight would otherwise overtake. Anything else (another driver version, whose fields differ)
  * takes the driver's own path.
  */
-function sendFlight(stream: DataStream, flight: Uint8Array): void {
+export function sendFlight(stream: Pick<DataStream, "write">, flight: Uint8Array): void {
   const socket = stream as unknown as DriverSocket;
   const ws = socket.ws;
   if (

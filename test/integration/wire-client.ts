@@ -155,9 +155,10 @@ export class RawWire {
     });
   }
 
-  static async open(): Promise<RawWire> {
+  /** Opens a WebSocket to `/v2` (`headers`: what the platform would add, as `CF-Connecting-IP`). */
+  static async open(headers: Record<string, string> = {}): Promise<RawWire> {
     const response = await exports.default.fetch(
-      new Request("http://lessor.test/v2", { headers: { Upgrade: "websocket" } }),
+      new Request("http://lessor.test/v2", { headers: { ...headers, Upgrade: "websocket" } }),
     );
     const socket = response.webSocket;
     if (!socket) throw new Error(`no WebSocket: ${response.status} ${await response.text()}`);

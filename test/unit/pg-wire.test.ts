@@ -528,6 +528,25 @@ describe("NamedStatements: a client's prepared statements follow it from connect
     );
   });
 
+  it("a re-preparation the server skipped (an error earlier in its cycle) is sent again", () => {
+    // fast-check found it (seed -519728553): Parse a, Sync, another connection, Describe b (an
+    // unknown statement: 26000), Describe a (re-prepared, but skipped with the rest of the cycle),
+    // Sync, Bind a: a must be prepared again, not taken for prepared.
+    const statements = new NamedStatements();
+    statements.attached();
+    statements.fromClient(clientMessage(parse("a", "SELECT 1")));
+    statements.fromServer(serverMessage(backend.parseComplete));
+    statements.fromClient(clientMessage(sync));
+    statements.fromServer(answerMessage("Z"));
+    statements.attached();
+    statements.fromClient(clientMessage(describe_("S", "b")));
+    statements.fromServer(answerMessage("E:26000"));
+    expect(statements.fromClient(clientMessage(describe_("S", "a")))).toHaveLength(2);
+    statements.fromClient(clientMessage(sync));
+    statements.fromServer(answerMessage("Z"));
+    expect(statements.fromClient(clientMessage(bind("a")))).toHaveLength(2);
+  });
+
   it("refuses a statement past its limits rather than forgetting one", () => {
     const statements = new NamedStatements();
     statements.attached();

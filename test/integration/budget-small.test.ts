@@ -845,10 +845,14 @@ describe("connection budget on a small host", () => {
     let outcome: Outcome;
     try {
       // The host is full and nothing is evictable: c's start waits in the budget's queue...
-      const pending = probe(c);
+      let answered = false;
+      const pending = probe(c).finally(() => {
+        answered = true;
+      });
       const waiting = await pollUntil(capacity, (s) => s.waiters > 0, { attempts: 200, intervalMs: 25 });
       expect(waiting.waiters).toBe(1);
-      // ...when the budget dies with it.
+      // ...when the budget dies with it (the fault lands while c still waits).
+      expect(answered).toBe(false);
       await crash(env.BUDGETS.getByName(host));
       outcome = await pending;
     } finally {

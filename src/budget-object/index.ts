@@ -256,9 +256,12 @@ export class BudgetObject extends DurableObject<Env> {
 
   /** The pool of this generation is open and ready. */
   async confirm(hostName: string, tenantId: string, generation: number, report: PoolReport): Promise<void> {
+    const hook = budgetHooksForTests.onConfirm;
+    if (hook) await hook(tenantId, generation, "reached");
     this.ledger.setPhase(tenantId, generation, "allocated", report);
     // Starts that found only starting pools to evict can now be served by this one, once idle.
     if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
+    if (hook) await hook(tenantId, generation, "recorded");
   }
 
   /**

@@ -13,6 +13,7 @@ import { logEvent } from "../log/index.ts";
 import { tenantObjectOnHost } from "../placement/index.ts";
 import type { CapacityStatus, MaintenanceGrant, MaintenanceRequest } from "../rpc/budget.ts";
 import type { CapacityLedger } from "./ledger.ts";
+import { budgetHooksForTests } from "./test-hooks.ts";
 import { WaitQueue } from "./wait-queue.ts";
 
 export class MaintenanceSlots {
@@ -54,7 +55,9 @@ export class MaintenanceSlots {
    * expired: the holder was presumed dead).
    */
   renew(leaseId: string, holdMs: number): boolean {
-    return this.ledger().renewMaintenance(leaseId, Date.now() + holdMs);
+    const renewed = this.ledger().renewMaintenance(leaseId, Date.now() + holdMs);
+    budgetHooksForTests.onMaintenanceRenewed?.(leaseId, renewed);
+    return renewed;
   }
 
   /** The slot's connection is closed. Idempotent. */

@@ -6,6 +6,16 @@
 export interface BudgetHooksForTests {
   /** A host's admission wait instead of `LESSOR_ADMISSION_WAIT_MS` (a test longer than a slow machine). */
   admissionWaitMs?: (host: string) => number | undefined;
+  /** A maintenance slot's holder renewed it (`renewed`: false if the slot had already expired). */
+  onMaintenanceRenewed?: (leaseId: string, renewed: boolean) => void;
+  /**
+   * A start's `confirm` has arrived (`reached`), or has been recorded and whatever reclaim it kicked
+   * is on its way (`recorded`); the confirm does not answer until the hook's promise settles. A test
+   * holds it here to order a waiting start, or an eviction, against the confirming pool's first lease.
+   * It should wait on timers of its own (polling a flag): a promise the test made, awaited here,
+   * leaves the object a reference that a later `evictDurableObject` of it waits on until it times out.
+   */
+  onConfirm?: (tenantId: string, generation: number, step: "reached" | "recorded") => Promise<void> | void;
 }
 
 export const budgetHooksForTests: BudgetHooksForTests = {};

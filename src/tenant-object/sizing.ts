@@ -253,7 +253,7 @@ export class PoolSizing {
     this.keep(observe(usage, now));
     const generation = this.pool.openGeneration;
     const decision = this.decide(usage, this.pressure);
-    if (decision.target < this.pool.allowance) {
+    if (decision.target < this.pool.allowance && !tenantHooksForTests.holdReview?.(record.tenantId)) {
       const bounds = this.bounds(record);
       const lowest = lowestSize(this.pool.allowance, usage.inUse, bounds.floor, bounds.max);
       const released = await this.pool.giveBackIdle(this.pool.allowance - decision.target, lowest);

@@ -48,6 +48,12 @@ export interface TenantHooksForTests {
    * run. A test holds it here to land a fault in that window.
    */
   beforeReturn?: (tenantId: string, client: object) => Promise<void>;
+  /**
+   * While it answers true for a tenant, the heartbeat's review of that tenant's adaptive pool gives
+   * nothing back (sizing.ts `review`; the review still runs and re-arms): the pool shrinks only when
+   * its host asks (`shrinkIdle`), however long a slow machine takes between two steps of a test.
+   */
+  holdReview?: (tenantId: string) => boolean;
   /** Settings that replace the configuration's for one tenant's object, read at each use. */
   config?: (tenantId: string) => Partial<LessorConfig> | undefined;
 }

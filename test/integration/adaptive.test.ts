@@ -11,7 +11,7 @@
  */
 import { env } from "cloudflare:workers";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { type LessorConfig, loadConfig } from "../../src/config/index.ts";
+import { budgetHooksForTests } from "../../src/budget-object/test-hooks.ts";
 import type { CapacityStatus } from "../../src/rpc/budget.ts";
 import type { PoolSizeStatus } from "../../src/rpc/tenant.ts";
 import { type GrowStep, tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
@@ -240,6 +240,51 @@ function burst(
   );
 }
 
+/**
+ * Keeps `concurrency` requests of `sleepSeconds` in flight on `tenant` until `done()` says so (at
+ * most about `limit` requests): a load that lasts until the test has seen what it makes happen, not
+ * as long as a burst of a fixed number of requests takes on this machine.
+ */
+async function loadUntil(
+  tenant: CreatedTenant,
+  concurrency: number,
+  sleepSeconds: number,
+  done: () => boolean,
+  limit = 1_000,
+): Promise<Outcome[]> {
+  const outcomes: Outcome[] = [];
+  async function worker(): Promise<void> {
+    while (!done() && outcomes.length < limit) outcomes.push(await probe(tenant, sleepSeconds));
+  }
+  await Promise.all(Array.from({ length: concurrency }, worker));
+  return outcomes;
+}
+
+/**
+ * Requests of 0.2 s, `concurrency` at a time, until the pool's size satisfies `grown` (bounded):
+ * checkouts wait while the pool is smaller than the load, and it grows step by step. Every answer
+ * must be correct or a saturation; returns the size last read.
+ */
+async function grownUnderLoad(
+  tenant: CreatedTenant,
+  concurrency: number,
+  grown: (size: number) => boolean,
+): Promise<number | null> {
+  let loading = true;
+  const load = loadUntil(tenant, concurrency, 0.2, () => !loading);
+  const size = await pollUntil(
+    () => poolSize(tenant),
+    (s) => grown(s ?? 0),
+    { attempts: 200, intervalMs: 100 },
+  ).finally(() => {
+    loading = false;
+  });
+  const outcomes = await load;
+  expect(outcomes.length).toBeGreaterThan(0);
+  expect(outcomes.flatMap(problemsOf)).toEqual([]);
+  return size;
+}
+
 async function openLease(tenant: CreatedTenant): Promise<string> {
   const response = await lessor(`/v1/tenants/${tenant.id}/leases`, {
     method: "POST",
@@ -277,18 +322,6 @@ async function releaseLease(token: string): Promise<void> {
   await response.body?.cancel();
 }
 
-/** One tenant's object sees the adaptive host with its own window (the rest of the configuration is the deployment's). */
-function withWindow(tenant: CreatedTenant, windowMs: number): void {
-  const config = loadConfig(env);
-  const hosts = new Map(config.hosts);
-  const adaptive = config.hosts.get(host);
-  if (!adaptive?.adaptive) throw new Error("the adaptive host runs no adaptive admission");
-  hosts.set(host, { ...adaptive, adaptive: { ...adaptive.adaptive, windowMs } });
-  const previous = tenantHooksForTests.config;
-  tenantHooksForTests.config = (id): Partial<LessorConfig> | undefined =>
-    id === tenant.id ? { hosts } : previous?.(id);
-}
-
 // ── Each test starts from an empty ledger and leaves one behind ─────────────────────────────────
 
 beforeEach(async () => {
@@ -300,6 +333,8 @@ beforeEach(async () => {
 afterEach(async () => {
   tenantHooksForTests.config = undefined;
   tenantHooksForTests.onGrowStep = undefined;
+  tenantHooksForTests.holdReview = undefined;
+  budgetHooksForTests.admissionWaitMs = undefined;
   await mapConcurrent([...heldLeases.keys()], 8, (token) => releaseLease(token));
   const tenants = created.splice(0);
   const drainAll = () =>
@@ -326,6 +361,10 @@ afterEach(async () => {
 describe("adaptive admission", () => {
   it("a pool grows under waiting load, one admitted step at a time up to its tier's maximum, and shrinks when idle", async () => {
     const hot = await newTenant("grow", "elastic");
+    // The pool's own review gives nothing back until the test lets it: a loaded machine's pause of a
+    // window (2 s) between two steps would otherwise shrink it before the burst or before it is read.
+    let held = true;
+    tenantHooksForTests.holdReview = (id) => held && id === hot.id;
     const before = await capacity();
     const sampler = await startSampler();
     let samples: Samples;
@@ -335,13 +374,21 @@ describe("adaptive admission", () => {
       expect(started.pool).toMatchObject({ adaptive: true, size: 2, start: 2, floor: 1, max: 6 });
       expect(await ledgerRows(hot)).toEqual([{ generation: started.generation, size: 2 }]);
 
-      // Twelve requests at once on a pool of 2: checkouts wait, and the pool grows to its maximum.
-      const outcomes = await burst(hot, 48, 12, 0.2);
-      expect(outcomes.flatMap(problemsOf)).toEqual([]);
+      // Twelve requests at once on a pool of 2: checkouts wait, and the pool grows to its maximum. The
+      // waits count over the last window only, so the load goes on until the status has shown the pool
+      // at its maximum with its waits (bounded), however long each request takes on this machine.
+      let loading = true;
+      const load = loadUntil(hot, 12, 0.2, () => !loading);
       const grown = await pollUntil(
         () => runtime(hot),
-        (r) => r.pool?.size === 6,
-      );
+        (r) => r.pool?.size === 6 && (r.pool.observed?.waits ?? 0) > 0,
+        { attempts: 200, intervalMs: 100 },
+      ).finally(() => {
+        loading = false;
+      });
+      const outcomes = await load;
+      expect(outcomes.length).toBeGreaterThan(0);
+      expect(outcomes.flatMap(problemsOf)).toEqual([]);
       expect(grown.pool?.size).toBe(6);
       expect(grown.pool?.observed?.peak).toBeGreaterThanOrEqual(6);
       expect(grown.pool?.observed?.waits).toBeGreaterThan(0);
@@ -369,6 +416,7 @@ describe("adaptive admission", () => {
       expect(metrics).not.toContain(hot.role);
 
       // Idle for a window: the pool gives back everything down to its floor, its backends close.
+      held = false;
       const shrunk = await pollUntil(
         () => runtime(hot),
         (r) => r.pool?.size === 1,
@@ -394,10 +442,9 @@ describe("adaptive admission", () => {
       expect(afterShrink.adaptive.shrinks - before.adaptive.shrinks).toBe(5);
       expect(afterShrink.pooled).toMatchObject({ shrunk: 1, grown: 0 });
 
-      // It serves at its floor, and grows again when it must.
-      const again = await burst(hot, 12, 4, 0.2);
-      expect(again.flatMap(problemsOf)).toEqual([]);
-      expect((await poolSize(hot)) ?? 0).toBeGreaterThan(1);
+      // It serves at its floor, and grows again when it must (held again, so it is read grown).
+      held = true;
+      expect((await grownUnderLoad(hot, 4, (s) => s > 1)) ?? 0).toBeGreaterThan(1);
     } finally {
       samples = await sampler.stop();
     }
@@ -409,36 +456,45 @@ describe("adaptive admission", () => {
 
   it("a full host takes idle connections back from under-used pools before it evicts, and never a lease in use", async () => {
     const busy = await newTenant("busy", "elastic");
-    // The busy pool's own review waits for a longer window, so what shrinks it here is the host.
-    withWindow(busy, 30_000);
+    // No pool's own review gives anything back here, however long a step takes on this machine
+    // (a window is 2 s): what shrinks them is the host. Each start waits longer than the test
+    // (test-only setting), so a slow reclaim is not turned into a refusal.
+    tenantHooksForTests.holdReview = (id) => fileTenants.has(id);
+    budgetHooksForTests.admissionWaitMs = (name) => (name === host ? 50_000 : undefined);
     const sampler = await startSampler();
     let samples: Samples;
     try {
+      const second = await newTenant("second", "standard");
+      const third = await newTenant("third", "standard");
+      const fourth = await newTenant("fourth", "standard");
       // Four session leases, each holding a connection: the pool grows from 2 to 4 to hold them,
-      // and a burst takes it to its maximum of 6.
+      // and a load takes it to its maximum of 6 (kept on until it has).
       const leases = await mapConcurrent([0, 1, 2, 3], 4, () => openLease(busy));
       const pids = await Promise.all(leases.map(leasePid));
       expect(new Set(pids).size).toBe(4);
-      expect((await burst(busy, 24, 8, 0.2)).flatMap(problemsOf)).toEqual([]);
-      expect(
-        await pollUntil(
-          () => poolSize(busy),
-          (s) => s === 6,
-        ),
-      ).toBe(6);
-      // The burst leaves the last bucket of observation (5 s at this window): only the four leases remain in use.
-      await sleep(5_500);
+      expect(await grownUnderLoad(busy, 8, (s) => s === 6)).toBe(6);
+      // The load leaves the last bucket of observation: only the four leases remain in use, which is
+      // what the pool gives back under pressure by.
+      const quiet = await pollUntil(
+        () => runtime(busy),
+        (r) => r.pool?.observed?.recentPeak === 4,
+        { attempts: 200, intervalMs: 100 },
+      );
+      expect(quiet.pool?.observed?.recentPeak).toBe(4);
+      expect(quiet.pool?.size).toBe(6);
       const before = await capacity();
       expect(before.allocated).toBe(6);
 
       // A standard pool starts at 5: 6 + 5 > 10. The busy pool gives back one idle connection.
-      const second = await newTenant("second", "standard");
-      expect(problemsOf(await probe(second))).toEqual([]);
+      const secondServed = await probe(second);
+      expect(problemsOf(secondServed)).toEqual([]);
+      expect(secondServed.status).toBe(200);
       expect(await poolSize(busy)).toBe(5);
       // A third needs 5 more: the busy pool has nothing idle left to give (its four leases), the second
       // gives back its four idle connections down to its floor, and the busy one its last idle one.
-      const third = await newTenant("third", "standard");
-      expect(problemsOf(await probe(third))).toEqual([]);
+      const thirdServed = await probe(third);
+      expect(problemsOf(thirdServed)).toEqual([]);
+      expect(thirdServed.status).toBe(200);
       const afterShrinks = await capacity();
       expect(afterShrinks.evictions).toBe(before.evictions);
       expect(afterShrinks.adaptive.reclaimShrinks - before.adaptive.reclaimShrinks).toBe(6);
@@ -449,14 +505,16 @@ describe("adaptive admission", () => {
 
       // A fourth: nothing idle is left but the third's four and the second's whole pool. Shrinking
       // the third is not enough, so the second, idle, is evicted: shrink first, then evict, never refuse.
-      const fourth = await newTenant("fourth", "standard");
-      expect(problemsOf(await probe(fourth))).toEqual([]);
+      const fourthServed = await probe(fourth);
+      expect(problemsOf(fourthServed)).toEqual([]);
+      expect(fourthServed.status).toBe(200);
       const afterEviction = await capacity();
       expect(afterEviction.evictions - before.evictions).toBe(1);
       expect((await runtime(second)).state).toBe("stopped");
       expect(await Promise.all(leases.map(leasePid))).toEqual(pids);
       expect(ledgerUsed(afterEviction)).toBeLessThanOrEqual(poolCapacity);
     } finally {
+      budgetHooksForTests.admissionWaitMs = undefined;
       samples = await sampler.stop();
     }
     expectWithinBudget(samples);
@@ -546,17 +604,17 @@ describe("adaptive admission", () => {
 
   it("rotation and erase hold with pools of changing size", async () => {
     const tenant = await newTenant("rotate", "elastic");
-    withWindow(tenant, 6_000);
+    // Its pools' own reviews give nothing back until the test has read the sizes it compares (a
+    // window is 2 s, shorter than a loaded machine may take between two steps).
+    let held = true;
+    tenantHooksForTests.holdReview = (id) => held && id === tenant.id;
     // A rotation's new generation overlaps the old one within the host's rotation reserve (ADR 013:
     // 6 here, the largest tier's maximum): the one excess the budget documents.
     const sampler = await startSampler(6);
     let samples: Samples;
     try {
-      expect((await burst(tenant, 24, 8, 0.2)).flatMap(problemsOf)).toEqual([]);
-      const grown = await pollUntil(
-        () => poolSize(tenant),
-        (s) => (s ?? 0) >= 4,
-      );
+      // To its maximum, so no growth is still on its way when its size is read.
+      const grown = await grownUnderLoad(tenant, 8, (s) => s === 6);
       expect(grown ?? 0).toBeGreaterThanOrEqual(4);
       const from = (await runtime(tenant)).generation;
       const size = (await poolSize(tenant)) ?? 0;
@@ -576,6 +634,7 @@ describe("adaptive admission", () => {
       expect((await probe(tenant)).app).toBe(`lessor:${tenant.role}:${after.generation}`);
 
       // The new generation shrinks when idle, as any.
+      held = false;
       const shrunk = await pollUntil(
         () => runtime(tenant),
         (r) => r.pool?.size === 1,
@@ -594,8 +653,8 @@ describe("adaptive admission", () => {
       expect(limit).toBe(7);
 
       // Grow it again, then erase it while grown: nothing of it stays in the ledger or on the host.
-      expect((await burst(tenant, 12, 6, 0.2)).flatMap(problemsOf)).toEqual([]);
-      expect((await poolSize(tenant)) ?? 0).toBeGreaterThan(1);
+      held = true;
+      expect((await grownUnderLoad(tenant, 6, (s) => s > 1)) ?? 0).toBeGreaterThan(1);
       const erased = await admin(`/v1/tenants/${tenant.id}?confirm=${tenant.id}&force=true`, {
         method: "DELETE",
       });

@@ -8,8 +8,10 @@ import { env } from "cloudflare:test";
 import { afterEach, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config/index.ts";
 import { withConnection } from "../../src/postgres/index.ts";
+import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
+  asSuperuser,
   type CreatedTenant,
   createTenant,
   lessor,
@@ -25,11 +27,15 @@ function silentAddress(): string {
   return `${url.hostname}:${url.port}`;
 }
 
-async function proxy(action: "stall" | "unstall") {
+/** Stalls or unstalls the silent host; answers the proxy's stats after the change. */
+async function proxy(
+  action: "stall" | "unstall",
+): Promise<{ frozen: Record<string, number>; stalled: string[] }> {
   const response = await fetch(
     `${env.TEST_PROXY_CONTROL_URL}/${action}?address=${encodeURIComponent(silentAddress())}`,
   );
   expect(response.status).toBe(200);
+  return response.json();
 }
 
 function sqlRequest(tenant: CreatedTenant, query: string): Promise<Response> {
@@ -45,20 +51,24 @@ function sqlRequest(tenant: CreatedTenant, query: string): Promise<Response> {
 }
 
 /**
- * The longest any answer may take while the host is silent: the connect bound (10 s) or the
- * statement bound (5 s in tests) plus the cancel grace (2 s), with a wide margin for a loaded
- * machine. It only proves the wait ends; it measures nothing.
+ * A hang detector, not a measurement: how long an answer may take while the host is silent before
+ * the test calls it hung (the connect bound is 10 s, the statement bound 5 s in tests plus the
+ * cancel grace of 2 s). It asserts no time; a wait that never ends fails by name instead of
+ * running into the test's timeout.
  */
-const answerBoundMs = 25_000;
+const hungAfterMs = 40_000;
 
-/** Settles with the response, or with "no answer" once the bound has passed. */
-async function within<T>(work: Promise<T>, boundMs = answerBoundMs): Promise<T | "no answer"> {
+/** The advisory lock the commit test holds in the tenant's database (any key no other code takes). */
+const blackholeLockKey = 3_918_118;
+
+/** Settles as `work` does, or throws "hung: <what>" once the detector's bound has passed. */
+async function answered<T>(what: string, work: Promise<T>): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const late = new Promise<"no answer">((resolve) => {
-    timer = setTimeout(() => resolve("no answer"), boundMs);
+  const hung = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`hung: ${what}`)), hungAfterMs);
   });
   try {
-    return await Promise.race([work, late]);
+    return await Promise.race([work, hung]);
   } finally {
     clearTimeout(timer);
   }
@@ -82,15 +92,14 @@ async function silentHost(): Promise<HostStatus> {
 
 describe("a silent database (blackhole)", () => {
   afterEach(async () => {
+    tenantHooksForTests.config = undefined;
     await proxy("unstall");
   });
 
   it("a cold start to a silent host answers 503 with Retry-After and a classified reason, within the bound", async () => {
     const tenant = await createTenant(uniqueTenantId("bh-cold"), { host: "silent" });
     await proxy("stall");
-    const response = await within(sqlRequest(tenant, "SELECT 1"));
-    expect(response).not.toBe("no answer");
-    if (response === "no answer") return;
+    const response = await answered("a cold start to the silent host", sqlRequest(tenant, "SELECT 1"));
     expect(response.status).toBe(503);
     expect(Number(response.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
     expect(await response.json()).toMatchObject({ code: "tenant_starting_failed" });
@@ -115,9 +124,7 @@ describe("a silent database (blackhole)", () => {
     ]);
     await proxy("stall");
     // The statement goes into a tunnel that will never answer.
-    const stuck = await within(sqlRequest(tenant, "SELECT 1"));
-    expect(stuck).not.toBe("no answer");
-    if (stuck === "no answer") return;
+    const stuck = await answered("a statement on a connection gone silent", sqlRequest(tenant, "SELECT 1"));
     // Lessor cannot tell a silent database from a statement that ignores its cancel (or, if the
     // pooled connection was replaced first, from a checkout that timed out): each answer says the
     // statement did not complete.
@@ -136,9 +143,7 @@ describe("a silent database (blackhole)", () => {
     expect(host.leases).toBe(0);
     // While the host stays silent, a new request is refused within the bound too (no slot waits on
     // the dead connection).
-    const again = await within(sqlRequest(tenant, "SELECT 1"));
-    expect(again).not.toBe("no answer");
-    if (again === "no answer") return;
+    const again = await answered("a new request while the host is silent", sqlRequest(tenant, "SELECT 1"));
     expect(again.status).toBe(503);
     expect(again.headers.get("Retry-After")).toBeTruthy();
     // The host speaks again: the same generation serves on a replacement connection.
@@ -158,57 +163,77 @@ describe("a silent database (blackhole)", () => {
     // The soak's find: the answer of a committed write stalled in the network past the bound; the
     // connection was cut and the answer said `statement_timeout` ("did not commit"), a lie.
     const tenant = await createTenant(uniqueTenantId("bh-commit"), { host: "silent" });
+    // The pool starts with Postgres's own limits (lock and statement timeouts) far past the test, so
+    // the statement below waits for the test's lock however long the test takes; its statement
+    // bound, read at each statement, is the deployment's again before it is sent (5 s).
+    tenantHooksForTests.config = (id) => (id === tenant.id ? { statementTimeoutMs: 120_000 } : undefined);
     const sql = sqlFor(tenant);
-    expect(await sql`SELECT 1 AS one`).toEqual([{ one: 1 }]);
+    let pid: number;
+    try {
+      pid = Number((await sql`SELECT pg_backend_pid() AS pid`)[0]?.pid);
+    } finally {
+      tenantHooksForTests.config = undefined;
+    }
     const marker = `stuck-${tenant.id}`;
-    const sentAt = Date.now();
-    const answer = within(
-      lessor("/sql", {
-        method: "POST",
-        headers: { "Neon-Connection-String": tenant.connectionString },
-        body: JSON.stringify({
-          query: "INSERT INTO notes (body) SELECT $1 FROM pg_catalog.pg_sleep(1.5)",
-          params: [marker],
+    const committed = () =>
+      asSuperuser(async (client) => {
+        const { rows } = await client.query("SELECT count(*)::int AS n FROM notes WHERE body = $1", [marker]);
+        return (rows[0] as { n: number }).n;
+      }, tenant.database);
+    // The statement cannot commit before the test lets it: it waits on a lock the test holds (behind
+    // Lessor, not through the silent host's tunnel), so the stall is in place before Postgres answers.
+    const stuck = await asSuperuser(async (lock) => {
+      await lock.query("SELECT pg_catalog.pg_advisory_lock($1)", [blackholeLockKey]);
+      const answer = answered(
+        "a committed write whose answer is stuck",
+        lessor("/sql", {
+          method: "POST",
+          headers: { "Neon-Connection-String": tenant.connectionString },
+          body: JSON.stringify({
+            query: `INSERT INTO notes (body) SELECT $1 FROM pg_catalog.pg_advisory_xact_lock(${blackholeLockKey})`,
+            params: [marker],
+          }),
         }),
-      }),
-    );
-    // The fault lands only once the statement runs on the host: seen in pg_stat_activity first.
-    const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
-    const running = await pollUntil(
-      () =>
-        withConnection(loadConfig(env), hosts.silent ?? "", "lessor:host:silent:test", async (client) => {
-          const { rows } = await client.query(
-            "SELECT count(*)::int AS n FROM pg_catalog.pg_stat_activity WHERE state = 'active' AND query LIKE 'INSERT INTO notes (body) SELECT $1%'",
-          );
-          return (rows[0] as { n: number }).n;
+      );
+      let before: { frozen: Record<string, number> };
+      try {
+        // The fault lands only once the statement waits on the host: seen in pg_stat_activity first,
+        // on the connection whose limits are the long ones.
+        const waiting = await pollUntil(
+          () =>
+            asSuperuser(async (client) => {
+              const { rows } = await client.query(
+                "SELECT pid FROM pg_catalog.pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO notes (body) SELECT $1%'",
+              );
+              return rows.map((row: { pid: number }) => Number(row.pid));
+            }),
+          (pids) => pids.length > 0,
+          { attempts: 200, intervalMs: 25 },
+        );
+        expect(waiting).toEqual([pid]);
+        before = await proxy("stall");
+      } finally {
+        await lock.query("SELECT pg_catalog.pg_advisory_unlock($1)", [blackholeLockKey]);
+      }
+      // The tunnel that carries the statement was frozen before it could commit.
+      expect(before.frozen[silentAddress()] ?? 0).toBeGreaterThan(0);
+      // It commits now, while its answer is frozen in the tunnel: seen behind Lessor.
+      expect(
+        await pollUntil(committed, (n) => n === 1, {
+          attempts: 200,
+          intervalMs: 50,
         }),
-      (n) => n > 0,
-      { attempts: 50, intervalMs: 20 },
-    );
-    expect(running).toBeGreaterThan(0);
-    await proxy("stall");
-    const stuck = await answer;
-    expect(stuck).not.toBe("no answer");
-    if (stuck === "no answer") return;
-    // It was answered by the bound, not by Postgres (whose answer was frozen in the tunnel).
-    expect(Date.now() - sentAt).toBeGreaterThanOrEqual(5_000);
-    await proxy("unstall");
+      ).toBe(1);
+      return answer;
+    }, tenant.database);
+    // Answered while the host was still stalled (unstalled only now): the answer is Lessor's bound,
+    // not Postgres's, whose answer never left the frozen tunnel.
+    expect((await proxy("unstall")).stalled).toEqual([]);
     const body = await stuck.json<{ code: string; message: string }>();
     expect({ status: stuck.status, code: body.code }).toEqual({ status: 503, code: "connection_lost" });
     expect(body.message).toContain("may or may not have committed");
     // And it did commit: the answer that says "unknown" was the only true one.
-    const landed = await pollUntil(
-      async () => {
-        try {
-          return (await sql`SELECT count(*)::int AS n FROM notes WHERE body = ${marker}`)[0]?.n;
-        } catch {
-          return -1;
-        }
-      },
-      (n) => n === 1,
-      { attempts: 40, intervalMs: 500 },
-    );
-    expect(landed).toBe(1);
+    expect(await committed()).toBe(1);
   });
 
   it("a session lease whose connection goes silent inside a transaction ends as lease_lost, never hangs", async () => {
@@ -228,16 +253,15 @@ describe("a silent database (blackhole)", () => {
       });
     expect((await run("BEGIN")).status).toBe(200);
     await proxy("stall");
-    const during = await within(run("INSERT INTO notes (body) VALUES ('silent')"));
-    expect(during).not.toBe("no answer");
-    if (during === "no answer") return;
+    const during = await answered(
+      "a lease's statement on a silent connection",
+      run("INSERT INTO notes (body) VALUES ('silent')"),
+    );
     expect([400, 503]).toContain(during.status);
     expect((await during.json<{ code: string }>()).code).toMatch(
       /^(statement_timeout|connection_lost|lease_timeout)$/,
     );
-    const after = await within(run("COMMIT"));
-    expect(after).not.toBe("no answer");
-    if (after === "no answer") return;
+    const after = await answered("the lost lease's COMMIT", run("COMMIT"));
     expect(after.status).toBe(409);
     expect(await after.json()).toMatchObject({ code: "lease_lost" });
     expect((await env.TENANTS.getByName(tenant.id).status()).leases).toBe(0);
@@ -258,7 +282,8 @@ describe("a silent database (blackhole)", () => {
   it("closing a connection the host already cut never hangs (found by the chaos soak)", async () => {
     const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
     const config = loadConfig(env);
-    const outcome = within(
+    const outcome = answered(
+      "closing a connection the host cut",
       withConnection(config, hosts.silent ?? "", "lessor:host:silent:test", async (client) => {
         await client.query("SELECT 1");
         // The tunnel freezes mid-query, then is cut, as a stall that ends does.
@@ -284,9 +309,10 @@ describe("a silent database (blackhole)", () => {
     const tenant = await createTenant(uniqueTenantId("bh-rotate"), { host: "silent" });
     expect(await sqlFor(tenant)`SELECT 1 AS one`).toEqual([{ one: 1 }]);
     await proxy("stall");
-    const answer = await within(admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" }));
-    expect(answer).not.toBe("no answer");
-    if (answer === "no answer") return;
+    const answer = await answered(
+      "a rotation on a silent host",
+      admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" }),
+    );
     expect(answer.status).toBe(503);
     expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
     expect(await answer.json()).toMatchObject({ code: "connection_lost" });

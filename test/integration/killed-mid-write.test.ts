@@ -12,7 +12,7 @@
  */
 import { runDurableObjectAlarm, runInDurableObject } from "cloudflare:test";
 import { env } from "cloudflare:workers";
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { loadConfig } from "../../src/config/index.ts";
 import { unseal } from "../../src/crypto/seal.ts";
 import { withTenantConnection } from "../../src/postgres/index.ts";
@@ -48,13 +48,16 @@ interface Backend {
   app: string;
   state: string;
   query: string;
+  waitEventType: string;
 }
 
 /** The tenant role's backends on the host, by application name and state. */
 function backendsOf(tenant: CreatedTenant): Promise<Backend[]> {
   return asSuperuser(async (client) => {
     const { rows } = await client.query(
-      "SELECT application_name AS app, coalesce(state, '') AS state, query FROM pg_stat_activity WHERE usename = $1",
+      `SELECT application_name AS app, coalesce(state, '') AS state, query,
+              coalesce(wait_event_type, '') AS "waitEventType"
+         FROM pg_stat_activity WHERE usename = $1`,
       [tenant.role],
     );
     return rows as Backend[];
@@ -126,7 +129,46 @@ async function orphanBackend(
   return { outcome };
 }
 
+/** The advisory lock a test's statement waits on in the tenant's database (no other code takes it). */
+const writeLockKey = 7_310_442;
+
+/**
+ * Runs `work` while this test holds `writeLockKey` in the tenant's database, behind Lessor: a
+ * statement that takes the lock after its insert cannot commit until the test lets it, however
+ * long the test's own steps take.
+ */
+function holdingWriteLock<T>(tenant: CreatedTenant, work: () => Promise<T>): Promise<T> {
+  return asSuperuser(async (lock) => {
+    await lock.query("SELECT pg_catalog.pg_advisory_lock($1)", [writeLockKey]);
+    try {
+      return await work();
+    } finally {
+      await lock.query("SELECT pg_catalog.pg_advisory_unlock($1)", [writeLockKey]).catch(() => undefined);
+    }
+  }, tenant.database);
+}
+
+/**
+ * The tenant's pool starts with Postgres's own limits and the statement bound far past the test
+ * (test-only setting, read at each use): what ends its statement is the kill, never a timeout that
+ * a slow step of the test let run out.
+ */
+function withoutStatementBound(tenant: CreatedTenant): void {
+  tenantHooksForTests.config = (id) => (id === tenant.id ? { statementTimeoutMs: 600_000 } : undefined);
+}
+
+/** Whether a statement of the tenant's role containing `marker` waits on the test's lock. */
+async function waitsOnLock(tenant: CreatedTenant, marker: string): Promise<boolean> {
+  return (await backendsOf(tenant)).some(
+    (b) => b.state === "active" && b.waitEventType === "Lock" && b.query.includes(marker),
+  );
+}
+
 describe("the object killed mid-write", () => {
+  afterEach(() => {
+    tenantHooksForTests.config = undefined;
+  });
+
   it("a session lease's open transaction with an insert: the row is gone, nothing is left idle in transaction", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-tx"), { tier: "free" });
     const opened = await lessor(`/v1/tenants/${tenant.id}/leases`, {
@@ -176,36 +218,37 @@ describe("the object killed mid-write", () => {
 
   it("a long write on /sql: the killed request fails and its write never commits", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-write"), { tier: "free" });
+    withoutStatementBound(tenant);
     await sqlFor(tenant)`SELECT 1`;
-    // One statement that inserts, then works for 3 s before it can commit.
-    const write = sqlRequest(tenant.connectionString, {
-      query:
-        "WITH ins AS (INSERT INTO notes (body) VALUES ('long-write') RETURNING 1) SELECT pg_sleep(3) FROM ins",
-      params: [],
-    }).then(
-      (response) => response.status,
-      () => 0,
-    );
-    const running = await pollUntil(
-      async () =>
-        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("long-write")),
-      (found) => found,
-      { attempts: 40, intervalMs: 50 },
-    );
-    expect(running).toBe(true);
+    await holdingWriteLock(tenant, async () => {
+      // One statement that inserts, then waits for the test's lock before it can commit.
+      const write = sqlRequest(tenant.connectionString, {
+        query: `WITH ins AS (INSERT INTO notes (body) VALUES ('long-write') RETURNING 1) SELECT pg_catalog.pg_advisory_xact_lock(${writeLockKey}) FROM ins`,
+        params: [],
+      }).then(
+        (response) => response.status,
+        () => 0,
+      );
+      const running = await pollUntil(
+        () => waitsOnLock(tenant, "long-write"),
+        (found) => found,
+        { attempts: 200, intervalMs: 50 },
+      );
+      expect(running).toBe(true);
 
-    await killObject(tenant);
-    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
-      { app: generation(tenant, 2) },
-    ]);
-    // The killed request ends (whatever it answers, it is not a success), and the dead
-    // generation's backends go: the write died with them.
-    expect(await write).not.toBe(200);
-    const old = await pollUntil(
-      async () => (await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1)),
-      (backends) => backends.length === 0,
-    );
-    expect(old).toEqual([]);
+      await killObject(tenant);
+      expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
+        { app: generation(tenant, 2) },
+      ]);
+      // The killed request ends (whatever it answers, it is not a success), and the dead
+      // generation's backends go, before the lock does: the write died with them.
+      expect(await write).not.toBe(200);
+      const old = await pollUntil(
+        async () => (await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1)),
+        (backends) => backends.length === 0,
+      );
+      expect(old).toEqual([]);
+    });
     expect(await notesCount(tenant, "long-write")).toBe(0);
   });
 
@@ -216,28 +259,30 @@ describe("the object killed mid-write", () => {
     ]);
     // Generation 1's backend that workerd cannot end with the object: opened from outside it (this
     // test's own connection, under generation 1's name and the tenant's role), with no statement
-    // timeout, running an insert that commits only after 20 s. Its client never goes away, so
-    // nothing but a fence ends it.
-    const orphan = await orphanBackend(
-      tenant,
-      generation(tenant, 1),
-      "WITH ins AS (INSERT INTO notes (body) VALUES ('orphan-write') RETURNING 1) SELECT pg_sleep(20) FROM ins",
-    );
-    const running = await pollUntil(
-      async () =>
-        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("orphan-write")),
-      (found) => found,
-      { attempts: 100, intervalMs: 50 },
-    );
-    expect(running).toBe(true);
+    // timeout, running an insert that commits only once the test lets go of a lock. Its client
+    // never goes away, so nothing but a fence ends it.
+    await holdingWriteLock(tenant, async () => {
+      // Its insert then waits for the test's lock: it commits only if nothing ends it first.
+      const orphan = await orphanBackend(
+        tenant,
+        generation(tenant, 1),
+        `WITH ins AS (INSERT INTO notes (body) VALUES ('orphan-write') RETURNING 1) SELECT pg_catalog.pg_advisory_xact_lock(${writeLockKey}) FROM ins`,
+      );
+      const running = await pollUntil(
+        () => waitsOnLock(tenant, "orphan-write"),
+        (found) => found,
+        { attempts: 200, intervalMs: 50 },
+      );
+      expect(running).toBe(true);
 
-    await killObject(tenant);
-    // The next start fences before it serves: by the time generation 2 answers, the orphan is gone.
-    expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
-      { app: generation(tenant, 2) },
-    ]);
-    expect(await orphan.outcome).toMatchObject({ code: "57P01" });
-    expect((await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1))).toEqual([]);
+      await killObject(tenant);
+      // The next start fences before it serves: by the time generation 2 answers, the orphan is gone.
+      expect(await sqlFor(tenant)`SELECT current_setting('application_name') AS app`).toEqual([
+        { app: generation(tenant, 2) },
+      ]);
+      expect(await orphan.outcome).toMatchObject({ code: "57P01" });
+      expect((await backendsOf(tenant)).filter((b) => b.app === generation(tenant, 1))).toEqual([]);
+    });
     expect(await notesCount(tenant, "orphan-write")).toBe(0);
     const events = await pollUntil(
       () => eventsOf(tenant.id),
@@ -408,17 +453,23 @@ describe("the object killed mid-write", () => {
 
   it("a request in flight when its object is killed answers 503 object_unavailable with Retry-After, not 500 (found by the chaos soak)", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-answer"), { tier: "free" });
+    withoutStatementBound(tenant);
     await sqlFor(tenant)`SELECT 1`;
-    const inFlight = sqlRequest(tenant.connectionString, { query: "SELECT pg_sleep(2)", params: [] });
-    const running = await pollUntil(
-      async () =>
-        (await backendsOf(tenant)).some((b) => b.state === "active" && b.query.includes("pg_sleep")),
-      (found) => found,
-      { attempts: 40, intervalMs: 50 },
-    );
-    expect(running).toBe(true);
-    await killObject(tenant);
-    const answer = await inFlight;
+    // The statement runs until the test lets go of its lock: it is still in flight at the kill.
+    const answer = await holdingWriteLock(tenant, async () => {
+      const inFlight = sqlRequest(tenant.connectionString, {
+        query: `SELECT 'in-flight', pg_catalog.pg_advisory_xact_lock(${writeLockKey})`,
+        params: [],
+      });
+      const running = await pollUntil(
+        () => waitsOnLock(tenant, "in-flight"),
+        (found) => found,
+        { attempts: 200, intervalMs: 50 },
+      );
+      expect(running).toBe(true);
+      await killObject(tenant);
+      return inFlight;
+    });
     expect(answer.status).toBe(503);
     expect(Number(answer.headers.get("Retry-After"))).toBeGreaterThanOrEqual(1);
     expect(await answer.json()).toMatchObject({ code: "object_unavailable" });

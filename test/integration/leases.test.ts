@@ -130,23 +130,38 @@ describe("session leases", () => {
 
   it("reclaims an expired lease with an alarm: rolls back its transaction and frees the pool", async () => {
     const tenant = await createTenant(uniqueTenantId("lease-exp"), { tier: "solo" });
-    const token = await lease(tenant, 1_000);
-    await leaseRows(token, tenant.key, "BEGIN");
-    await leaseRows(token, tenant.key, "INSERT INTO notes (body) VALUES ('abandoned')");
     const stub = env.TENANTS.getByName(tenant.id);
-    // The owner vanishes. Wait past the TTL, then let the alarm run.
-    await new Promise((resolve) => setTimeout(resolve, 1_200));
-    await runDurableObjectAlarm(stub);
-    // The alarm may already have been running on its own schedule: wait for its reclaim to finish.
-    const status = await pollUntil(
-      () => stub.status(),
-      (s) => s.sessions === 0 && s.leases === 0,
-    );
+    // The objects' clock (this isolate's Date) moves only when the test moves it: the 1 s TTL runs
+    // out when the test says, not between two of its requests on a loaded machine.
+    const opened = Date.now();
+    vi.useFakeTimers({ toFake: ["Date"] });
+    let status: Awaited<ReturnType<typeof stub.status>>;
+    let late: Response;
+    try {
+      vi.setSystemTime(opened);
+      const token = await lease(tenant, 1_000);
+      await leaseRows(token, tenant.key, "BEGIN");
+      await leaseRows(token, tenant.key, "INSERT INTO notes (body) VALUES ('abandoned')");
+      // Still alive just before its TTL: nothing reclaimed it early.
+      vi.setSystemTime(opened + 999);
+      await runDurableObjectAlarm(stub);
+      expect((await stub.status()).reclaimedLeases).toBe(0);
+      // The owner vanishes. Past the TTL, the alarm runs.
+      vi.setSystemTime(opened + 1_200);
+      await runDurableObjectAlarm(stub);
+      // The alarm may already have been running on its own schedule: wait for its reclaim to finish.
+      status = await pollUntil(
+        () => stub.status(),
+        (s) => s.sessions === 0 && s.leases === 0,
+      );
+      // Its owner learns why: the lease expired (not "no such lease").
+      late = await leaseSql(token, tenant.key, "SELECT 1");
+    } finally {
+      vi.useRealTimers();
+    }
     expect(status.leases).toBe(0);
     expect(status.sessions).toBe(0);
     expect(status.reclaimedLeases).toBe(1);
-    // Its owner learns why: the lease expired (not "no such lease").
-    const late = await leaseSql(token, tenant.key, "SELECT 1");
     expect(late.status).toBe(409);
     expect(((await late.json()) as { code: string }).code).toBe("lease_expired");
     // The transaction was rolled back and no backend is left idle in transaction.

@@ -6,8 +6,9 @@
  * files, so backends are counted by this file's roles and the `tiny` host's admin name.
  */
 import { createExecutionContext, env, waitOnExecutionContext } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { describe, expect, it, vi } from "vitest";
 import { app } from "../../src/app.ts";
+import { budgetHooksForTests } from "../../src/budget-object/test-hooks.ts";
 import { runCampaignTick } from "../../src/campaigns/runner.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { controlPlaneOutageForTests } from "../../src/control-plane/index.ts";
@@ -58,6 +59,11 @@ async function capacity(): Promise<CapacityStatus> {
 }
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Waits (bounded: a hang detector, not a measure) until `done()` holds; the caller asserts after. */
+async function until(done: () => boolean, attempts = 400): Promise<void> {
+  for (let i = 0; i < attempts && !done(); i++) await sleep(25);
+}
 
 /** Rolls tenants back to schema version 1 (database, catalog, and their objects' records). */
 async function rollBackToV1(tenants: readonly CreatedTenant[]): Promise<void> {
@@ -390,7 +396,18 @@ describe("maintenance connections are leased from the budget", () => {
     maintenanceRenewal.holdMs = 1_500;
     maintenanceRenewal.everyMs = 300;
     const config = loadConfig(env);
+    // The renewals, as the BudgetObject records them.
+    const renewals: boolean[] = [];
+    budgetHooksForTests.onMaintenanceRenewed = (_leaseId, renewed) => {
+      renewals.push(renewed);
+    };
+    // The slots' clock (this isolate's Date) moves only when the test moves it, and only after a
+    // renewal has come at the current time: the hold runs out by the clock the test keeps, never
+    // because a loaded machine delayed a renewal's timer.
+    const start = Date.now();
+    vi.useFakeTimers({ toFake: ["Date"] });
     try {
+      vi.setSystemTime(start);
       const before = (await capacity()).reconciled.maintenanceExpired;
       // Alive for four holds: renewed all along, never expired.
       await withMaintenanceSlot(
@@ -399,16 +416,24 @@ describe("maintenance connections are leased from the budget", () => {
         host,
         { purpose: "test-alive", tenantId: null, deadlineMs: 60_000 },
         async () => {
-          await new Promise((resolve) => setTimeout(resolve, 4 * maintenanceRenewal.holdMs));
+          for (let step = 1; step <= 8; step++) {
+            const seen = renewals.length;
+            await until(() => renewals.length > seen);
+            expect(renewals.length, `a renewal before step ${step}`).toBeGreaterThan(seen);
+            // Half a hold later than the renewal just seen.
+            vi.setSystemTime(start + (step * maintenanceRenewal.holdMs) / 2);
+          }
           const during = await capacity();
           expect(during.maintenance.byPurpose["test-alive"]).toBe(1);
         },
       );
+      expect(renewals.every(Boolean)).toBe(true);
       expect((await capacity()).reconciled.maintenanceExpired).toBe(before);
       // Dead: a holder whose renewals stopped (as a killed one's do) while its work never ends. It
       // asked for a short hold, not its whole deadline (ten minutes here): the slot is free again
-      // within that hold.
+      // once that hold has passed on the clock.
       maintenanceRenewal.everyMs = 3_600_000;
+      const deadFrom = Date.now();
       let finish: () => void = () => undefined;
       const dead = withMaintenanceSlot(
         env,
@@ -421,18 +446,19 @@ describe("maintenance connections are leased from the budget", () => {
           }),
       );
       const held = await pollUntil(capacity, (s) => s.maintenance.byPurpose["test-dead"] === 1, {
-        attempts: 40,
+        attempts: 200,
         intervalMs: 50,
       });
       expect(held.maintenance.byPurpose["test-dead"]).toBe(1);
-      const gone = await pollUntil(capacity, (s) => (s.maintenance.byPurpose["test-dead"] ?? 0) === 0, {
-        attempts: 40,
-        intervalMs: 100,
-      });
-      expect(gone.maintenance.byPurpose["test-dead"] ?? 0).toBe(0);
+      vi.setSystemTime(deadFrom + maintenanceRenewal.holdMs - 1);
+      expect((await capacity()).maintenance.byPurpose["test-dead"]).toBe(1);
+      vi.setSystemTime(deadFrom + maintenanceRenewal.holdMs + 1);
+      expect((await capacity()).maintenance.byPurpose["test-dead"] ?? 0).toBe(0);
       finish();
       await dead;
     } finally {
+      vi.useRealTimers();
+      budgetHooksForTests.onMaintenanceRenewed = undefined;
       Object.assign(maintenanceRenewal, saved);
     }
   });

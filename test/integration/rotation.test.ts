@@ -308,15 +308,24 @@ describe("credential rotation through overlapping generations", () => {
     expect(status.allocated + status.reserved + status.draining).toBe(7);
 
     // The small tenant's rotation waits for room; a release (the big pool drained) lets it through.
-    const pending = rotate(small.id);
-    await pollUntil(
-      async () => (await env.BUDGETS.getByName(host).status(host, 0)).rotations.waiting,
-      (n) => n === 1,
-      { attempts: 40, intervalMs: 25 },
-    );
-    const drained = await admin(`/v1/tenants/${big.id}/drain`, { method: "POST", json: {} });
-    expect(drained.status).toBe(202);
-    const granted = await pending;
+    // Its wait outlasts the test (test-only setting): it ends because the drain made room, never
+    // because a loaded machine took longer than the 2 s wait to drain the big pool.
+    tenantHooksForTests.config = (id) => (id === small.id ? { admissionWaitMs: 600_000 } : undefined);
+    let granted: Response;
+    try {
+      const pending = rotate(small.id);
+      const waiting = await pollUntil(
+        async () => (await env.BUDGETS.getByName(host).status(host, 0)).rotations.waiting,
+        (n) => n === 1,
+        { attempts: 200, intervalMs: 25 },
+      );
+      expect(waiting).toBe(1);
+      const drained = await admin(`/v1/tenants/${big.id}/drain`, { method: "POST", json: {} });
+      expect(drained.status).toBe(202);
+      granted = await pending;
+    } finally {
+      tenantHooksForTests.config = undefined;
+    }
     expect(granted.status).toBe(202);
     expect((await sqlRows(small, "SELECT current_setting('application_name')"))[0]?.[0]).toBe(
       `lessor:${small.role}:${(await granted.json<{ generation: number }>()).generation}`,

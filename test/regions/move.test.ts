@@ -310,8 +310,13 @@ describe("a move under traffic, killed between every pair of steps", () => {
         if (view.state !== "moved") await new Promise((resolve) => setTimeout(resolve, 100));
       }
       expect(view.state).toBe("moved");
-      // The client keeps going on the new owner for a moment.
-      await new Promise((resolve) => setTimeout(resolve, 500));
+      // The client keeps going on the new owner until it has been answered there more than ten
+      // times (bounded), however long each answer takes on this machine.
+      await pollUntil(
+        async () => answers.filter((a) => a.sentAt > fencedAt && a.status === 200).length,
+        (n) => n > 10,
+        { attempts: 600, intervalMs: 50 },
+      );
     } finally {
       moveHooksForTests.onStep = undefined;
       hammering = false;

@@ -189,12 +189,15 @@ export class CapacityLedger {
     return this.db.delete(maintenance).where(eq(maintenance.id, id)).returning().all().length > 0;
   }
 
-  /** Moves a held slot's expiry to `expiresAt`; false if it is no longer held. */
-  renewMaintenance(id: string, expiresAt: number): boolean {
-    return (
-      this.db.update(maintenance).set({ expiresAt }).where(eq(maintenance.id, id)).returning().all().length >
-      0
-    );
+  /** Moves a held slot's expiry to `expiresAt`: the slot's purpose, or null if it is no longer held. */
+  renewMaintenance(id: string, expiresAt: number): string | null {
+    const [row] = this.db
+      .update(maintenance)
+      .set({ expiresAt })
+      .where(eq(maintenance.id, id))
+      .returning()
+      .all();
+    return row?.purpose ?? null;
   }
 
   /** Frees the slots whose holders outlived their deadline (they died): how many. */

@@ -55,9 +55,9 @@ export class MaintenanceSlots {
    * expired: the holder was presumed dead).
    */
   renew(leaseId: string, holdMs: number): boolean {
-    const renewed = this.ledger().renewMaintenance(leaseId, Date.now() + holdMs);
-    budgetHooksForTests.onMaintenanceRenewed?.(leaseId, renewed);
-    return renewed;
+    const purpose = this.ledger().renewMaintenance(leaseId, Date.now() + holdMs);
+    budgetHooksForTests.onMaintenanceRenewed?.(leaseId, purpose !== null, purpose);
+    return purpose !== null;
   }
 
   /** The slot's connection is closed. Idempotent. */

@@ -7,7 +7,7 @@ export interface BudgetHooksForTests {
   /** A host's admission wait instead of `LESSOR_ADMISSION_WAIT_MS` (a test longer than a slow machine). */
   admissionWaitMs?: (host: string) => number | undefined;
   /** A maintenance slot's holder renewed it (`renewed`: false if the slot had already expired). */
-  onMaintenanceRenewed?: (leaseId: string, renewed: boolean) => void;
+  onMaintenanceRenewed?: (leaseId: string, renewed: boolean, purpose: string | null) => void;
   /**
    * A start's `confirm` has arrived (`reached`), or has been recorded and whatever reclaim it kicked
    * is on its way (`recorded`); the confirm does not answer until the hook's promise settles. A test

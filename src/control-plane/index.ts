@@ -277,17 +277,56 @@ export interface LifecycleEventRow {
   at: number;
 }
 
-/** Appends events; replays of the same (tenant, seq) are ignored, so a flush can run twice. */
+/**
+ * Appends events. A (tenant, seq) already held is either a replay of the same event (a flush that
+ * ran twice: ignored) or another event under the same number: an instance whose flush sent an
+ * event and whose own record of it was then lost (killed before its write was durable), so the next
+ * instance numbered a new event the same. That one is appended after the newest, never dropped.
+ */
 export async function appendLifecycleEvents(
   db: ControlPlane,
   tenantId: string,
   events: readonly LifecycleEventRow[],
 ): Promise<void> {
   if (events.length === 0) return;
-  await db
+  const rows = events.map((event) => ({ ...event, tenantId, at: new Date(event.at) }));
+  const landed = await db
     .insert(lifecycleEvents)
-    .values(events.map((event) => ({ ...event, tenantId, at: new Date(event.at) })))
-    .onConflictDoNothing();
+    .values(rows)
+    .onConflictDoNothing()
+    .returning({ seq: lifecycleEvents.seq });
+  if (landed.length === rows.length) return;
+  const seqs = new Set(landed.map((row) => row.seq));
+  for (const row of rows) {
+    if (seqs.has(row.seq)) continue;
+    const [same] = await db
+      .select({ seq: lifecycleEvents.seq })
+      .from(lifecycleEvents)
+      .where(
+        and(
+          eq(lifecycleEvents.tenantId, tenantId),
+          eq(lifecycleEvents.generation, row.generation),
+          eq(lifecycleEvents.fromState, row.fromState),
+          eq(lifecycleEvents.toState, row.toState),
+          eq(lifecycleEvents.reason, row.reason),
+          eq(lifecycleEvents.at, row.at),
+        ),
+      )
+      .limit(1);
+    if (same) continue;
+    // Renumbered past the newest; a concurrent append taking that number is retried.
+    for (let tries = 0; tries < 5; tries++) {
+      const renumbered = await db
+        .insert(lifecycleEvents)
+        .values({
+          ...row,
+          seq: sql`(SELECT coalesce(max(seq), 0) + 1 FROM lifecycle_events WHERE tenant_id = ${tenantId})`,
+        })
+        .onConflictDoNothing()
+        .returning({ seq: lifecycleEvents.seq });
+      if (renumbered.length > 0) break;
+    }
+  }
 }
 
 /** Newest-first page of a tenant's lifecycle events. */

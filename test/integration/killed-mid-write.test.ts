@@ -347,6 +347,45 @@ describe("the object killed mid-write", () => {
     });
   }
 
+  it("events the control plane already holds under the object's next numbers (sent, then lost with a killed instance) do not swallow the next ones", async () => {
+    const tenant = await createTenant(uniqueTenantId("kill-seq"), { tier: "free" });
+    const sql = sqlFor(tenant);
+    await sql`SELECT 1 AS one`;
+    const stub = () => env.TENANTS.getByName(tenant.id);
+    expect(typeof (await runDurableObjectAlarm(stub()))).toBe("boolean");
+    const before = await pollUntil(
+      () => controlPlaneEvents(tenant),
+      (list) => list.some((e) => e.reason === "pool_ready"),
+    );
+    const top = Math.max(...before.map((e) => e.seq));
+    // What a dead instance leaves: its flush sent these, its own record of them was lost, so the
+    // next instance numbers its events the same.
+    await asSuperuser(async (client) => {
+      await client.query(
+        `INSERT INTO lifecycle_events (tenant_id, seq, generation, from_state, to_state, reason, at)
+         SELECT $1, $2::bigint + g, 1, 'ready', 'ready', 'planted: sent, then lost', now() FROM generate_series(1, 5) g`,
+        [tenant.id, top],
+      );
+    }, "lessor");
+    await killObject(tenant);
+    await sql`SELECT 2 AS two`;
+    expect(typeof (await runDurableObjectAlarm(stub()))).toBe("boolean");
+    const key = (e: LifecycleEvent) => `${e.generation} ${e.from}→${e.to} ${e.reason}`;
+    const after = await pollUntil(
+      () => controlPlaneEvents(tenant),
+      (list) => list.filter((e) => e.reason === "pool_ready").length === 2,
+    );
+    expect(after.filter((e) => e.seq > top && !e.reason.startsWith("planted")).map(key)).toEqual([
+      "1 ready→stopped object_restarted",
+      "2 stopped→starting demand",
+      "2 starting→ready pool_ready",
+    ]);
+    expect(after.filter((e) => e.reason.startsWith("planted"))).toHaveLength(5);
+    // A replay of what landed changes nothing.
+    expect(typeof (await runDurableObjectAlarm(stub()))).toBe("boolean");
+    expect(await controlPlaneEvents(tenant)).toEqual(after);
+  });
+
   it("usage the object counted and saved before it was killed is not lost (found by the chaos soak)", async () => {
     const tenant = await createTenant(uniqueTenantId("kill-usage"), { tier: "free" });
     const sql = sqlFor(tenant);

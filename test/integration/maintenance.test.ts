@@ -396,10 +396,14 @@ describe("maintenance connections are leased from the budget", () => {
     maintenanceRenewal.holdMs = 1_500;
     maintenanceRenewal.everyMs = 300;
     const config = loadConfig(env);
-    // The renewals, as the BudgetObject records them.
+    // This test's holders' renewals, as the BudgetObject records them. Other holders on the host
+    // (background work of other tests) renew too, and the clock this test moves may expire theirs:
+    // only the lease that renewed as "test-alive" is judged.
     const renewals: boolean[] = [];
-    budgetHooksForTests.onMaintenanceRenewed = (_leaseId, renewed) => {
-      renewals.push(renewed);
+    let aliveLease: string | null = null;
+    budgetHooksForTests.onMaintenanceRenewed = (leaseId, renewed, purpose) => {
+      if (purpose === "test-alive") aliveLease ??= leaseId;
+      if (leaseId === aliveLease) renewals.push(renewed);
     };
     // The slots' clock (this isolate's Date) moves only when the test moves it, and only after a
     // renewal has come at the current time: the hold runs out by the clock the test keeps, never
@@ -408,7 +412,6 @@ describe("maintenance connections are leased from the budget", () => {
     vi.useFakeTimers({ toFake: ["Date"] });
     try {
       vi.setSystemTime(start);
-      const before = (await capacity()).reconciled.maintenanceExpired;
       // Alive for four holds: renewed all along, never expired.
       await withMaintenanceSlot(
         env,
@@ -420,15 +423,15 @@ describe("maintenance connections are leased from the budget", () => {
             const seen = renewals.length;
             await until(() => renewals.length > seen);
             expect(renewals.length, `a renewal before step ${step}`).toBeGreaterThan(seen);
-            // Half a hold later than the renewal just seen.
+            // Half a hold later than the renewal just seen: past the first hold from step 3 on,
+            // and the slot is still held (an expired one is gone from the ledger).
             vi.setSystemTime(start + (step * maintenanceRenewal.holdMs) / 2);
+            expect((await capacity()).maintenance.byPurpose["test-alive"], `held at step ${step}`).toBe(1);
           }
-          const during = await capacity();
-          expect(during.maintenance.byPurpose["test-alive"]).toBe(1);
         },
       );
+      expect(renewals.length).toBeGreaterThanOrEqual(8);
       expect(renewals.every(Boolean)).toBe(true);
-      expect((await capacity()).reconciled.maintenanceExpired).toBe(before);
       // Dead: a holder whose renewals stopped (as a killed one's do) while its work never ends. It
       // asked for a short hold, not its whole deadline (ten minutes here): the slot is free again
       // once that hold has passed on the clock.

@@ -44,11 +44,30 @@ function tempStateDir(): string {
   return dir;
 }
 
-/** A live process whose command line carries `marker` (as `local/start.ts` or `postgres` would). */
-function sleeper(marker: string): ChildProcess {
+/**
+ * A live process whose command line carries `marker` (as `local/start.ts` or `postgres` would).
+ * Answers once its command line says so: right after the fork the child still shows this
+ * process's, and a loaded machine can leave it there long enough for a check to read it.
+ */
+async function sleeper(marker: string): Promise<ChildProcess> {
   const child = spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)", marker], { stdio: "ignore" });
   cleanups.push(() => void child.kill("SIGKILL"));
-  return child;
+  await new Promise<void>((done, fail) => {
+    child.once("spawn", done);
+    child.once("error", fail);
+  });
+  if (!hasProc) return child;
+  for (let tries = 0; tries < 500; tries++) {
+    let cmdline = "";
+    try {
+      cmdline = readFileSync(`/proc/${child.pid}/cmdline`, "utf8");
+    } catch {
+      // Not readable yet.
+    }
+    if (cmdline.includes(marker)) return child;
+    await new Promise((done) => setTimeout(done, 10));
+  }
+  throw new Error(`the sleeper's command line never showed ${marker}`);
 }
 
 /** The pid of a process that has exited. */
@@ -84,7 +103,7 @@ describe("npm start: already running", () => {
 
   it("refuses while the pid file's Lessor runs, with the line npm start prints", async () => {
     const dir = tempStateDir();
-    const other = sleeper("local/start.ts");
+    const other = await sleeper("local/start.ts");
     writeFileSync(join(dir, "lessor.pid"), `${other.pid}\nhttp://127.0.0.1:8790\n`);
     const claim = claimStateDir(dir, process.pid, "http://127.0.0.1:8787");
     expect(claim).toEqual({
@@ -106,7 +125,7 @@ describe("npm start: already running", () => {
     const claim = claimStateDir(dir, process.pid, "http://127.0.0.1:8787");
     expect(readFileSync(join(dir, "lessor.pid"), "utf8")).toBe(`${process.pid}\nhttp://127.0.0.1:8787\n`);
     if (claim.ok) claim.release();
-    const other = sleeper("local/start.ts");
+    const other = await sleeper("local/start.ts");
     writeFileSync(join(dir, "lessor.pid"), `${other.pid}\n`);
     const refused = claimStateDir(dir);
     if (!refused.ok)
@@ -116,17 +135,17 @@ describe("npm start: already running", () => {
     expect(refused.ok).toBe(false);
   });
 
-  it.skipIf(!hasProc)("takes a live pid of an unrelated process for a stale one (pid reuse)", () => {
+  it.skipIf(!hasProc)("takes a live pid of an unrelated process for a stale one (pid reuse)", async () => {
     const dir = tempStateDir();
-    const unrelated = sleeper("something-else");
+    const unrelated = await sleeper("something-else");
     writeFileSync(join(dir, "lessor.pid"), `${unrelated.pid}\n`);
     expect(claimStateDir(dir).ok).toBe(true);
   });
 
-  it("refuses over a live Postgres left by a killed run, and says how to stop it", () => {
+  it("refuses over a live Postgres left by a killed run, and says how to stop it", async () => {
     const dir = tempStateDir();
     mkdirSync(join(dir, "pg"));
-    const postgres = sleeper("postgres");
+    const postgres = await sleeper("postgres");
     writeFileSync(join(dir, "pg", "postmaster.pid"), `${postgres.pid}\n/data\n1700000000\n54329\n`);
     const claim = claimStateDir(dir);
     expect(claim).toEqual({ ok: false, running: { kind: "postgres", pid: postgres.pid } });

@@ -79,19 +79,21 @@ export class TenantDrain {
    */
   async evictIfIdle(generation: number): Promise<EvictOutcome> {
     const lc = this.rt.lifecycle;
+    const blocking = this.rt.holders.apply("evict").blocking;
     const eligible =
       lc.generation === generation &&
       lc.state === "ready" &&
       this.pool.leases === 0 &&
-      this.rt.holders.apply("evict").blocking === 0 &&
+      blocking === 0 &&
       !this.rt.pinned &&
       !lc.migrating &&
       lc.rotatingTo === null &&
       this.pool.isOpen;
     if (!eligible) {
-      // Refused because busy: tell the budget the moment the last lease goes, so a waiting start
-      // does not wait for the next heartbeat to learn this pool became idle.
-      if (lc.generation === generation && this.pool.leases > 0) this.pool.reportWhenIdle();
+      // Refused because busy (a lease, or a holder such as the request that started the pool and
+      // has not leased yet): tell the budget the moment the last one goes, so a waiting start does
+      // not wait for the next heartbeat to learn this pool became idle.
+      if (lc.generation === generation && (this.pool.leases > 0 || blocking > 0)) this.pool.reportWhenIdle();
       // A generation this object no longer runs holds nothing: let the budget release it.
       const gone = lc.generation !== generation && !this.pool.holds(generation);
       return { evicted: gone, report: this.pool.report() };

@@ -1007,9 +1007,16 @@ export class TenantPool implements SizedPool {
     if (pressure) this.sizing.notePressure(pressure);
   }
 
-  /** The budget asked to evict while leases were held: report the moment the last one goes. */
+  /** The budget asked to evict while leases or holders were held: report the moment the last one goes. */
   reportWhenIdle(): void {
     this.budgetWaitsForIdle = true;
+  }
+
+  /** A holder left the registry (kernel/holders.ts): with no lease left either, a waiting budget learns it. */
+  holderLeft(): void {
+    if (!this.budgetWaitsForIdle || this.held.size > 0) return;
+    this.budgetWaitsForIdle = false;
+    this.rt.ctx.waitUntil(this.reportToBudget().catch(() => undefined));
   }
 }
 

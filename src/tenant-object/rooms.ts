@@ -64,6 +64,7 @@ export function installRooms(ctx: DurableObjectState, env: Env): TenantRooms {
         );
     },
   });
+  rt.holders.onLeave = () => pool.holderLeft();
   const sessions = new SessionLeases(rt, auth, pool);
   const built: TenantRooms = {
     rt,

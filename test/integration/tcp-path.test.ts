@@ -60,7 +60,9 @@ function sqlRequest(tenant: CreatedTenant, query: string): Promise<Response> {
  * a host of kind `postgres` (so on the TCP path, verify-full).
  */
 async function refusal(url: string): Promise<string> {
-  const config = loadConfig({ ...env, LESSOR_HOSTS: JSON.stringify({ probe: url }) });
+  // Only this host exists here, so no placement list of the stack's may name another.
+  const vars = { ...env, LESSOR_HOSTS: JSON.stringify({ probe: url }), LESSOR_PLACEMENT_HOSTS: "" };
+  const config = loadConfig(vars as typeof env);
   try {
     await withConnection(config, url, "lessor:test:tcp-refusal", (client) => client.query("SELECT 1"));
     return "connected";

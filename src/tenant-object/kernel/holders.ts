@@ -61,11 +61,14 @@ export function holderEndError(code: HolderEndCode): LessorError {
 export class HolderRegistry {
   private readonly live = new Set<Holder>();
 
+  /** Called each time a holder leaves (the pool tells a waiting budget it may be idle now). */
+  onLeave: () => void = () => undefined;
+
   /** Registers a holder; the answer unregisters it (once). */
   register(holder: Holder): () => void {
     this.live.add(holder);
     return () => {
-      this.live.delete(holder);
+      if (this.live.delete(holder)) this.onLeave();
     };
   }
 

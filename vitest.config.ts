@@ -1,7 +1,13 @@
 import { fileURLToPath } from "node:url";
-import { cloudflareTest } from "@cloudflare/vitest-plugin";
 import { defineConfig } from "vitest/config";
+import { ensureLocalTls } from "./local/tls.ts";
 import { testAdminKey, testKeyMacKey, testSealKey } from "./test/secrets.ts";
+
+// workerd trusts the local certificate authority (local/tls.ts) through miniflare, which reads
+// NODE_EXTRA_CA_CERTS once, when it is loaded: so it is set first, and the plugin (which loads
+// miniflare) is imported after it.
+process.env.NODE_EXTRA_CA_CERTS = ensureLocalTls().caFile;
+const { cloudflareTest } = await import("@cloudflare/vitest-plugin");
 
 /** The integration files of the second half (the longest files alternate between the halves). */
 const secondHalf = [
@@ -77,6 +83,7 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
               // Pools 7 + rotation reserve 1: a standard pool's rotation never fits, a free one's only after a release.
               rotfull: { connections: 9, reserve: 2, rotationReserve: 1 },
               faulty: { connections: 100, reserve: 4 },
+              tcpfault: { connections: 20, reserve: 2 },
               silent: { connections: 20, reserve: 2 },
               // Adaptive admission (adaptive.test.ts): pools share 10 and move between a floor of 1 and
               // their tier's maximum; a window of 2 s so a test sees a pool shrink.
@@ -101,11 +108,17 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
             LESSOR_ERASE_LEASE_WAIT_MS: "2000",
             LESSOR_CONTROL_PLANE_URL: inject("controlPlaneUrl"),
             LESSOR_HOSTS: inject("hostsJson"),
+            // New tenants that name no host go where they always went in the tests (the first host
+            // of their region); placement by room is tested on hosts named for it (host-room.test.ts).
+            LESSOR_PLACEMENT_HOSTS: inject("placementHosts"),
             LESSOR_WS_PROXY: inject("wsProxy"),
             TEST_PG_SUPERUSER_URL: inject("pgSuperuserUrl"),
             TEST_PROXY_CONTROL_URL: inject("proxyControlUrl"),
             TEST_JWKS_SERVER_URL: inject("jwksServerUrl"),
             TEST_PG_SERVER_LOG: inject("pgServerLog"),
+            TEST_TCP_FAULT_CONTROL_URL: inject("tcpFaultControlUrl"),
+            TEST_FAKE_PG_PORTS: inject("fakePostgresPorts"),
+            TEST_FAKE_PG_CONTROL_URL: inject("fakePostgresControlUrl"),
             // The customer's server behind a tunnel (test/customer-server.ts), in the half that has one.
             ...definedOnly({
               // Unset (one region) but in the regions project.
@@ -126,6 +139,8 @@ function workersProject(name: string, include: string[], globalSetup: string, ex
       include,
       exclude,
       globalSetup: [globalSetup],
+      // The hosts' sweep alarms start off in every file (test/integration/setup.ts).
+      setupFiles: ["./test/integration/setup.ts"],
       testTimeout: 60_000,
       hookTimeout: 60_000,
       // The files of a project share its Postgres and assume its hosts, budgets and cron are theirs
@@ -147,6 +162,13 @@ export default defineConfig({
           name: "unit",
           include: ["test/unit/**/*.test.ts"],
           environment: "node",
+          // Modules under test import workerd's sockets (src/postgres/socket.ts); Node has none.
+          alias: [
+            {
+              find: /^cloudflare:sockets$/,
+              replacement: fileURLToPath(new URL("./test/stubs/cloudflare-sockets.ts", import.meta.url)),
+            },
+          ],
           // A few unit tests drive real sockets (the WebSocket proxy's backpressure) and take seconds
           // on a loaded machine; their own loops are bounded.
           testTimeout: 60_000,

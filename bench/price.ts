@@ -19,6 +19,13 @@
  *   do not keep it awake, so a warm Lessor pool costs the host nothing until it queries.
  *   https://neon.com/docs/introduction/plans, https://neon.com/docs/introduction/compute-lifecycle
  *
+ * - Neon egress (public network transfer): 100 GB a month included on Launch and Scale, then
+ *   $0.10 per GB. Projects: 100 on Launch, 1,000 on Scale (a host is a project or a branch).
+ *   https://neon.com/docs/introduction/plans (read 2026-12-03)
+ * - Neon scale to zero: a compute suspends after 5 minutes without activity (Launch default; Scale
+ *   configurable from 1 minute); it is billed per second while it runs, at its size (0.25 CU at
+ *   least). https://neon.com/docs/introduction/plans, "Scale to zero"
+ *
  * The model is deliberately conservative where the bench cannot split a figure: the CPU of the
  * isolate that runs both the Worker and the objects is billed as Worker CPU (in production the
  * objects' share is already paid for by their duration), and a cold start's Postgres CPU is billed
@@ -34,6 +41,10 @@ export const prices = {
   objectMemoryGb: 0.125,
   objectRowsWrittenPerMillion: 1.0,
   neonCuHour: 0.106,
+  neonEgressPerGb: 0.1,
+  neonEgressIncludedGb: 100,
+  neonSuspendAfterSeconds: 300,
+  neonMinCu: 0.25,
   sources: {
     workers: "https://developers.cloudflare.com/workers/platform/pricing/",
     durableObjects: "https://developers.cloudflare.com/durable-objects/platform/pricing/",
@@ -197,3 +208,121 @@ export function priceTable(model: PriceModel): string {
   ];
   return lines.join("\n");
 }
+
+/**
+ * The Neon side of a fleet (docs/adr/028-a-fleet-that-sleeps.md): each host's compute and each
+ * region's control-plane compute, billed while awake, and egress. Before issue 44, the cron's
+ * per-host jobs queried every host every minute and every job read the control plane every
+ * minute, so no compute ever reached its 5 minutes without a query: every one was billed all
+ * month. Now a host is awake while its pools run (plus the 5 minutes after its last query, plus
+ * the look a minute after a pool stops) and for each slow visit (every `LESSOR_SWEEP_MINUTES`: one
+ * connection, then 5 minutes until it suspends). The control plane is still read every minute by
+ * the fold, campaigns, erase and move resume (test/integration/idle-hour.test.ts counts them), so
+ * it is billed all month.
+ */
+export interface HostingScenario {
+  name: string;
+  hosts: number;
+  regions: number;
+  /** Share of the month a host has a live pool (the fleet's busy hours), stated. */
+  busyShare: number;
+  /** Pool stops a host sees a month (each adds the look a minute later). */
+  poolStopsPerHost: number;
+  /** Egress from all hosts, GB a month (answers to clients). */
+  egressGb: number;
+  /** Compute size of a busy host, CU (an idle one autoscales down to 0.25). */
+  hostCu: number;
+}
+
+export const hostingScenarios: readonly HostingScenario[] = [
+  {
+    name: "idle fleet",
+    hosts: 200,
+    regions: 1,
+    busyShare: 0,
+    poolStopsPerHost: 0,
+    egressGb: 0,
+    hostCu: 0.25,
+  },
+  {
+    name: "busy fleet",
+    hosts: 200,
+    regions: 1,
+    busyShare: 0.3,
+    poolStopsPerHost: 3_000,
+    egressGb: 2_000,
+    hostCu: 1,
+  },
+];
+
+export interface HostingMonth {
+  scenario: HostingScenario;
+  monthHours: number;
+  /** Hours a month one host is awake: busy hours, pool stops' tails, slow visits. */
+  hostAwakeHours: number;
+  hosts: number;
+  controlPlanes: number;
+  egress: number;
+  total: number;
+  /** The same fleet before issue 44: every compute awake all month. */
+  before: { hosts: number; controlPlanes: number; egress: number; total: number };
+}
+
+export function hostingMonth(scenario: HostingScenario, sweepMinutes = 360): HostingMonth {
+  const monthHours = monthSeconds / 3600;
+  const tailHours = prices.neonSuspendAfterSeconds / 3600;
+  const idleHours = monthHours * (1 - scenario.busyShare);
+  // A slow visit in idle hours wakes the compute for its suspend timeout (the visit itself takes
+  // seconds); one in busy hours costs nothing more.
+  const visits = (idleHours * 60) / sweepMinutes;
+  // A pool stop: the compute would have suspended 5 minutes after the last query; the look a
+  // minute later moves that by a minute.
+  const stopTails = scenario.poolStopsPerHost * (60 / 3600);
+  const busyHours = scenario.busyShare * monthHours;
+  const quietAwakeHours = Math.min(idleHours, visits * tailHours + stopTails);
+  const hostAwakeHours = busyHours + quietAwakeHours;
+  const cuHour = prices.neonCuHour;
+  // Busy hours at the host's size; the quiet ones (a visit, a stop's tail) at the minimum the
+  // compute autoscales down to.
+  const hosts = scenario.hosts * (busyHours * scenario.hostCu + quietAwakeHours * prices.neonMinCu) * cuHour;
+  const controlPlanes = scenario.regions * monthHours * prices.neonMinCu * cuHour;
+  const egress = Math.max(0, scenario.egressGb - prices.neonEgressIncludedGb) * prices.neonEgressPerGb;
+  const beforeHosts =
+    scenario.hosts *
+    monthHours *
+    (scenario.busyShare * scenario.hostCu + (1 - scenario.busyShare) * prices.neonMinCu) *
+    cuHour;
+  return {
+    scenario,
+    monthHours,
+    hostAwakeHours,
+    hosts,
+    controlPlanes,
+    egress,
+    total: hosts + controlPlanes + egress,
+    before: {
+      hosts: beforeHosts,
+      controlPlanes,
+      egress,
+      total: beforeHosts + controlPlanes + egress,
+    },
+  };
+}
+
+/** The hosting months as markdown, with the arithmetic. */
+export function hostingTable(sweepMinutes = 360): string {
+  const rows = hostingScenarios.map((s) => hostingMonth(s, sweepMinutes));
+  const lines = [
+    `Neon ${usd(prices.neonCuHour, 3)}/CU-hour (Launch), suspend after ${prices.neonSuspendAfterSeconds / 60} min, egress ${usd(prices.neonEgressPerGb)}/GB past ${prices.neonEgressIncludedGb} GB; a month of ${(monthSeconds / 3600).toFixed(1)} h; slow visit every ${sweepMinutes} min.`,
+    "",
+    "| fleet | hosts | busy share | host awake h/month | hosts | control plane | egress | month | before issue 44 (always awake) |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ...rows.map(
+      (r) =>
+        `| ${r.scenario.name} | ${r.scenario.hosts} × ${r.scenario.hostCu} CU | ${(r.scenario.busyShare * 100).toFixed(0)} % | ${r.hostAwakeHours.toFixed(1)} | ${usd(r.hosts)} | ${usd(r.controlPlanes)} | ${usd(r.egress)} | ${usd(r.total)} | ${usd(r.before.total)} |`,
+    ),
+  ];
+  return lines.join("\n");
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) console.log(hostingTable());

@@ -16,6 +16,7 @@ import {
 } from "node:fs";
 import { resolve } from "node:path";
 import { freePort, wranglerDevArgs, writeEnvFile } from "../local/stack.ts";
+import { ensureLocalTls } from "../local/tls.ts";
 import { lightFetch } from "./load.ts";
 import type { BenchStackInfo } from "./stack.ts";
 
@@ -172,6 +173,9 @@ export async function startWrangler(options: {
       stdio: ["ignore", "pipe", "pipe"],
       env: {
         ...process.env,
+        // workerd trusts the local authority that signed the stack's Postgres certificate (the
+        // stack runs in a child of its own, whose environment this process does not see).
+        NODE_EXTRA_CA_CERTS: process.env.NODE_EXTRA_CA_CERTS || ensureLocalTls().caFile,
         // No metrics from a benchmark, no prompts, and no reload when a config file is touched.
         WRANGLER_SEND_METRICS: "false",
         CI: "1",

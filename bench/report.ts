@@ -5,7 +5,7 @@
 import type { CpuSample } from "./processes.ts";
 import type { ProfileSummary } from "./profile.ts";
 
-export type PathName = "lessor" | "bare" | "newconn" | "noop" | "pg";
+export type PathName = "lessor" | "lessor-ws" | "bare" | "newconn" | "noop" | "pg";
 /** direct: to the Worker's own workerd; proxy: through wrangler dev's proxy; node: no Worker. */
 export type Route = "direct" | "proxy" | "node";
 export type QueryName = "select1" | "indexed";

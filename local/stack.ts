@@ -4,14 +4,15 @@
  * reach it, and the control-plane migrations. Nothing differs from production but the addresses.
  */
 import { randomBytes } from "node:crypto";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
-import { resolve } from "node:path";
+import { dirname, resolve } from "node:path";
 import { drizzle } from "drizzle-orm/node-postgres";
 import { migrate } from "drizzle-orm/node-postgres/migrator";
 import pg from "pg";
 import { clusterSetupStatements, databaseSetupStatements, localAdminRole } from "./host-setup.ts";
 import { type LocalPostgres, startLocalPostgres } from "./postgres.ts";
+import { ensureLocalTls, type LocalTls, localTlsHostname } from "./tls.ts";
 import { startWsProxy, type WsProxy, type WsProxyLimits } from "./wsproxy.ts";
 
 export const root = resolve(import.meta.dirname, "..");
@@ -22,6 +23,13 @@ export interface LocalStack {
   proxy: WsProxy;
   /** The host admin's connection string (a non-superuser, local/host-setup.ts) for `database`. */
   adminUrl(database?: string): string;
+  /**
+   * The same, by the name the server's certificate names (`localhost`): the address of a host on
+   * the `tcp` path, verified as a deployed one is (docs/adr/027).
+   */
+  tcpAdminUrl(database?: string): string;
+  /** The local certificate authority and the server's certificate (local/tls.ts). */
+  tls: LocalTls;
   /** The control-plane database's connection string (as the host admin, who owns it). */
   controlPlaneUrl: string;
   /** `LESSOR_HOSTS` for this stack: one host, `local`. */
@@ -47,7 +55,10 @@ export async function startLocalStack(options: {
   /** More Postgres flags (see startLocalPostgres `extraFlags`). */
   pgFlags?: readonly string[];
 }): Promise<LocalStack> {
+  const tls = ensureLocalTls();
+  trustLocalAuthority(tls);
   const pgServer = await startLocalPostgres({
+    tls,
     dataDir: options.dataDir,
     port: options.pgPort,
     password: options.pgPassword,
@@ -66,6 +77,7 @@ export async function startLocalStack(options: {
       // control plane they can cut off.
       allowed: [
         `${pgServer.host}:${pgServer.port}`,
+        `${localTlsHostname}:${pgServer.port}`,
         `127.0.0.2:${pgServer.port}`,
         `127.0.0.3:${pgServer.port}`,
       ],
@@ -79,8 +91,14 @@ export async function startLocalStack(options: {
       pg: pgServer,
       proxy,
       adminUrl,
+      tcpAdminUrl: (database = "postgres") =>
+        adminUrl(database).replace(`@${pgServer.host}:`, `@${localTlsHostname}:`),
+      tls,
       controlPlaneUrl: adminUrl(controlPlaneDatabase),
-      hostsJson: JSON.stringify({ local: adminUrl("postgres") }),
+      // The local host is reached as a deployed `postgres` host is: over TCP, TLS verified (docs/adr/027).
+      hostsJson: JSON.stringify({
+        local: adminUrl("postgres").replace(`@${pgServer.host}:`, `@${localTlsHostname}:`),
+      }),
       wsProxy: `127.0.0.1:${proxy.port}`,
       stop: async () => {
         await proxy.close();
@@ -91,6 +109,22 @@ export async function startLocalStack(options: {
     await pgServer.stop();
     throw error;
   }
+}
+
+/**
+ * Makes every `wrangler dev` or miniflare this process starts from now on trust the local authority
+ * (local/tls.ts): `NODE_EXTRA_CA_CERTS`, which children inherit. One already set (a company's
+ * authority) is kept: both go into one file.
+ */
+function trustLocalAuthority(tls: LocalTls): void {
+  const current = process.env.NODE_EXTRA_CA_CERTS;
+  if (current === undefined || current === "" || current === tls.caFile) {
+    process.env.NODE_EXTRA_CA_CERTS = tls.caFile;
+    return;
+  }
+  const both = resolve(dirname(tls.caFile), `extra-ca-${process.pid}.pem`);
+  writeFileSync(both, `${readFileSync(current, "utf8")}\n${readFileSync(tls.caFile, "utf8")}`);
+  process.env.NODE_EXTRA_CA_CERTS = both;
 }
 
 /** The host admin's connection string (`lessor_admin`, whose password is the stack's) for `database`. */
@@ -210,16 +244,16 @@ export function localRegionNames(raw: string | undefined): string[] | { problem:
  * (`<region>-1`) on the same embedded Postgres.
  */
 export async function localRegionsSetup(
-  stack: Pick<LocalStack, "pg" | "adminUrl">,
+  stack: Pick<LocalStack, "pg" | "adminUrl" | "tcpAdminUrl">,
   adminPassword: string,
   regions: readonly string[],
 ): Promise<{ hostsJson: string; regionsJson: string | null }> {
-  const hosts: Record<string, string> = { local: stack.adminUrl("postgres") };
+  const hosts: Record<string, string> = { local: stack.tcpAdminUrl("postgres") };
   if (regions.length === 0) return { hostsJson: JSON.stringify(hosts), regionsJson: null };
   const declared: Record<string, unknown> = { default: {} };
   for (const region of regions) {
     const controlPlaneUrl = await prepareRegionControlPlane(stack.pg, adminPassword, region);
-    hosts[`${region}-1`] = stack.adminUrl("postgres");
+    hosts[`${region}-1`] = stack.tcpAdminUrl("postgres");
     declared[region] = { controlPlaneUrl, hosts: [`${region}-1`] };
   }
   return { hostsJson: JSON.stringify(hosts), regionsJson: JSON.stringify(declared) };

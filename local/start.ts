@@ -176,6 +176,8 @@ if (stack && !stopping) {
       testScheduled: true,
       extra: process.argv.slice(2),
     }),
+    // workerd trusts the local authority that signed the local Postgres's certificate: the stack
+    // set NODE_EXTRA_CA_CERTS in this process's environment (local/stack.ts, local/tls.ts).
     { cwd: root, stdio: ["ignore", "pipe", "pipe"], detached: true, env: quietWranglerEnv() },
   );
   wrangler = child;

@@ -4,6 +4,11 @@ interface LessorTestBindings {
   TEST_PG_SUPERUSER_URL: string;
   /** Fault injection on the test WebSocket proxy: /stats, /block?address=, /unblock?address=. */
   TEST_PROXY_CONTROL_URL: string;
+  /** The TCP fault proxy in front of host `tcpfault` (local/fault-proxy.ts): /cut, /stall, /unstall, /stats. */
+  TEST_TCP_FAULT_CONTROL_URL: string;
+  /** The refusing servers of the TCP path's tests (test/fake-postgres.ts): ports by mode (JSON), and their counts. */
+  TEST_FAKE_PG_PORTS: string;
+  TEST_FAKE_PG_CONTROL_URL: string;
   /** Loopback JWKS host (test/jwks-server.ts): PUT/GET /jwks/<name>, GET /hits/<name>. */
   TEST_JWKS_SERVER_URL: string;
   /** The test cluster's log file on the host (test/server-log.ts), read through `pg_read_file`. */

@@ -6,9 +6,12 @@
 
 import pg from "pg";
 import type { TestProject } from "vitest/node";
+import { type FaultProxy, startFaultProxy } from "../local/fault-proxy.ts";
 import { localAdminRole, providerGroup } from "../local/host-setup.ts";
 import { freePort, type LocalStack, prepareRegionControlPlane, startLocalStack } from "../local/stack.ts";
+import { localTlsHostname } from "../local/tls.ts";
 import { type CustomerServer, startCustomerServer } from "./customer-server.ts";
+import { type FakePostgres, startFakePostgres } from "./fake-postgres.ts";
 import { type JwksServer, startJwksServer } from "./jwks-server.ts";
 import { testPgPassword } from "./secrets.ts";
 import { serverLogFile, serverLogFlags } from "./server-log.ts";
@@ -17,6 +20,8 @@ declare module "vitest" {
   export interface ProvidedContext {
     controlPlaneUrl: string;
     hostsJson: string;
+    /** `LESSOR_PLACEMENT_HOSTS`: where a create that names no host may go. */
+    placementHosts: string;
     wsProxy: string;
     pgSuperuserUrl: string;
     proxyControlUrl: string;
@@ -30,6 +35,11 @@ declare module "vitest" {
     customerPgServerLog?: string;
     /** `LESSOR_REGIONS` of the regions project (unset elsewhere: one region). */
     regionsJson?: string;
+    /** The TCP fault proxy's control URL (local/fault-proxy.ts), in front of host `tcpfault`. */
+    tcpFaultControlUrl: string;
+    /** The refusing servers of the TCP path's tests (test/fake-postgres.ts): ports by mode, as JSON. */
+    fakePostgresPorts: string;
+    fakePostgresControlUrl: string;
   }
 }
 
@@ -41,12 +51,30 @@ export function localStackSetup(
   name: string,
   options: { controlPlaneAddress?: string; customerServer?: boolean; regions?: boolean } = {},
 ) {
-  let stack: LocalStack | undefined;
+  let stack: (LocalStack & { serverLogPath: string }) | undefined;
   let jwks: JwksServer | undefined;
   let customer: CustomerServer | undefined;
+  let faultProxy: FaultProxy | undefined;
+  let fake: FakePostgres | undefined;
   return {
     setup: async (project: TestProject) => {
-      stack = await startTestStack(project, name, options.controlPlaneAddress, options.regions ?? false);
+      stack = await startLocalTestStack(name);
+      // The TCP path's own faults: a proxy that passes TLS through untouched and cuts or stalls it.
+      faultProxy = await startFaultProxy({
+        host: "127.0.0.1",
+        target: { host: stack.pg.host, port: stack.pg.port },
+      });
+      project.provide("tcpFaultControlUrl", faultProxy.controlUrl);
+      fake = await startFakePostgres(stack.tls);
+      project.provide("fakePostgresPorts", JSON.stringify(fake.ports));
+      project.provide("fakePostgresControlUrl", fake.controlUrl);
+      await provideTestStack(
+        project,
+        stack,
+        options.controlPlaneAddress,
+        options.regions ?? false,
+        faultProxy.port,
+      );
       jwks = await startJwksServer();
       project.provide("jwksServerUrl", jwks.url);
       if (options.customerServer) {
@@ -59,6 +87,8 @@ export function localStackSetup(
       }
     },
     teardown: async () => {
+      await fake?.close();
+      await faultProxy?.close();
       await customer?.stop();
       await jwks?.close();
       await stack?.stop();
@@ -66,12 +96,7 @@ export function localStackSetup(
   };
 }
 
-async function startTestStack(
-  project: TestProject,
-  name: string,
-  controlPlaneAddress: string | undefined,
-  regions: boolean,
-): Promise<LocalStack> {
+async function startLocalTestStack(name: string): Promise<LocalStack & { serverLogPath: string }> {
   const dataDir = `.lessor/test-${name}-pg-${process.pid}`;
   // The server's own log (connections, and what tests make it log), read back by the tests
   // (test/server-log.ts, test/integration/server-log.ts).
@@ -87,12 +112,22 @@ async function startTestStack(
     pgFlags: serverLogFlags,
     log: serverLog.append,
   });
-  project.provide("pgServerLog", serverLog.path);
   const stop = stack.stop;
   stack.stop = async () => {
     await stop();
     serverLog.remove();
   };
+  return Object.assign(stack, { serverLogPath: serverLog.path });
+}
+
+async function provideTestStack(
+  project: TestProject,
+  stack: LocalStack & { serverLogPath: string },
+  controlPlaneAddress: string | undefined,
+  regions: boolean,
+  faultProxyPort: number,
+): Promise<void> {
+  project.provide("pgServerLog", stack.serverLogPath);
   // A control plane under an address of its own can be cut off alone (the outage project).
   project.provide(
     "controlPlaneUrl",
@@ -101,7 +136,12 @@ async function startTestStack(
       : stack.controlPlaneUrl,
   );
   // Lessor's host admin: what a managed provider gives (local/host-setup.ts), never the superuser.
-  const admin = stack.adminUrl("postgres");
+  // Reached over TCP with TLS verified, as a deployed `postgres` host is (docs/adr/027): by the name
+  // its certificate names.
+  const admin = stack.tcpAdminUrl("postgres");
+  // The same admin by the address the WebSocket proxy forwards to (hosts that play Neon, and the
+  // hosts whose faults the proxy injects).
+  const proxied = stack.adminUrl("postgres");
   await createTestAdmins(stack);
   const as = (role: string) => admin.replace(`//${localAdminRole}:`, `//${role}:`);
   project.provide(
@@ -117,20 +157,34 @@ async function startTestStack(
       // Hosts for the rotation tests: one with a rotation reserve that fits an overlap, one without room.
       rot: admin,
       rotfull: admin,
-      faulty: admin.replace("@127.0.0.1:", "@127.0.0.2:"),
+      // Hosts whose faults the WebSocket proxy injects (by address): on the proxy's path, which
+      // exists only on this machine (configuration allows it only while LESSOR_WS_PROXY is set).
+      faulty: { url: proxied.replace("@127.0.0.1:", "@127.0.0.2:"), path: "websocket" },
       // A host the blackhole tests stall; where 127.0.0.3 is the control plane, there is none.
-      ...(controlPlaneAddress ? {} : { silent: admin.replace("@127.0.0.1:", "@127.0.0.3:") }),
+      ...(controlPlaneAddress
+        ? {}
+        : { silent: { url: proxied.replace("@127.0.0.1:", "@127.0.0.3:"), path: "websocket" } }),
+      // The TCP path's faults: the same cluster behind the TCP fault proxy (local/fault-proxy.ts).
+      tcpfault: admin.replace(/@[^@/]+\//, `@${localTlsHostname}:${faultProxyPort}/`),
       // Hosts whose admin lacks what Lessor needs (host-kinds.test.ts), one configured for reduced
       // containment, and two whose admins' DDL the server logs: one of Neon's kind, one not.
       nocreatedb: as("lessor_nocreatedb"),
       notrigger: as("lessor_notrigger"),
       reduced: { url: as("lessor_notrigger"), containment: "reduced" },
-      neonlike: { url: as("lessor_admin_neon"), kind: "neon" },
+      neonlike: {
+        url: proxied.replace(`//${localAdminRole}:`, "//lessor_admin_neon:"),
+        kind: "neon",
+      },
       logged: { url: as("lessor_admin_logged"), locationHint: "weur" },
       // The mass restart's fleet (mass-restart.test.ts).
       mass: admin,
       // Adaptive admission's host (adaptive.test.ts).
       adaptive: admin,
+      // Hosts with a room in tenants (host-room.test.ts): two databases; one database and three
+      // roles; one database (the race for the last place).
+      "room-a": { url: admin, maxDatabases: 2 },
+      "room-j": { url: admin, maxRoles: 3 },
+      "room-1": { url: admin, maxDatabases: 1 },
       // The regions project's second region's hosts (test/regions).
       ...(regions ? { "eu-1": admin, "eu-2": admin } : {}),
     }),
@@ -155,10 +209,10 @@ async function startTestStack(
         })
       : "",
   );
+  project.provide("placementHosts", regions ? "local,eu-1" : "local");
   project.provide("wsProxy", stack.wsProxy);
   project.provide("pgSuperuserUrl", stack.pg.url("postgres"));
   project.provide("proxyControlUrl", `http://${stack.wsProxy}/__control`);
-  return stack;
 }
 
 /** The test admins of the hosts above; every one has the same password as the stack's admin. */

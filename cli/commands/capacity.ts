@@ -20,7 +20,12 @@ interface FailingAnswer {
  * customer's tunnel (docs/customer-databases.md) prints the same lines under `tunnel=<name>`, and its
  * health where a host prints its capabilities. The first line names the region the answer is of.
  */
-export function capacityLines(status: CapacityStatus, failed: number | null, region?: string): string[] {
+export function capacityLines(
+  status: CapacityStatus & { connection?: { path: string; sslmode: string } },
+  failed: number | null,
+  region?: string,
+): string[] {
+  const connection = status.connection;
   const tunnel = status.tunnel ?? null;
   return [
     kv("repos", {
@@ -41,6 +46,18 @@ export function capacityLines(status: CapacityStatus, failed: number | null, reg
       reserve: status.reserve,
       leases: status.leases,
     }),
+    // The host's room in tenants (databases and roles against its limits), when the catalog answered.
+    ...(status.tenancy
+      ? [
+          kv("tenancy", {
+            tenants: status.tenancy.tenants,
+            jwt_tenants: status.tenancy.jwtTenants,
+            databases: `${status.tenancy.databases.used}/${status.tenancy.databases.limit ?? "unlimited"}`,
+            roles: `${status.tenancy.roles.used}/${status.tenancy.roles.limit ?? "unlimited"}`,
+            tenants_left: status.tenancy.tenantsLeft ?? "unlimited",
+          }),
+        ]
+      : []),
     // A host's pools by use (adaptive admission); a tunnel's pools keep their size.
     ...(tunnel ? [] : [pooledLine(status)]),
     kv("maintenance", {
@@ -49,6 +66,8 @@ export function capacityLines(status: CapacityStatus, failed: number | null, reg
       waiting: status.maintenance?.waiting ?? 0,
     }),
     ...(tunnel ? [tunnelLine(tunnel)] : hostLines(status.capabilities ?? null)),
+    // How the host is reached (docs/adr/027): tcp with verify-full, or what is weaker, said plainly.
+    ...(connection ? [kv("connection", { path: connection.path, sslmode: connection.sslmode })] : []),
     ...status.candidates.map((c) =>
       kv("", {
         eviction_candidate: c.tenantId,
@@ -161,6 +180,7 @@ Output, per host:
   maintenance in_use=1 reserve=4 waiting=0
   capabilities kind=neon fit=true containment=full passwords=plaintext-over-tls event_triggers=direct server=17 …
   warning="…"   (what the host allows that is weaker than ideal; missing=… remedy=… if it cannot run Lessor)
+  connection path=tcp sslmode=verify-full   (docs/adr/027: tcp for postgres hosts, websocket for neon ones)
   eviction_candidate=t-099 idle=43m leases=0 pinned=false generation=4 size=5   (up to 5, least recently used first)
 
   pooled: allocated pools' connections in use (leases, as last reported) against idle; connections

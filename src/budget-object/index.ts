@@ -57,6 +57,7 @@ import type {
 import { repairKinds } from "../rpc/budget.ts";
 import { CapacityLedger } from "./ledger.ts";
 import { MaintenanceSlots } from "./maintenance.ts";
+import { HostSweep } from "./sweep.ts";
 import { budgetHooksForTests } from "./test-hooks.ts";
 import { WaitQueue } from "./wait-queue.ts";
 
@@ -94,12 +95,43 @@ export class BudgetObject extends DurableObject<Env> {
    * restart. Unused for a host.
    */
   private tunnelHealth: TunnelHealth = initialTunnelHealth;
+  /** The host's own periodic work, in this object's alarm (sweep.ts, docs/adr/028). */
+  private readonly sweep = new HostSweep(this.ctx.storage, this.env, {
+    holders: () => this.ledger.rows().length + this.ledger.maintenanceRows().length,
+    reconcile: (host) => this.reconcile(host),
+    recordReconcile: (n) => this.recordReconcile(n),
+  });
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
     ctx.blockConcurrencyWhile(async () => {
       this.ledgerStore = await CapacityLedger.open(ctx.storage);
+      // Restarted with pools in the ledger (a deploy killed their objects, perhaps): the host is
+      // looked at for orphaned backends at the next alarm.
+      const host = this.sweep.host();
+      if (host !== null && this.ledger.rows().length > 0)
+        await this.sweep.lookAt(host, "restarted_with_pools");
     });
+  }
+
+  /** The host's sweep (sweep.ts): the ledger reconcile, and the host work when it is due. */
+  override async alarm(): Promise<void> {
+    await this.sweep.run();
+  }
+
+  /**
+   * Makes sure the host's sweep has an alarm (the cron's slow visit, docs/adr/028): no query to
+   * the host, no tenant's object woken. Answers when the alarm fires.
+   */
+  async ensureSweep(hostName: string): Promise<number> {
+    this.host(hostName);
+    return this.sweep.ensureAlarm(hostName);
+  }
+
+  /** Asks for a look at the host at the next alarm (an operator, a test, a failed start). */
+  async lookAtHost(hostName: string): Promise<void> {
+    this.host(hostName);
+    await this.sweep.lookAt(hostName, "asked");
   }
 
   private get ledger(): CapacityLedger {
@@ -261,6 +293,8 @@ export class BudgetObject extends DurableObject<Env> {
     this.ledger.setPhase(tenantId, generation, "allocated", report);
     // Starts that found only starting pools to evict can now be served by this one, once idle.
     if (this.waiters.length > 0 && report.leases === 0) this.kickReclaim(this.host(hostName));
+    // A live pool: the ledger is reconciled every minute from the alarm while it runs.
+    await this.sweep.ensureAlarm(hostName);
     if (hook) await hook(tenantId, generation, "recorded");
   }
 
@@ -290,8 +324,11 @@ export class BudgetObject extends DurableObject<Env> {
 
   /** The pool's connections are closed (or were never opened). Idempotent. */
   async release(hostName: string, tenantId: string, generation: number): Promise<void> {
+    const had = this.ledger.find(tenantId, generation) !== undefined;
     this.ledger.remove(tenantId, generation);
     this.serveWaiters(this.host(hostName));
+    // A pool stopped (or a start gave its reservation back): its host is looked at once, soon.
+    if (had) await this.sweep.lookAt(hostName, "pool_stopped");
   }
 
   /**
@@ -332,6 +369,8 @@ export class BudgetObject extends DurableObject<Env> {
    */
   async acquireMaintenance(hostName: string, request: MaintenanceRequest): Promise<MaintenanceGrant> {
     const grant = await this.maintenance.acquire(this.host(hostName), request);
+    // A holder that dies is reclaimed by the alarm's reconcile.
+    if (grant.granted) await this.sweep.ensureAlarm(hostName);
     // The holder learns the host's last report with its slot: no second call to know whether to probe.
     return grant.granted ? { ...grant, hostReport: this.ledger.hostReport(hostName) } : grant;
   }

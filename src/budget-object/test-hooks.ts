@@ -16,6 +16,14 @@ export interface BudgetHooksForTests {
    * leaves the object a reference that a later `evictDurableObject` of it waits on until it times out.
    */
   onConfirm?: (tenantId: string, generation: number, step: "reached" | "recorded") => Promise<void> | void;
+  /** A host's alarm ran its sweep (src/budget-object/sweep.ts): what it did, and its next alarm. */
+  onSweep?: (run: import("./sweep.ts").SweepRun) => void;
+  /**
+   * `off`: no host's alarm is set for its sweep and an alarm that fires does nothing. The workers
+   * test projects start with it off (test/integration/setup.ts), so that a file's own reconcile,
+   * reaper or hygiene call is the only one; the files that test the sweep turn it on.
+   */
+  sweep?: "off";
 }
 
 export const budgetHooksForTests: BudgetHooksForTests = {};

@@ -11,9 +11,20 @@ import {
   impliedHostKind,
   isPoolerHostname,
 } from "../core/host-capabilities.ts";
+import { hostTenancyLimits, kindTenancyLimits, type TenancyLimits } from "../core/host-room.ts";
 import { tunnelBudgetName } from "../core/tunnel.ts";
 import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
+import {
+  addressKey,
+  type HostPath,
+  type HostPathKind,
+  hostPathOf,
+  hostPathProblem,
+  hostPaths,
+  type SslMode,
+  sslModes,
+} from "./host-paths.ts";
 
 export interface DatabaseHost {
   name: string;
@@ -24,6 +35,8 @@ export interface DatabaseHost {
   budget: BudgetLimits;
   /** What the host is (docs/adr/016-host-kinds.md): how passwords travel, which URLs are allowed. */
   kind: HostKind;
+  /** How its connections reach it (src/config/host-paths.ts): `tcp` or `websocket`, and the TLS demanded. */
+  path: HostPath;
   /** `full` (default): refuse to run without the login guard; `reduced`: run without it, knowingly. */
   containment: ContainmentLevel;
   /** Where Cloudflare should create the host's objects (a location hint), or null: near the first caller. */
@@ -35,6 +48,11 @@ export interface DatabaseHost {
    * its tier's size, as before. Off unless the host's budget says `"adaptive": true` (or settings).
    */
   adaptive: AdaptivePolicy | null;
+  /**
+   * The tenants it may hold, in databases and roles (docs/adr/028-a-fleet-that-sleeps.md): its
+   * kind's limits (Neon's per branch), lowered by `maxDatabases` / `maxRoles`; null: no limit.
+   */
+  tenancy: TenancyLimits;
 }
 
 /**
@@ -140,6 +158,8 @@ export interface LessorConfig {
   /** The same tunnels by budget name (`tunnel:<name>`). */
   tunnelsByBudgetName: ReadonlyMap<string, Tunnel>;
   wsProxy: string | null;
+  /** Each declared host's path, by `hostname:port` (src/config/host-paths.ts `addressKey`). */
+  pathsByAddress: ReadonlyMap<string, HostPath>;
   /** How long a pool start waits for budget before `capacity_saturated`. */
   admissionWaitMs: number;
   /** Longest TTL a session lease may ask for; each use extends it by its TTL, up to this. */
@@ -184,6 +204,18 @@ export interface LessorConfig {
   auditRetentionDays: number;
   /** Credentials the cron trigger reseals per tick at most while the seal key ring holds old keys; 0: off. */
   resealBatch: number;
+  /**
+   * How often fleet work that must visit everything runs (docs/adr/028-a-fleet-that-sleeps.md): a
+   * host with nothing to look at is visited once in this many minutes; audit retention runs once
+   * in it.
+   */
+  sweepMinutes: number;
+  /**
+   * The hosts a new tenant may go to when its create names none (`LESSOR_PLACEMENT_HOSTS`, comma
+   * separated; every host by default). A host left out takes new tenants only when named: one
+   * being retired, or one kept for a purpose.
+   */
+  placementHosts: ReadonlySet<string>;
   /** Where the control plane's shards should be created (near its database), or null. */
   controlPlaneLocationHint: LocationHint | null;
   /** The regions, in the order declared (one, named `default`, without `LESSOR_REGIONS`). */
@@ -202,6 +234,19 @@ const cache = new WeakMap<object, LessorConfig>();
 
 function fail(setting: string, problem: string): never {
   throw new LessorError("misconfigured", { internal: `${setting}: ${problem}` });
+}
+
+/** `LESSOR_PLACEMENT_HOSTS`: configured host names, comma separated; unset or empty: every host. */
+function placementHosts(raw: string | undefined, hosts: ReadonlyMap<string, unknown>): ReadonlySet<string> {
+  if (raw === undefined || raw.trim() === "") return new Set(hosts.keys());
+  const names = raw
+    .split(",")
+    .map((name) => name.trim())
+    .filter((name) => name !== "");
+  const unknown = names.filter((name) => !hosts.has(name));
+  if (unknown.length > 0)
+    fail("LESSOR_PLACEMENT_HOSTS", `names hosts not in LESSOR_HOSTS: ${unknown.join(", ")}`);
+  return new Set(names);
 }
 
 function positiveInt(setting: string, raw: string | undefined, fallback: number): number {
@@ -236,8 +281,12 @@ function tempFileLimit(raw: string | undefined): string | null {
 interface HostEntry {
   url: string;
   kind?: HostKind;
+  path?: HostPathKind;
+  sslmode?: SslMode;
   containment?: ContainmentLevel;
   locationHint?: LocationHint;
+  maxDatabases?: number;
+  maxRoles?: number;
 }
 
 /**
@@ -249,13 +298,20 @@ function hostEntry(name: string, entry: unknown): HostEntry {
   if (typeof entry !== "object" || entry === null || Array.isArray(entry)) {
     fail("LESSOR_HOSTS", `host ${name} needs an admin connection string, or an object with "url"`);
   }
-  const { url, kind, containment, locationHint, ...rest } = entry as Record<string, unknown>;
+  const { url, kind, containment, locationHint, path, sslmode, maxDatabases, maxRoles, ...rest } =
+    entry as Record<string, unknown>;
   const unknown = Object.keys(rest);
   if (unknown.length > 0) {
     fail(
       "LESSOR_HOSTS",
-      `host ${name} has unknown fields (${unknown.join(", ")}); known: url, kind, containment, locationHint`,
+      `host ${name} has unknown fields (${unknown.join(", ")}); known: url, kind, path, sslmode, containment, locationHint, maxDatabases, maxRoles`,
     );
+  }
+  if (path !== undefined && !(hostPaths as readonly unknown[]).includes(path)) {
+    fail("LESSOR_HOSTS", `host ${name}: path must be one of ${hostPaths.join(", ")}`);
+  }
+  if (sslmode !== undefined && !(sslModes as readonly unknown[]).includes(sslmode)) {
+    fail("LESSOR_HOSTS", `host ${name}: sslmode must be one of ${sslModes.join(", ")}`);
   }
   if (typeof url !== "string") fail("LESSOR_HOSTS", `host ${name} needs "url", its admin connection string`);
   if (kind !== undefined && !(hostKinds as readonly unknown[]).includes(kind)) {
@@ -267,9 +323,21 @@ function hostEntry(name: string, entry: unknown): HostEntry {
   if (locationHint !== undefined && !(locationHints as readonly unknown[]).includes(locationHint)) {
     fail("LESSOR_HOSTS", `host ${name}: locationHint must be one of ${locationHints.join(", ")}`);
   }
+  const limit = (field: string, value: unknown): number | undefined => {
+    if (value === undefined) return undefined;
+    if (!Number.isInteger(value) || (value as number) <= 0)
+      fail("LESSOR_HOSTS", `host ${name}: ${field} must be a positive integer`);
+    return value as number;
+  };
+  const databases = limit("maxDatabases", maxDatabases);
+  const roles = limit("maxRoles", maxRoles);
   return {
     url,
+    ...(databases === undefined ? {} : { maxDatabases: databases }),
+    ...(roles === undefined ? {} : { maxRoles: roles }),
     ...(kind === undefined ? {} : { kind: kind as HostKind }),
+    ...(path === undefined ? {} : { path: path as HostPathKind }),
+    ...(sslmode === undefined ? {} : { sslmode: sslmode as SslMode }),
     ...(containment === undefined ? {} : { containment: containment as ContainmentLevel }),
     ...(locationHint === undefined ? {} : { locationHint: locationHint as LocationHint }),
   };
@@ -588,6 +656,8 @@ export function loadConfig(env: Env): LessorConfig {
   const largestPool = Math.max(...poolSizes.values());
   const budgets = jsonObject("LESSOR_BUDGETS", env.LESSOR_BUDGETS);
   const hosts = new Map<string, DatabaseHost>();
+  const wsProxy = env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null;
+  const pathsByAddress = new Map<string, HostPath & { host: string }>();
   for (const [name, entry] of Object.entries(jsonObject("LESSOR_HOSTS", env.LESSOR_HOSTS))) {
     if (!/^[a-z0-9][a-z0-9-]{0,39}$/.test(name)) fail("LESSOR_HOSTS", "host names are lowercase slugs");
     const declared = hostEntry(name, entry);
@@ -605,6 +675,18 @@ export function loadConfig(env: Env): LessorConfig {
       );
     }
     const kind = declared.kind ?? impliedHostKind(url.hostname);
+    const pathProblem = hostPathProblem(name, kind, url.hostname, declared, wsProxy);
+    if (pathProblem) fail("LESSOR_HOSTS", pathProblem);
+    const path = hostPathOf(kind, declared);
+    const address = addressKey(url.hostname, Number(url.port || 5432));
+    const sharing = pathsByAddress.get(address);
+    if (sharing && (sharing.path !== path.path || sharing.sslmode !== path.sslmode)) {
+      fail(
+        "LESSOR_HOSTS",
+        `hosts ${sharing.host} and ${name} share an address but not a path; connections are routed by address`,
+      );
+    }
+    pathsByAddress.set(address, { ...path, host: name });
     const rawBudget = budgets[name] ?? budgets["*"];
     if (typeof rawBudget !== "object" || rawBudget === null) {
       fail("LESSOR_BUDGETS", `host ${name} has no budget (give it one, or a "*" default)`);
@@ -630,6 +712,15 @@ export function loadConfig(env: Env): LessorConfig {
     };
     const problem = validateLimits(budget, largestPool);
     if (problem) fail("LESSOR_BUDGETS", `host ${name}: ${problem}`);
+    // A limit may lower the kind's, never raise it (a Neon branch refuses the 501st database).
+    const kindLimits = kindTenancyLimits(kind);
+    for (const [field, value, most] of [
+      ["maxDatabases", declared.maxDatabases, kindLimits.databases],
+      ["maxRoles", declared.maxRoles, kindLimits.roles],
+    ] as const) {
+      if (value !== undefined && most !== null && value > most)
+        fail("LESSOR_HOSTS", `host ${name}: ${field} must be at most ${most} on a host of kind ${kind}`);
+    }
     hosts.set(name, {
       name,
       adminUrl,
@@ -637,20 +728,23 @@ export function loadConfig(env: Env): LessorConfig {
       port: Number(url.port || 5432),
       budget,
       kind,
+      path,
       containment: declared.containment ?? "full",
       locationHint: declared.locationHint ?? null,
       region: "",
       adaptive: adaptivePolicy(name, adaptive),
+      tenancy: hostTenancyLimits(kind, {
+        ...(declared.maxDatabases === undefined ? {} : { databases: declared.maxDatabases }),
+        ...(declared.maxRoles === undefined ? {} : { roles: declared.maxRoles }),
+      }),
     });
   }
-  const wsProxy = env.LESSOR_WS_PROXY ? env.LESSOR_WS_PROXY : null;
-  // A plaintext password (Neon's kind) travels only over TLS: the driver's own wss:// to the host, or
-  // a proxy on this machine's loopback (local runs and tests).
-  const neonHost = [...hosts.values()].find((h) => h.kind === "neon");
-  if (neonHost && wsProxy !== null && !isLoopbackAddress(wsProxy)) {
+  // The proxy is plain ws:// with Postgres's TLS off: it stands in for Neon's endpoint on this
+  // machine only (local runs and tests), never as a way across a network (docs/adr/027).
+  if (wsProxy !== null && !isLoopbackAddress(wsProxy)) {
     fail(
       "LESSOR_WS_PROXY",
-      `host ${neonHost.name} is of kind neon, whose role passwords are sent in plaintext, so its connections must use TLS; unset LESSOR_WS_PROXY (the driver then uses wss:// to the host) or point it at loopback`,
+      "must be on this machine's loopback: it is plain ws:// with Postgres's TLS off, the local stand-in for Neon's WebSocket endpoint; deployed, leave it unset (neon hosts use wss://, postgres hosts TCP with TLS)",
     );
   }
   if (hosts.size === 0) fail("LESSOR_HOSTS", "names no host");
@@ -684,6 +778,7 @@ export function loadConfig(env: Env): LessorConfig {
     tunnels: new Map(tunnels.map((t) => [t.name, t])),
     tunnelsByBudgetName: new Map(tunnels.map((t) => [t.budgetName, t])),
     wsProxy,
+    pathsByAddress,
     admissionWaitMs: positiveInt("LESSOR_ADMISSION_WAIT_MS", env.LESSOR_ADMISSION_WAIT_MS, 2_000),
     leaseMaxTtlMs: positiveInt("LESSOR_LEASE_MAX_TTL_MS", env.LESSOR_LEASE_MAX_TTL_MS, 300_000),
     maxDrainMs: positiveInt("LESSOR_MAX_DRAIN_MS", env.LESSOR_MAX_DRAIN_MS, 30_000),
@@ -731,6 +826,8 @@ export function loadConfig(env: Env): LessorConfig {
       vars.LESSOR_RESEAL_BATCH === "0"
         ? 0
         : positiveInt("LESSOR_RESEAL_BATCH", vars.LESSOR_RESEAL_BATCH, 100),
+    sweepMinutes: positiveInt("LESSOR_SWEEP_MINUTES", vars.LESSOR_SWEEP_MINUTES, 360),
+    placementHosts: placementHosts(vars.LESSOR_PLACEMENT_HOSTS, hosts),
     controlPlaneLocationHint,
     regions,
     defaultRegion,

@@ -41,6 +41,16 @@ export const controlPlaneOutageForTests = { active: false };
 export type ControlPlane = NeonDatabase<typeof controlPlaneSchema> & { $client: Queryable };
 
 /**
+ * Control-plane sessions this isolate has opened, by application name, since it started: what
+ * shows that an idle fleet's cron reads the control plane only for the jobs that must
+ * (docs/adr/028-a-fleet-that-sleeps.md).
+ */
+const sessionsOpened = new Map<string, number>();
+export function controlPlaneSessionsOpened(): ReadonlyMap<string, number> {
+  return new Map(sessionsOpened);
+}
+
+/**
  * Runs `work` on a control-plane session of `region` (its own control-plane database: a tenant's
  * catalog is only in its region's, docs/adr/023-regions.md): one warm connection of one of the
  * region's ControlPlaneObject shards,
@@ -66,6 +76,7 @@ export async function withControlPlane<T>(
       retryAfterSeconds: 1,
     });
   }
+  sessionsOpened.set(applicationName, (sessionsOpened.get(applicationName) ?? 0) + 1);
   const shard = controlPlaneShard(env, region, Math.floor(Math.random() * config.controlPlaneShards));
   let opened: Awaited<ReturnType<typeof shard.open>>;
   try {

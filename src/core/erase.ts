@@ -4,6 +4,7 @@
  * why the order is safe is docs/adr/011-erase-stage-order.md.
  */
 import { backoffDelay } from "./lifecycle.ts";
+import { type ErasedTable, eraseStageOf } from "./tenant-data.ts";
 
 /**
  * The stages, in the order they run. Each is idempotent and recorded in the job's progress row
@@ -66,32 +67,11 @@ export function eraseRequestDecision(facts: EraseRequestFacts): EraseRequestDeci
   return { kind: "start" };
 }
 
-/** Rows that still name the tenant when the commit re-checks, per control-plane table. */
-export interface EraseLeftovers {
-  tenantKeys: number;
-  tenantJwt: number;
-  campaignTenants: number;
-  tenantCredentials: number;
-  /** Where a customer's database is (adopted): goes at `database` (detached, never dropped). */
-  adoptedDatabases: number;
-  usageDeltas: number;
-  usageRollups: number;
-  lifecycleEvents: number;
-  generationLedger: number;
-}
-
-/** The stage that removes each kind of leftover. */
-const leftoverStage: Record<keyof EraseLeftovers, EraseStage> = {
-  tenantKeys: "keys",
-  tenantJwt: "keys",
-  campaignTenants: "campaigns",
-  tenantCredentials: "credentials",
-  adoptedDatabases: "database",
-  usageDeltas: "usage",
-  usageRollups: "usage",
-  lifecycleEvents: "events",
-  generationLedger: "events",
-};
+/**
+ * Rows that still name the tenant when the commit re-checks, per control-plane table: every table
+ * the declaration (core/tenant-data.ts) says an erase deletes from.
+ */
+export type EraseLeftovers = Record<ErasedTable, number>;
 
 export type RecheckVerdict = { ok: true } | { ok: false; resumeAt: EraseStage; summary: string };
 
@@ -104,7 +84,7 @@ export type RecheckVerdict = { ok: true } | { ok: false; resumeAt: EraseStage; s
 export function recheckVerdict(leftovers: EraseLeftovers): RecheckVerdict {
   const found = (Object.keys(leftovers) as (keyof EraseLeftovers)[]).filter((kind) => leftovers[kind] > 0);
   if (found.length === 0) return { ok: true };
-  const resumeAt = eraseStages.find((stage) => found.some((kind) => leftoverStage[kind] === stage)) ?? "keys";
+  const resumeAt = eraseStages.find((stage) => found.some((kind) => eraseStageOf(kind) === stage)) ?? "keys";
   const summary = `commit re-check: written during the erase: ${found
     .map((kind) => `${leftovers[kind]} ${kind}`)
     .join(", ")}; resuming at ${resumeAt}`;

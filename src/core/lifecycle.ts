@@ -34,6 +34,10 @@ export type FailureReason =
    * operator must supply a new one. Clients see `credential_revoked`, never `unreachable`.
    */
   | "credential_revoked"
+  /** The host offered no TLS, or a certificate that failed verification (docs/adr/027). */
+  | "tls_refused"
+  /** The host asked for a password method other than SCRAM (docs/adr/027). */
+  | "auth_method_refused"
   | "unknown";
 
 export interface Lifecycle {
@@ -316,6 +320,10 @@ export function classifyStartFailure(error: unknown): FailureReason {
   switch (code) {
     case "misconfigured":
       return "misconfigured";
+    case "host_tls_refused":
+      return "tls_refused";
+    case "host_auth_refused":
+      return "auth_method_refused";
     case "28P01":
     case "28000":
       return "auth_failed";

@@ -43,6 +43,11 @@ export interface MoveRequestFacts {
   pinned: boolean;
   migrating: boolean;
   force: boolean;
+  /**
+   * The tenant's database is a customer's, behind a tunnel (docs/adr/018): tunnels and their
+   * adoptions belong to the default region, so an attached tenant does not move (ADR 026).
+   */
+  attached?: boolean;
 }
 
 export type MoveRequestDecision =
@@ -58,7 +63,8 @@ export type MoveRequestDecision =
         | "tenant_moved"
         | "tenant_exists"
         | "tenant_pinned"
-        | "tenant_migrating";
+        | "tenant_migrating"
+        | "tenant_attached";
     };
 
 /**
@@ -74,6 +80,8 @@ export function moveRequestDecision(facts: MoveRequestFacts): MoveRequestDecisio
   if (facts.status === "erasing") return { kind: "refuse", code: "tenant_erasing" };
   if (facts.status === "moved") return { kind: "refuse", code: "tenant_moved" };
   if (facts.takenInTarget) return { kind: "refuse", code: "tenant_exists" };
+  // Placement holds in every operation that changes it, not only at create (invariant 20).
+  if (facts.attached === true) return { kind: "refuse", code: "tenant_attached" };
   if (facts.pinned && !facts.force) return { kind: "refuse", code: "tenant_pinned" };
   if (facts.migrating) return { kind: "refuse", code: "tenant_migrating" };
   return { kind: "start" };

@@ -6,6 +6,7 @@
  * logs say what the cron did, not that it ran (nine jobs a minute per region said "nothing due").
  * Jobs must be idempotent: a tick can be delivered twice, and a run can be killed half way.
  */
+import { isSweepTick, tickIndexOf } from "../core/sweep.ts";
 import { describeFailure } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 
@@ -47,6 +48,12 @@ export interface CronJob {
    * runtime may then end it at any point, which an idempotent job survives.
    */
   readonly timeoutMs?: number;
+  /**
+   * Runs once per fleet sweep (`LESSOR_SWEEP_MINUTES`), on the ticks whose minute is a multiple of
+   * it, instead of every tick: work that reads the control plane and is never urgent, so an idle
+   * control plane is not woken every minute for it (docs/adr/028-a-fleet-that-sleeps.md).
+   */
+  readonly slow?: boolean;
   run(env: Env, tick: CronTick): Promise<JobResult>;
 }
 
@@ -62,8 +69,9 @@ export interface JobReport {
 /** Comfortably inside a one-minute cron, and above every job's own bound. */
 export const defaultJobTimeoutMs = 50_000;
 
-/** Whether `job` runs on `tick`. */
-export function isDue(job: CronJob, tick: CronTick): boolean {
+/** Whether `job` runs on `tick` (`sweepTicks`: the fleet sweep's length in ticks, for `slow` jobs). */
+export function isDue(job: CronJob, tick: CronTick, sweepTicks = 1): boolean {
+  if (job.slow && !isSweepTick(tickIndexOf(tick.scheduledTime), sweepTicks)) return false;
   return job.crons === undefined || job.crons.includes(tick.cron);
 }
 
@@ -122,10 +130,11 @@ export function runJobs(
   tick: Omit<CronTick, "region">,
   regions: readonly string[],
   waitUntil: (promise: Promise<unknown>) => void,
+  sweepTicks = 1,
 ): Promise<JobReport[]> {
   const runs = regions.flatMap((region) =>
     jobs
-      .filter((job) => isDue(job, { ...tick, region }))
+      .filter((job) => isDue(job, { ...tick, region }, sweepTicks))
       .map((job) => runGuarded(job, env, { ...tick, region })),
   );
   for (const run of runs) waitUntil(run);

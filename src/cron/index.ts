@@ -2,14 +2,18 @@
  * The scheduled handler: one fan-out over the jobs below, per cron tick (wrangler.toml declares
  * `* * * * *`). Cron handlers only fan out; each job lives with its feature and is idempotent.
  * To add a job, append it to `cronJobs`.
+ *
+ * Per-host work is not here (docs/adr/028-a-fleet-that-sleeps.md): each host's BudgetObject runs
+ * its ledger reconcile, orphan reaper and hygiene from its own alarm (src/budget-object/sweep.ts),
+ * and `host-sweep` only makes sure every object has an alarm, a bounded slice of hosts a tick. Jobs
+ * marked `slow` run once per `LESSOR_SWEEP_MINUTES`, not every minute.
  */
 import { loadConfig } from "../config/index.ts";
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
 import { auditRetentionJob } from "./jobs/audit-retention.ts";
-import { budgetReconcileJob } from "./jobs/budget-reconcile.ts";
 import { credentialRotationJob } from "./jobs/credential-rotation.ts";
 import { eraseResumeJob } from "./jobs/erase-resume.ts";
-import { hostHygieneJob } from "./jobs/host-hygiene.ts";
+import { hostSweepJob } from "./jobs/host-sweep.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
 import { moveResumeJob } from "./jobs/move-resume.ts";
 import { resealJob } from "./jobs/reseal.ts";
@@ -20,14 +24,13 @@ export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";
 /** Every job, in no particular order: they run concurrently and independently. */
 export const cronJobs: readonly CronJob[] = [
   usageFoldJob,
-  budgetReconcileJob,
+  hostSweepJob,
   campaignJob,
   credentialRotationJob,
   eraseResumeJob,
   moveResumeJob,
   auditRetentionJob,
   resealJob,
-  hostHygieneJob,
 ];
 
 /**
@@ -46,5 +49,6 @@ export function runScheduled(
     { cron: controller.cron, scheduledTime: controller.scheduledTime },
     [...loadConfig(env).regions.keys()],
     (promise) => ctx.waitUntil(promise),
+    loadConfig(env).sweepMinutes,
   );
 }

@@ -22,6 +22,7 @@ import {
   usageRollups,
 } from "../control-plane/schema.ts";
 import { type EraseLeftovers, type EraseStage, type RecheckVerdict, recheckVerdict } from "../core/erase.ts";
+import { type ErasedTable, erasedTables, tenantData } from "../core/tenant-data.ts";
 
 export type EraseJob = typeof tenantErasures.$inferSelect;
 
@@ -324,31 +325,18 @@ export async function eraseEvents(
   });
 }
 
-/** Rows that still name the tenant, in every table an earlier stage emptied. */
+/** Rows that still name the tenant, in every table an earlier stage emptied (core/tenant-data.ts). */
 async function leftovers(db: Pick<ControlPlane, "execute">, tenantId: string): Promise<EraseLeftovers> {
-  const { rows } = await db.execute<Record<keyof EraseLeftovers, number>>(sql`
-    SELECT
-      (SELECT count(*) FROM ${tenantKeys} WHERE tenant_id = ${tenantId})::int AS "tenantKeys",
-      (SELECT count(*) FROM ${tenantJwt} WHERE tenant_id = ${tenantId})::int AS "tenantJwt",
-      (SELECT count(*) FROM ${campaignTenants} WHERE tenant_id = ${tenantId})::int AS "campaignTenants",
-      (SELECT count(*) FROM ${tenantCredentials} WHERE tenant_id = ${tenantId})::int AS "tenantCredentials",
-      (SELECT count(*) FROM ${adoptedDatabases} WHERE tenant_id = ${tenantId})::int AS "adoptedDatabases",
-      (SELECT count(*) FROM ${usageDeltas} WHERE tenant_id = ${tenantId})::int AS "usageDeltas",
-      (SELECT count(*) FROM ${usageRollups} WHERE tenant_id = ${tenantId})::int AS "usageRollups",
-      (SELECT count(*) FROM ${lifecycleEvents} WHERE tenant_id = ${tenantId})::int AS "lifecycleEvents",
-      (SELECT count(*) FROM ${generationLedger} WHERE tenant_id = ${tenantId})::int AS "generationLedger"`);
+  const counts = sql.join(
+    erasedTables.map((name) => {
+      const { table, column } = tenantData[name];
+      return sql`(SELECT count(*) FROM ${sql.identifier(table)} WHERE ${sql.identifier(column)} = ${tenantId})::int AS ${sql.identifier(name)}`;
+    }),
+    sql`, `,
+  );
+  const { rows } = await db.execute<Record<ErasedTable, number>>(sql`SELECT ${counts}`);
   const row = rows[0];
-  return {
-    tenantKeys: Number(row?.tenantKeys ?? 0),
-    tenantJwt: Number(row?.tenantJwt ?? 0),
-    campaignTenants: Number(row?.campaignTenants ?? 0),
-    tenantCredentials: Number(row?.tenantCredentials ?? 0),
-    adoptedDatabases: Number(row?.adoptedDatabases ?? 0),
-    usageDeltas: Number(row?.usageDeltas ?? 0),
-    usageRollups: Number(row?.usageRollups ?? 0),
-    lifecycleEvents: Number(row?.lifecycleEvents ?? 0),
-    generationLedger: Number(row?.generationLedger ?? 0),
-  };
+  return Object.fromEntries(erasedTables.map((name) => [name, Number(row?.[name] ?? 0)])) as EraseLeftovers;
 }
 
 export type CommitOutcome =

@@ -67,6 +67,16 @@ export const errorCatalog = {
     message: "The tenant's identity provider key set (JWKS URL) could not be fetched; retry shortly.",
     retryable: true,
   },
+  key_revoked: {
+    status: 401,
+    message:
+      "The key this connection or lease was opened with was revoked; it is closed. Connect again with a key the tenant holds.",
+  },
+  key_expired: {
+    status: 401,
+    message:
+      "The key this connection or lease was opened with expired; it is closed. Connect again with a key that has not expired.",
+  },
   key_scope_refused: {
     status: 403,
     message: "This is an end-user key: it opens /sql with an end user's token, and nothing else.",
@@ -85,6 +95,11 @@ export const errorCatalog = {
     message: "Neon-Connection-String must be postgres://<tenant>:<tenant key>@<host>/<tenant>.",
   },
   tenant_not_found: { status: 404, message: "No such tenant." },
+  host_full: {
+    status: 507,
+    message:
+      'The database host holds as many tenants as it may (its databases or roles per host, docs/scaling.md); name another host of the region, or add one (docs/operating.md, "When a region fills").',
+  },
   tenant_exists: {
     status: 409,
     message:
@@ -126,6 +141,11 @@ export const errorCatalog = {
   tenant_moved: {
     status: 409,
     message: "The tenant moved to another region (details.region); ask that region (?region=).",
+  },
+  tenant_attached: {
+    status: 409,
+    message:
+      "The tenant's database is its customer's, reached through a tunnel of the default region; an attached tenant stays in the default region and cannot be moved.",
   },
   move_same_region: { status: 409, message: "The tenant is already in that region." },
   move_not_found: { status: 404, message: "This tenant has no move in this region." },
@@ -173,6 +193,18 @@ export const errorCatalog = {
     status: 503,
     message:
       "The tenant's database host cannot run Lessor right now: its admin role lacks a capability Lessor needs. An operator must fix the host (GET /v1/capacity names what is missing); retry after that.",
+    retryable: true,
+  },
+  host_tls_refused: {
+    status: 503,
+    message:
+      "The tenant's database host did not give Lessor a verified TLS connection (no TLS offered, or a certificate that is not trusted or does not name the host); Lessor never connects without it. An operator must fix the host's TLS; retry after that.",
+    retryable: true,
+  },
+  host_auth_refused: {
+    status: 503,
+    message:
+      "The tenant's database host asked for a password method other than SCRAM-SHA-256 (cleartext or MD5), which Lessor never sends. An operator must set the host to SCRAM (password_encryption, pg_hba.conf); retry after that.",
     retryable: true,
   },
   maintenance_busy: {
@@ -435,6 +467,8 @@ export function sqlstateOf(code: ErrorCode): string {
     case "invalid_tenant_id":
       return "28P01";
     case "tenant_disabled":
+    case "key_revoked":
+    case "key_expired":
     case "key_scope_refused":
     case "jwt_required":
       return "28000";
@@ -446,6 +480,7 @@ export function sqlstateOf(code: ErrorCode): string {
       return "53300";
     case "stale_generation":
     case "wire_lifetime":
+    case "tenant_moved":
       return "57P01";
     case "statement_timeout":
       return "57014";

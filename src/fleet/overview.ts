@@ -16,6 +16,7 @@ import { foldOptionsFromVars } from "../folds/options.ts";
 import { type MaintenanceStatus, readMaintenanceStatus } from "../folds/status.ts";
 import { logEvent } from "../log/index.ts";
 import { budgetObject, tenantObject } from "../placement/index.ts";
+import { hostsTenancy } from "../placement/room.ts";
 import type { CapacityStatus } from "../rpc/budget.ts";
 import { type FleetUsage, readFleetUsage } from "../usage/readers.ts";
 import {
@@ -141,6 +142,25 @@ export async function readOverview(env: Env, config: LessorConfig, region: strin
     logEvent("warn", "overview_control_plane_failed", { region, failure: describeFailure(error) });
   }
   const failingTenants = cp ? await withRuntime(env, region, cp.failing.tenants) : [];
+  // Each host's room in tenants (docs/adr/028), when the control plane answers.
+  const tenancy = cp
+    ? await withControlPlane(
+        config,
+        env,
+        region,
+        (db) =>
+          hostsTenancy(
+            db,
+            config,
+            hosts.map((h) => h.host),
+          ),
+        "lessor-operator",
+      ).catch(() => null)
+    : null;
+  for (const status of hosts) {
+    const room = tenancy?.get(status.host);
+    if (room) status.tenancy = room;
+  }
   const sum = (pick: (s: CapacityStatus) => number) => hosts.reduce((n, s) => n + pick(s), 0);
   return {
     asOf: new Date().toISOString(),

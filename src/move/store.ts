@@ -12,15 +12,13 @@ import {
   auditLog,
   generationLedger,
   lifecycleEvents,
-  tenantCredentials,
-  tenantJwt,
-  tenantKeys,
   tenantMoves,
   tenants,
   usageDeltas,
   usageRollups,
 } from "../control-plane/schema.ts";
 import type { MoveStage } from "../core/move.ts";
+import { type TenantDataTable, tablesMoved, tenantData } from "../core/tenant-data.ts";
 import { LessorError } from "../errors/index.ts";
 
 export type MoveJob = typeof tenantMoves.$inferSelect;
@@ -139,18 +137,19 @@ export async function recordMoveFailure(
     .where(and(eq(tenantMoves.id, id), eq(tenantMoves.state, "moving")));
 }
 
-/** Everything the old region's control plane holds of the tenant (what `copy` writes, `cleanup` removes). */
+/**
+ * Everything the old region's control plane holds of the tenant that a move carries (what `copy`
+ * writes, `cleanup` removes), table by table as core/tenant-data.ts declares them: the catalog row
+ * (`stub`), the rows of every `copy` table (as JSON, so a table added to the declaration is carried
+ * with no code here), and the audit rows (`append`).
+ */
 export interface TenantRows {
   tenant: typeof tenants.$inferSelect;
-  keys: (typeof tenantKeys.$inferSelect)[];
-  credential: typeof tenantCredentials.$inferSelect | null;
-  jwt: typeof tenantJwt.$inferSelect | null;
-  generations: (typeof generationLedger.$inferSelect)[];
-  events: (typeof lifecycleEvents.$inferSelect)[];
-  deltas: (typeof usageDeltas.$inferSelect)[];
-  rollup: typeof usageRollups.$inferSelect | null;
+  copied: Partial<Record<TenantDataTable, unknown[]>>;
   audit: (typeof auditLog.$inferSelect)[];
 }
+
+const name = (identifier: string) => sql.identifier(identifier);
 
 /** Reads the tenant's rows from the old region's control plane (in one snapshot). */
 export function readTenantRows(db: ControlPlane, tenantId: string): Promise<TenantRows> {
@@ -158,38 +157,39 @@ export function readTenantRows(db: ControlPlane, tenantId: string): Promise<Tena
     await tx.execute(sql`SET TRANSACTION ISOLATION LEVEL REPEATABLE READ`);
     const [tenant] = await tx.select().from(tenants).where(eq(tenants.id, tenantId));
     if (!tenant) throw new LessorError("tenant_not_found");
-    const [credential] = await tx
+    const copied: TenantRows["copied"] = {};
+    for (const kind of tablesMoved("copy")) {
+      const { table, column } = tenantData[kind];
+      const { rows } = await tx.execute<{ rows: unknown[] }>(
+        sql`SELECT coalesce(json_agg(t), '[]'::json) AS rows FROM ${name(table)} t WHERE ${name(column)} = ${tenantId}`,
+      );
+      copied[kind] = rows[0]?.rows ?? [];
+    }
+    const audit = await tx
       .select()
-      .from(tenantCredentials)
-      .where(eq(tenantCredentials.tenantId, tenantId));
-    const [jwt] = await tx.select().from(tenantJwt).where(eq(tenantJwt.tenantId, tenantId));
-    const [rollup] = await tx.select().from(usageRollups).where(eq(usageRollups.tenantId, tenantId));
-    return {
-      tenant,
-      keys: await tx.select().from(tenantKeys).where(eq(tenantKeys.tenantId, tenantId)),
-      credential: credential ?? null,
-      jwt: jwt ?? null,
-      generations: await tx.select().from(generationLedger).where(eq(generationLedger.tenantId, tenantId)),
-      events: await tx.select().from(lifecycleEvents).where(eq(lifecycleEvents.tenantId, tenantId)),
-      deltas: await tx.select().from(usageDeltas).where(eq(usageDeltas.tenantId, tenantId)),
-      rollup: rollup ?? null,
-      audit: await tx.select().from(auditLog).where(eq(auditLog.tenantId, tenantId)).orderBy(auditLog.id),
-    };
+      .from(auditLog)
+      .where(eq(auditLog.tenantId, tenantId))
+      .orderBy(auditLog.id);
+    return { tenant, copied, audit };
   });
 }
 
-/** How many rows of each kind a copy wrote, or a cleanup removed. */
-export function countRows(rows: TenantRows): Record<string, number> {
-  return {
-    keys: rows.keys.length,
-    credentials: rows.credential ? 1 : 0,
-    jwtConfigs: rows.jwt ? 1 : 0,
-    generations: rows.generations.length,
-    lifecycleEvents: rows.events.length,
-    usageDeltas: rows.deltas.length,
-    usageRollups: rows.rollup ? 1 : 0,
-    auditRows: rows.audit.length,
-  };
+/**
+ * The first placement rule a tenant's rows break, if any (core/tenant-data.ts `refuse`): an
+ * attached tenant's adoption points at a tunnel of this region, so the tenant does not move.
+ */
+export async function placementRefusal(
+  db: ControlPlane,
+  tenantId: string,
+): Promise<"tenant_attached" | null> {
+  for (const kind of tablesMoved("refuse")) {
+    const declared = tenantData[kind];
+    const { rows } = await db.execute<{ n: number }>(
+      sql`SELECT count(*)::int AS n FROM ${name(declared.table)} WHERE ${name(declared.column)} = ${tenantId}`,
+    );
+    if (Number(rows[0]?.n ?? 0) > 0 && declared.move.do === "refuse") return declared.move.code;
+  }
+  return null;
 }
 
 /**
@@ -220,24 +220,18 @@ export function writeTenantRows(db: ControlPlane, rows: TenantRows): Promise<Rec
     if (existing) await tx.update(tenants).set(placement).where(eq(tenants.id, id));
     // The new region gives the tenant an ordinal of its own (ordinals are a region's, never reused).
     else await tx.insert(tenants).values({ id, ...placement });
-    for (const table of [
-      tenantKeys,
-      tenantCredentials,
-      tenantJwt,
-      generationLedger,
-      lifecycleEvents,
-      usageDeltas,
-    ]) {
-      await tx.delete(table).where(eq(table.tenantId, id));
+    const counts: Record<string, number> = {};
+    for (const kind of tablesMoved("copy")) {
+      const { table, column } = tenantData[kind];
+      const copied = rows.copied[kind] ?? [];
+      await tx.execute(sql`DELETE FROM ${name(table)} WHERE ${name(column)} = ${id}`);
+      if (copied.length > 0) {
+        await tx.execute(
+          sql`INSERT INTO ${name(table)} SELECT * FROM json_populate_recordset(NULL::${name(table)}, ${JSON.stringify(copied)}::json)`,
+        );
+      }
+      counts[kind] = copied.length;
     }
-    await tx.delete(usageRollups).where(eq(usageRollups.tenantId, id));
-    if (rows.keys.length > 0) await tx.insert(tenantKeys).values(rows.keys);
-    if (rows.credential) await tx.insert(tenantCredentials).values(rows.credential);
-    if (rows.jwt) await tx.insert(tenantJwt).values(rows.jwt);
-    if (rows.generations.length > 0) await tx.insert(generationLedger).values(rows.generations);
-    if (rows.events.length > 0) await tx.insert(lifecycleEvents).values(rows.events);
-    if (rows.deltas.length > 0) await tx.insert(usageDeltas).values(rows.deltas);
-    if (rows.rollup) await tx.insert(usageRollups).values(rows.rollup);
     let audit = 0;
     for (const row of rows.audit) {
       const { rowCount } = await tx.execute(sql`
@@ -249,7 +243,7 @@ export function writeTenantRows(db: ControlPlane, rows: TenantRows): Promise<Rec
         )`);
       audit += rowCount ?? 0;
     }
-    return { ...countRows(rows), auditRows: audit };
+    return { ...counts, auditLog: audit };
   });
 }
 
@@ -278,39 +272,21 @@ export async function markMoved(db: ControlPlane, tenantId: string): Promise<num
 }
 
 /**
- * `cleanup`, in the old region: every row of the tenant goes but its `moved` stub (its database is
- * still on this region's host: the stub names it, so host hygiene and the orphan reaper know whose
- * it is) and the move's own row. Idempotent.
+ * `cleanup`, in the old region: every row of the tenant a move carried goes (core/tenant-data.ts
+ * `copy` and `append`), but its `moved` stub (its database is still on this region's host: the stub
+ * names it, so host hygiene and the orphan reaper know whose it is) and what stays (`leave`: the
+ * move's own row, tombstones, campaign rows). Idempotent.
  */
 export function cleanupSource(db: ControlPlane, tenantId: string): Promise<Record<string, number>> {
   return db.transaction(async (tx) => {
     const counts: Record<string, number> = {};
-    const remove = async (
-      name: string,
-      table:
-        | typeof tenantKeys
-        | typeof tenantCredentials
-        | typeof tenantJwt
-        | typeof generationLedger
-        | typeof lifecycleEvents
-        | typeof usageDeltas
-        | typeof usageRollups
-        | typeof auditLog,
-    ) => {
-      const removed = await tx
-        .delete(table)
-        .where(eq(table.tenantId, tenantId))
-        .returning({ id: table.tenantId });
-      counts[name] = removed.length;
-    };
-    await remove("keys", tenantKeys);
-    await remove("credentials", tenantCredentials);
-    await remove("jwtConfigs", tenantJwt);
-    await remove("generations", generationLedger);
-    await remove("lifecycleEvents", lifecycleEvents);
-    await remove("usageDeltas", usageDeltas);
-    await remove("usageRollups", usageRollups);
-    await remove("auditRows", auditLog);
+    for (const kind of [...tablesMoved("copy"), ...tablesMoved("append")]) {
+      const { table, column } = tenantData[kind];
+      const { rowCount } = await tx.execute(
+        sql`DELETE FROM ${name(table)} WHERE ${name(column)} = ${tenantId}`,
+      );
+      counts[kind] = rowCount ?? 0;
+    }
     return counts;
   });
 }

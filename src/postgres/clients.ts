@@ -8,8 +8,9 @@
 import { Client } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
 import { type ScramClientSession, scramClientFinal } from "../crypto/scram.ts";
-import { configure, countOpened } from "./driver.ts";
+import { configure, countOpened, onTcpPath } from "./driver.ts";
 import { startupOptions, type TenantConnectionOptions, tenantSessionSettings } from "./session-settings.ts";
+import { HostTransportRefused } from "./socket.ts";
 
 interface StartupConfigurable {
   getStartupConf(): Record<string, string>;
@@ -47,6 +48,41 @@ export class SettlingClient extends Client {
     }
   }
 
+  /**
+   * Over TCP only SCRAM logs in (docs/adr/027): a server asking for the password in cleartext or as
+   * MD5 is refused before a byte of it is sent (`host_auth_refused`), and the connection is cut.
+   * Neon's WebSocket endpoint takes the cleartext password by design (the pipelined connect), so the
+   * WebSocket path keeps the driver's own answer.
+   */
+  override _handleAuthCleartextPassword = (message?: unknown): void => {
+    if (onTcpPath(this)) {
+      this.refusePasswordMethod("cleartext");
+      return;
+    }
+    (Client.prototype as unknown as PasswordHandlers)._handleAuthCleartextPassword.call(this, message);
+  };
+
+  _handleAuthMD5Password = (message?: unknown): void => {
+    if (onTcpPath(this)) {
+      this.refusePasswordMethod("MD5");
+      return;
+    }
+    (Client.prototype as unknown as PasswordHandlers)._handleAuthMD5Password.call(this, message);
+  };
+
+  private refusePasswordMethod(method: string): void {
+    const connection = (this as unknown as { connection: SaslConnection & { stream: { destroy(): void } } })
+      .connection;
+    connection.emit(
+      "error",
+      new HostTransportRefused(
+        "host_auth_refused",
+        `host ${this.host} asked for the password in ${method}; Lessor logs in over TCP with SCRAM-SHA-256 only`,
+      ),
+    );
+    connection.stream.destroy();
+  }
+
   constructor(config?: ConstructorParameters<typeof Client>[0]) {
     super(config);
     (this as unknown as { connection: EndEmitter }).connection.once("end", () => {
@@ -63,6 +99,11 @@ export class SettlingClient extends Client {
     if (!callback) return Promise.resolve();
     queueMicrotask(() => callback());
   }
+}
+
+interface PasswordHandlers {
+  _handleAuthCleartextPassword(message: unknown): void;
+  _handleAuthMD5Password(message: unknown): void;
 }
 
 interface SaslConnection {

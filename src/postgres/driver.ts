@@ -6,8 +6,10 @@
  * it has one, and the count of connections opened.
  */
 import { type Client, neonConfig } from "@neondatabase/serverless";
+import { addressKey, type HostPath, impliedPath } from "../config/host-paths.ts";
 import type { LessorConfig } from "../config/index.ts";
 import { PromptCloseWebSocket } from "./prompt-close.ts";
+import { TcpSocket } from "./socket.ts";
 
 let configuredProxy: string | null | undefined;
 
@@ -72,13 +74,50 @@ function socketSettings(config: LessorConfig): SocketSettings {
 }
 
 /**
- * Gives one client this deployment's driver settings (its `neonConfig`, which outranks the global
- * one), then a customer's tunnel where it has one (`routeClient`).
+ * Gives one client its way to its host: a customer's tunnel where it has one (`routeClient`); for
+ * a host on the `tcp` path a `TcpSocket` (socket.ts) in place of the driver's WebSocket, with
+ * Postgres's TLS on; otherwise this deployment's WebSocket settings (its `neonConfig`, which
+ * outranks the global one). The path is the host's (src/config/host-paths.ts), by address.
  */
 export function configure<C extends Client>(client: C, config: LessorConfig, route?: TunnelRoute): C {
+  const path = route ? null : pathOf(config, client);
+  if (path?.path === "tcp") {
+    useTcp(client, path);
+    return client;
+  }
   Object.assign((client as unknown as { neonConfig: object }).neonConfig, socketSettings(config));
   routeClient(client, route);
   return client;
+}
+
+/** The path to the host `client` connects to: its declared host's, or the one its name implies. */
+export function pathOf(config: LessorConfig, client: object): HostPath {
+  const { host, port } = client as unknown as { host: string; port: number | string };
+  const declared = config.pathsByAddress.get(addressKey(host, Number(port)));
+  return declared ?? impliedPath(host, config.wsProxy);
+}
+
+interface DriverInternals {
+  ssl: unknown;
+  connection: { ssl: unknown; stream: unknown };
+}
+
+/**
+ * Puts a `TcpSocket` under `client` before it connects: the driver's `Connection` reads and writes
+ * its `stream`, and the driver's `Client` reads its settings off it (`client.neonConfig`). With TLS
+ * on, Postgres's SSLRequest goes first (`ssl`), and the socket lets nothing else out before TLS.
+ */
+function useTcp(client: Client, path: HostPath): void {
+  const tls = path.sslmode !== "disable";
+  const internals = client as unknown as DriverInternals;
+  internals.connection.stream = new TcpSocket({ tls });
+  internals.ssl = tls;
+  internals.connection.ssl = tls;
+}
+
+/** Whether `client` reaches its host over TCP (a `TcpSocket`), where only SCRAM may log in. */
+export function onTcpPath(client: object): boolean {
+  return (client as unknown as DriverInternals).connection?.stream instanceof TcpSocket;
 }
 
 /**

@@ -11,6 +11,7 @@ import { type DatabaseHost, keyRegionOf, type LessorConfig, regionOfHost } from 
 import { type ControlPlane, tenantRecordFromRow, withControlPlane } from "../control-plane/index.ts";
 import { tenantCredentials, tenantKeys, tenants } from "../control-plane/schema.ts";
 import type { HostReport } from "../core/host-capabilities.ts";
+import { tenantFootprint } from "../core/host-room.ts";
 import { newTenantObjectName, tenantMaintenanceApplicationName } from "../core/names.ts";
 import type { TenantId } from "../core/tenant-id.ts";
 import { isTransientFailure } from "../core/transient.ts";
@@ -23,6 +24,7 @@ import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { tenantObjectNear } from "../placement/index.ts";
+import { assertRoom, withHostRoomLock } from "../placement/room.ts";
 import { underDeadline, withTenantConnection } from "../postgres/index.ts";
 import type { TenantKeyRecord } from "../rpc/tenant.ts";
 import {
@@ -53,6 +55,8 @@ export interface ProvisionInput {
   id: TenantId;
   tier: string;
   host: string;
+  /** How the host was chosen when the create named none (audited with the create). */
+  placement?: Record<string, unknown>;
 }
 
 export type CatalogRow = typeof tenants.$inferSelect;
@@ -154,17 +158,22 @@ async function provisionLocked(
   if (!row) {
     // Opaque names: another tenant can read pg_database, pg_roles and pg_stat_activity.
     const name = newTenantObjectName(crypto.getRandomValues(new Uint8Array(8)));
-    [row] = await db
-      .insert(tenants)
-      .values({
-        id: input.id,
-        status: "provisioning",
-        tier: input.tier,
-        host: input.host,
-        databaseName: name,
-        roleName: name,
-      })
-      .returning();
+    // The host's room is counted and taken under its lock: two creates never share its last place
+    // (a database and a role; docs/adr/028-a-fleet-that-sleeps.md). A resumed create has its place.
+    [row] = await withHostRoomLock(db, input.host, async () => {
+      await assertRoom(db, config, input.host, tenantFootprint(false));
+      return db
+        .insert(tenants)
+        .values({
+          id: input.id,
+          status: "provisioning",
+          tier: input.tier,
+          host: input.host,
+          databaseName: name,
+          roleName: name,
+        })
+        .returning();
+    });
   }
   if (!row) throw new LessorError("internal", { internal: "catalog insert returned nothing" });
   // A resumed create keeps the host it started on: the half-made database is there.
@@ -207,7 +216,13 @@ async function provisionLocked(
         actor,
         action: "tenant.create",
         tenantId: input.id,
-        detail: { ordinal: updated.ordinal, tier: updated.tier, host: updated.host, schemaVersion },
+        detail: {
+          ordinal: updated.ordinal,
+          tier: updated.tier,
+          host: updated.host,
+          schemaVersion,
+          ...(input.placement ? { placement: input.placement } : {}),
+        },
       });
     }
     return updated;

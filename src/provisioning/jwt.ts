@@ -19,6 +19,7 @@ import { unseal } from "../crypto/seal.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantObject } from "../placement/index.ts";
+import { assertRoom } from "../placement/room.ts";
 import { guardKeyId } from "../tenant-db/connect.ts";
 import {
   disableJwtLogin,
@@ -93,6 +94,17 @@ export async function setTenantJwt(
   jwt: JwtConfig,
 ): Promise<JwtConfig> {
   const { row, sealed, host } = await placementOf(env, config, region, tenantId);
+  // JWT mode takes one more role on the host (`<role>_jwt`): a host whose roles are all taken
+  // refuses it with `507 host_full` (docs/adr/028-a-fleet-that-sleeps.md). A tenant that has it
+  // already takes nothing more.
+  await withControlPlane(config, env, region, async (db) => {
+    const [configured] = await db
+      .select({ tenantId: tenantJwt.tenantId })
+      .from(tenantJwt)
+      .where(eq(tenantJwt.tenantId, tenantId))
+      .limit(1);
+    if (!configured) await assertRoom(db, config, host.name, { databases: 0, roles: 1 });
+  });
   const password = await unseal(env.LESSOR_SEAL_KEY, tenantId, sealed);
   const loginRole = jwtLoginRoleName(row.roleName);
   try {

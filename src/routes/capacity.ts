@@ -7,7 +7,9 @@
  */
 import { Hono } from "hono";
 import { loadConfig, regionNamed } from "../config/index.ts";
+import { withControlPlane } from "../control-plane/index.ts";
 import { budgetObject } from "../placement/index.ts";
+import { hostsTenancy } from "../placement/room.ts";
 import { requireAdmin } from "./auth.ts";
 import { type AppEnv, regionParam } from "./context.ts";
 
@@ -21,5 +23,20 @@ capacityRoutes.get("/v1/capacity", requireAdmin, async (c) => {
     Promise.all(region.hosts.map((host) => budgetObject(c.env, host).status(host, 5))),
     Promise.all(tunnels.map((tunnel) => budgetObject(c.env, tunnel.budgetName).status(tunnel.budgetName, 5))),
   ]);
-  return c.json({ region: region.name, hosts: hostStatuses, tunnels: tunnelStatuses });
+  // Room in tenants, from the catalog (one grouped read); the budgets answer without it.
+  const tenancy = await withControlPlane(config, c.env, region.name, (db) =>
+    hostsTenancy(db, config, region.hosts),
+  ).catch(() => null);
+  // Each host's connection path and TLS (docs/adr/027), from configuration: a weaker mode (sslmode
+  // disable, loopback only) or the local-only WebSocket path shows here, knowingly.
+  const hosts = hostStatuses.map((status) => {
+    const room = tenancy?.get(status.host);
+    const path = config.hosts.get(status.host)?.path;
+    return {
+      ...status,
+      ...(path ? { connection: { path: path.path, sslmode: path.sslmode } } : {}),
+      ...(room ? { tenancy: room } : {}),
+    };
+  });
+  return c.json({ region: region.name, hosts, tunnels: tunnelStatuses });
 });

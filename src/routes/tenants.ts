@@ -13,10 +13,12 @@ import {
 } from "../control-plane/index.ts";
 import { adoptedDatabases, tenants } from "../control-plane/schema.ts";
 import { type AdoptionReport, credentialPolicies, isCustomerRoleName } from "../core/adoption.ts";
+import { tenantFootprint } from "../core/host-room.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { loadEraseOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantObject } from "../placement/index.ts";
+import { placeByRoom } from "../placement/room.ts";
 import { attachTenant } from "../provisioning/attach.ts";
 import { provisionTenant, publicTenant } from "../provisioning/index.ts";
 import type { AdoptedPlacement } from "../rpc/tenant.ts";
@@ -66,18 +68,39 @@ const createTenantBody = jsonObject({
 });
 
 /**
- * Where a new tenant goes: the host named (its region is the tenant's), or the first host of the
- * region named, or the default host. A host and a region that disagree are `host_not_in_region`.
+ * Where a new tenant goes: the host named (its region is the tenant's), or else a host of the
+ * region named (the default region without one) chosen by room (src/placement/room.ts,
+ * docs/adr/028-a-fleet-that-sleeps.md) among those open to new tenants (`LESSOR_PLACEMENT_HOSTS`).
+ * A host and a region that disagree are `host_not_in_region`; a region whose open hosts are all
+ * full is `507 host_full`.
  */
-function placeNewTenant(
+async function placeNewTenant(
+  env: Env,
   config: LessorConfig,
   body: { host?: string | undefined; region?: string | undefined },
-): { host: string; region: string } {
+): Promise<{ host: string; region: string; placement: Record<string, unknown> | null }> {
   const region = body.region === undefined ? null : regionNamed(config, body.region);
   if (body.host === undefined) {
-    return region === null
-      ? { host: config.defaultHost, region: config.defaultRegion }
-      : { host: region.hosts[0] ?? config.defaultHost, region: region.name };
+    const home = region ?? regionNamed(config, config.defaultRegion);
+    const open = home.hosts.filter((host) => config.placementHosts.has(host));
+    const choice = await withControlPlane(config, env, home.name, (db) =>
+      placeByRoom(db, config, open, tenantFootprint(false)),
+    );
+    if (choice.kind === "full") {
+      throw new LessorError("host_full", {
+        publicMessage: `Every host of region ${home.name} open to new tenants (${open.length}: ${open.join(", ") || "none"}) is full; add a host (docs/operating.md, "When a region fills").`,
+      });
+    }
+    return {
+      host: choice.host,
+      region: home.name,
+      placement: {
+        policy: "room",
+        candidates: open.length,
+        tenantsLeft: choice.tenantsLeft,
+        connectionsLeft: choice.connectionsLeft,
+      },
+    };
   }
   const host = config.hosts.get(body.host);
   if (host && region !== null && host.region !== region.name) {
@@ -85,7 +108,7 @@ function placeNewTenant(
       publicMessage: `Host ${host.name} is in region ${host.region}, not ${region.name}; region ${region.name} has ${region.hosts.join(", ")}.`,
     });
   }
-  return { host: body.host, region: host?.region ?? config.defaultRegion };
+  return { host: body.host, region: host?.region ?? config.defaultRegion, placement: null };
 }
 
 tenantRoutes.post(
@@ -127,8 +150,26 @@ tenantRoutes.post(
         201,
       );
     }
-    const { host, region } = placeNewTenant(config, body);
-    const { row, key } = await provisionTenant(c.env, config, { id, tier, host }, c.var.actor);
+    // A host chosen by room may fill between the choice and the create (another create took its
+    // last place, under the host's room lock): choose again, a bounded number of times.
+    let created: Awaited<ReturnType<typeof provisionTenant>> | undefined;
+    let region = config.defaultRegion;
+    for (let attempt = 0; created === undefined; attempt++) {
+      const placed = await placeNewTenant(c.env, config, body);
+      region = placed.region;
+      try {
+        created = await provisionTenant(
+          c.env,
+          config,
+          { id, tier, host: placed.host, ...(placed.placement ? { placement: placed.placement } : {}) },
+          c.var.actor,
+        );
+      } catch (error) {
+        const raced = error instanceof LessorError && error.code === "host_full" && placed.placement !== null;
+        if (!raced || attempt >= 2) throw error;
+      }
+    }
+    const { row, key } = created;
     return c.json(
       { tenant: { ...publicTenant(row), region }, key, connectionString: connectionString(key) },
       201,

@@ -93,6 +93,12 @@ export interface EvictOutcome {
 
 export interface CapacityStatus {
   host: string;
+  /**
+   * Databases and roles the host's tenants take against its limits (docs/adr/028), from the
+   * catalog: added by `/v1/capacity` and the fleet overview, absent from the BudgetObject's own
+   * answer (it does not read the catalog) and when the control plane did not answer.
+   */
+  tenancy?: import("../core/host-room.ts").HostTenancy;
   budget: number;
   reserve: number;
   /** Connections a credential rotation may overlap with beyond `budget` (docs/adr/013). */

@@ -84,6 +84,7 @@ export const statusPageScript = `"use strict";
         el("h3", { text: h.host + " — " + (h.allocated + h.reserved + h.draining) + " of " + cap + " connections for pools (budget " + h.budget + ", of which reserve " + h.reserve + ")" }),
         bar,
         legend([["allocated", "allocated " + h.allocated], ["reserved", "reserved (starting) " + h.reserved], ["draining", "draining " + h.draining], ["free", "free " + free]]),
+        h.tenancy ? el("p", { "class": "tenancy", "data-host": h.host, text: "tenants " + h.tenancy.tenants + " (" + h.tenancy.jwtTenants + " in JWT mode) · databases " + h.tenancy.databases.used + " of " + (h.tenancy.databases.limit === null ? "unlimited" : h.tenancy.databases.limit) + " · roles " + h.tenancy.roles.used + " of " + (h.tenancy.roles.limit === null ? "unlimited" : h.tenancy.roles.limit) }) : el("p", { "class": "muted", text: "Tenants per host unknown (the control plane did not answer)." }),
         el("p", { "class": "muted", text: "waiters " + h.waiters + " · leases " + h.leases + " · evictions " + h.evictions + " · saturations " + h.saturations + " · admissions " + h.admissions }),
         rows.length === 0 ? el("p", { "class": "muted", text: "No eviction candidate (no idle, unpinned pool)." }) :
           el("table", { "class": "candidates" }, [

@@ -5,13 +5,10 @@
  * it is ready, unleased, unpinned and not migrating (docs/adr/003-drain-victims-not-kill.md).
  */
 import { beginDrain } from "../core/lifecycle.ts";
-import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
-import type { EvictOutcome } from "../rpc/budget.ts";
+import type { EvictOutcome, GenerationCheck } from "../rpc/budget.ts";
 import type { TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
-import type { SessionLeases } from "./sessions.ts";
-import type { WireConnections } from "./wire.ts";
 
 /** An operator drain in progress. */
 export interface DrainState {
@@ -25,8 +22,6 @@ export class TenantDrain {
   constructor(
     private readonly rt: TenantRuntime,
     private readonly pool: TenantPool,
-    private readonly sessions: SessionLeases,
-    private readonly wire: WireConnections,
   ) {}
 
   /** The operator drain in progress, if the pool is draining because of one. */
@@ -45,18 +40,15 @@ export class TenantDrain {
       this.state = { startedAt: Date.now(), overdueReported: false };
       rt.apply(beginDrain(rt.lifecycle), force ? "operator_drain_forced" : "operator_drain");
       if (rt.record) await rt.budget(rt.record.host).draining(rt.record.tenantId, rt.lifecycle.generation);
-      await rt.ensureAlarm(Date.now() + rt.config.maxDrainMs);
+      await rt.alarms.wakeBy(Date.now() + rt.config.maxDrainMs);
     }
     if (force && rt.lifecycle.state === "draining") {
-      for (const session of this.sessions.all()) {
-        this.sessions.end(session, new Error("forced drain"), "stale");
-        logEvent("warn", "lease_killed_by_forced_drain", {
-          tenant: rt.tenantId,
-          lease: session.tokenHash.slice(0, 12),
-        });
-      }
-      // Wire connections holding a lease too: their transactions roll back, their clients are told.
-      this.wire.endAll(new LessorError("stale_generation", { retryAfterSeconds: 1 }));
+      // Every holder of a connection lets go (kernel/holders.ts): session leases' and wire
+      // connections' transactions roll back, their clients are told; flights finish.
+      const { ended } = rt.holders.apply("drain_forced");
+      if (ended > 0) logEvent("warn", "holders_ended_by_forced_drain", { tenant: rt.tenantId, ended });
+    } else {
+      rt.holders.apply("drain");
     }
     await this.finishIfIdle();
   }
@@ -87,24 +79,38 @@ export class TenantDrain {
    */
   async evictIfIdle(generation: number): Promise<EvictOutcome> {
     const lc = this.rt.lifecycle;
+    const blocking = this.rt.holders.apply("evict").blocking;
     const eligible =
       lc.generation === generation &&
       lc.state === "ready" &&
       this.pool.leases === 0 &&
-      this.sessions.size === 0 &&
+      blocking === 0 &&
       !this.rt.pinned &&
       !lc.migrating &&
       lc.rotatingTo === null &&
       this.pool.isOpen;
     if (!eligible) {
-      // Refused because busy: tell the budget the moment the last lease goes, so a waiting start
-      // does not wait for the next heartbeat to learn this pool became idle.
-      if (lc.generation === generation && this.pool.leases > 0) this.pool.reportWhenIdle();
+      // Refused because busy (a lease, or a holder such as the request that started the pool and
+      // has not leased yet): tell the budget the moment the last one goes, so a waiting start does
+      // not wait for the next heartbeat to learn this pool became idle.
+      if (lc.generation === generation && (this.pool.leases > 0 || blocking > 0)) this.pool.reportWhenIdle();
       // A generation this object no longer runs holds nothing: let the budget release it.
       const gone = lc.generation !== generation && !this.pool.holds(generation);
       return { evicted: gone, report: this.pool.report() };
     }
     await this.pool.stop("evicted");
     return { evicted: true, report: this.pool.report() };
+  }
+
+  /**
+   * For the budget's reconcile: reclaims the leases held past their bound first (a lost release
+   * must not keep the pool busy for ever), then says whether `generation` is still held and, if it
+   * is the current ready one, the pool's own facts (the ledger corrects its copy from them).
+   */
+  checkGeneration(generation: number): GenerationCheck {
+    this.pool.reclaimOverdueLeases(Date.now());
+    const lc = this.rt.lifecycle;
+    const current = lc.generation === generation && lc.state === "ready";
+    return { holds: this.pool.holds(generation), report: current ? this.pool.report() : null };
   }
 }

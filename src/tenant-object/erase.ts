@@ -45,8 +45,6 @@ import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import type { TenantPool } from "./pool.ts";
 import type { EraseGate, TenantRuntime } from "./runtime.ts";
-import type { SessionLeases } from "./sessions.ts";
-import type { WireConnections } from "./wire.ts";
 
 /** Claims older than this are dead, as the campaign runner presumes (core/campaign.ts). */
 const campaignClaimTimeoutMs = 10 * 60_000;
@@ -70,8 +68,6 @@ export class TenantErase {
     private readonly rt: TenantRuntime,
     private readonly auth: TenantAuth,
     private readonly pool: TenantPool,
-    private readonly sessions: SessionLeases,
-    private readonly wire: WireConnections,
   ) {
     this.provider = localPostgresProvider(rt.env, rt.config);
   }
@@ -193,7 +189,7 @@ export class TenantErase {
 
   /** Runs the stages soon, from the alarm (so the request is answered first). */
   private async kick(): Promise<void> {
-    if (this.rt.erasing) await this.rt.ctx.storage.setAlarm(Math.max(Date.now(), this.retryAt));
+    if (this.rt.erasing) await this.rt.alarms.rearm(Math.max(Date.now(), this.retryAt));
   }
 
   // ── The runner ─────────────────────────────────────────────────────────────────────────────────
@@ -220,7 +216,7 @@ export class TenantErase {
     const gate = this.rt.erase;
     if (gate?.state !== "erasing") return;
     if (Date.now() < this.retryAt) {
-      await this.rt.ctx.storage.setAlarm(this.retryAt);
+      await this.rt.alarms.rearm(this.retryAt);
       return;
     }
     await this.resume(gate.tenantId);
@@ -301,7 +297,7 @@ export class TenantErase {
       }
     }
     // A run that keeps being sent back by the re-check yields; the alarm takes it up again.
-    await rt.ctx.storage.setAlarm(Date.now() + 1_000);
+    await rt.alarms.rearm(Date.now() + 1_000);
   }
 
   /** Records a failed attempt (here, and in the control plane if it answers) and arms the retry. */
@@ -334,7 +330,7 @@ export class TenantErase {
     } catch {
       this.unrecorded = pending;
     }
-    await rt.ctx.storage.setAlarm(this.retryAt);
+    await rt.alarms.rearm(this.retryAt);
   }
 
   /** The commit happened: the object answers `410` for the erased keys, and holds nothing else. */
@@ -351,7 +347,7 @@ export class TenantErase {
     this.auth.rememberErased(keyIds, erasedAt);
     this.failures = 0;
     this.retryAt = 0;
-    await this.rt.ctx.storage.deleteAlarm();
+    await this.rt.alarms.cancel();
   }
 
   private async step(tenantId: string, step: EraseStep): Promise<void> {
@@ -401,7 +397,7 @@ export class TenantErase {
     const counts = await this.onControlPlane((db) => eraseKeys(db, job.tenantId));
     const record = this.rt.record;
     if (record) {
-      const held = new Set(this.sessions.all().map((session) => session.keyId));
+      const held = this.rt.holders.keyIds();
       this.rt.record = { ...record, keys: record.keys.filter((key) => held.has(key.keyId)) };
       if (this.rt.storage.isOpen) this.rt.storage.write("record", this.rt.record);
     }
@@ -421,12 +417,8 @@ export class TenantErase {
     let forcedSessions = 0;
     let backendsEnded = 0;
     if (!ended) {
-      for (const session of this.sessions.all()) {
-        this.sessions.end(session, new Error("tenant erased"), "lost");
-        forcedSessions++;
-      }
-      forcedSessions += this.wire.size;
-      this.wire.endAll(new LessorError("tenant_erasing", { retryAfterSeconds: 5 }));
+      // Every holder the erase ends, of every kind (kernel/holders.ts); flights are waited for.
+      forcedSessions = rt.holders.apply("erase").ended;
       ended = await this.pool.waitForNoLeases(1_000);
       if (!ended && rt.record) {
         backendsEnded = await this.pool.credentials.fence(rt.record, "erase");
@@ -435,8 +427,8 @@ export class TenantErase {
       if (!ended) throw new Error(`${this.pool.leases} lease(s) would not end`);
       logEvent("warn", "erase_leases_forced", { tenant: rt.tenantId, forcedSessions, backendsEnded });
     }
-    // Wire connections between transactions hold no lease, but they end with the tenant too.
-    this.wire.endAll(new LessorError("tenant_erasing", { retryAfterSeconds: 5 }));
+    // Holders between transactions hold no lease, but they end with the tenant too.
+    rt.holders.apply("erase");
     return { leasesHeld: held, waitedMs: Date.now() - started, forcedSessions, backendsEnded };
   }
 
@@ -484,7 +476,7 @@ export class TenantErase {
   private async wipeObject(job: EraseJob): Promise<Record<string, number>> {
     const rt = this.rt;
     const rows = rt.storage.rowCounts();
-    await rt.ctx.storage.deleteAlarm();
+    await rt.alarms.cancel();
     await rt.ctx.storage.deleteAll();
     rt.storage.forgetTables();
     rt.record = null;

@@ -69,9 +69,9 @@ export async function heartbeat(
   const wakeups = [
     decision.kind === "rearm" ? decision.at : null,
     nextReview,
-    ...sessions.all().map((s) => s.expiresAt),
     rt.lifecycle.state === "draining" ? now + heartbeatMs : null,
     hasPendingOutbox(rt) ? now + heartbeatMs : null,
   ].filter((t): t is number => t !== null);
-  if (wakeups.length > 0) await rt.ctx.storage.setAlarm(Math.max(now + 100, Math.min(...wakeups)));
+  // Session TTLs and the holders' key expiries are the alarm's registered wakers (kernel/alarm.ts).
+  await rt.alarms.rearm(wakeups.length > 0 ? Math.min(...wakeups) : null, now + 100);
 }

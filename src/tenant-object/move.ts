@@ -40,6 +40,7 @@ import {
   type MoveJob,
   markMoved,
   openMove,
+  placementRefusal,
   readTenantRows,
   recordMoveFailure,
   sequenceFloors,
@@ -48,13 +49,13 @@ import {
 } from "../move/store.ts";
 import { type MoveStep, moveHooksForTests } from "../move/test-hooks.ts";
 import { tenantObject } from "../placement/index.ts";
-import type { MoveAnswer, MoveStatus } from "../rpc/tenant.ts";
+import type { MoveAnswer, MovedIn, MoveStatus } from "../rpc/tenant.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
+import { holderEndError } from "./kernel/holders.ts";
 import { flushOutboxes } from "./outbox.ts";
 import type { TenantPool } from "./pool.ts";
 import type { MoveGate, TenantRuntime } from "./runtime.ts";
-import type { SessionLeases } from "./sessions.ts";
 
 /** Stages one run takes at most before it yields to the next alarm. */
 const stagesPerRun = 10;
@@ -70,7 +71,6 @@ export class TenantMove {
     private readonly rt: TenantRuntime,
     private readonly auth: TenantAuth,
     private readonly pool: TenantPool,
-    private readonly sessions: SessionLeases,
   ) {}
 
   // ── The fence ──────────────────────────────────────────────────────────────────────────────────
@@ -96,6 +96,8 @@ export class TenantMove {
     const [row] = await this.onControlPlane(rt.region, (db) =>
       db.select({ status: tenants.status }).from(tenants).where(eq(tenants.id, tenantId)).limit(1),
     );
+    // Placement rules hold for every operation that changes placement (core/tenant-data.ts `refuse`).
+    const placement = await this.onControlPlane(rt.region, (db) => placementRefusal(db, tenantId));
     const targetKnown = rt.config.regions.has(to);
     const [taken] =
       targetKnown && to !== rt.region
@@ -112,6 +114,7 @@ export class TenantMove {
       pinned: rt.pinned,
       migrating: rt.lifecycle.migrating,
       force,
+      attached: placement === "tenant_attached",
     });
     if (decision.kind === "refuse") {
       throw new LessorError(decision.code, {
@@ -191,7 +194,21 @@ export class TenantMove {
 
   /** Runs the stages soon, from the alarm (so the request is answered first). */
   private async kick(): Promise<void> {
-    await this.rt.ctx.storage.setAlarm(Math.max(Date.now(), this.retryAt));
+    await this.rt.alarms.rearm(Math.max(Date.now(), this.retryAt));
+  }
+
+  /**
+   * On the new region's object at a move's `start` stage: the record, and the sequence numbers its
+   * outboxes go on from. A pointer this object held (the tenant lived here before and moved away)
+   * is dropped: it is the owner again.
+   */
+  async moveIn(moved: MovedIn): Promise<void> {
+    if (this.rt.move !== null) {
+      this.rt.move = null;
+      if (this.rt.storage.isOpen) this.rt.storage.forget("move");
+    }
+    await this.auth.install(moved.record);
+    this.rt.storage.raiseSequences(moved.eventSeq, moved.usageSeq);
   }
 
   // ── The runner ─────────────────────────────────────────────────────────────────────────────────
@@ -216,7 +233,7 @@ export class TenantMove {
     const gate = this.rt.move;
     if (!gate || gate.committed) return;
     if (Date.now() < this.retryAt) {
-      await this.rt.ctx.storage.setAlarm(this.retryAt);
+      await this.rt.alarms.rearm(this.retryAt);
       return;
     }
     await this.resume(gate.tenantId);
@@ -265,7 +282,7 @@ export class TenantMove {
         return;
       }
     }
-    await rt.ctx.storage.setAlarm(Date.now() + 1_000);
+    await rt.alarms.rearm(Date.now() + 1_000);
   }
 
   private async failed(
@@ -291,7 +308,7 @@ export class TenantMove {
         () => undefined,
       );
     }
-    await rt.ctx.storage.setAlarm(this.retryAt);
+    await rt.alarms.rearm(this.retryAt);
   }
 
   private async step(tenantId: string, step: MoveStep): Promise<void> {
@@ -338,10 +355,9 @@ export class TenantMove {
     let ended = await this.pool.waitForNoLeases(rt.config.eraseLeaseWaitMs);
     let forcedSessions = 0;
     if (!ended) {
-      for (const session of this.sessions.all()) {
-        this.sessions.end(session, new Error("tenant moved"), "lost");
-        forcedSessions++;
-      }
+      // Every holder of a connection lets go (kernel/holders.ts): session leases, wire connections
+      // of both modes; flights are waited for.
+      forcedSessions = rt.holders.apply("move_drain").ended;
       ended = await this.pool.waitForNoLeases(forcedEndWaitMs);
       if (!ended) throw new Error(`${this.pool.leases} lease(s) would not end`);
     }
@@ -388,7 +404,12 @@ export class TenantMove {
     this.rt.move = gate;
     await this.rt.storage.open();
     this.rt.storage.write("move", gate);
-    return { switched, stubbed };
+    // Whatever still holds the tenant here ends with a FATAL its driver answers by reconnecting,
+    // which now reaches the new owner (kernel/holders.ts).
+    const holdersEnded = this.rt.holders.apply("move_switch", {
+      errorFor: (code) => (code === "tenant_moved" ? movedError(job.toRegion) : holderEndError(code)),
+    }).ended;
+    return { switched, stubbed, holdersEnded };
   }
 
   /**
@@ -431,7 +452,7 @@ export class TenantMove {
     await this.onControlPlane(job.toRegion, (db) => auditMove(db, job));
     const done = await this.onControlPlane(this.rt.region, (db) => commitMoveSource(db, job.id));
     if (done) this.adopt(done);
-    await this.rt.ctx.storage.deleteAlarm();
+    await this.rt.alarms.cancel();
     logEvent("info", "move_committed", { tenant: job.tenantId, from: job.fromRegion, to: job.toRegion });
     return { committed: done ? 1 : 0 };
   }

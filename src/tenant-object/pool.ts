@@ -783,10 +783,10 @@ export class TenantPool implements SizedPool {
       // The tunnel carried a start: its breaker closes.
       if (record.adopted) await budget.recordTunnelOutcome(record.host, "ok").catch(() => undefined);
       await budget.confirm(record.host, record.tenantId, generation, this.report());
-      await rt.ensureAlarm(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
+      await rt.alarms.wakeBy(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
       // An adaptive pool above its floor is reviewed once a window has passed (sizing.ts).
       const review = this.sizing.nextReviewAt();
-      if (review !== null) await rt.ensureAlarm(review);
+      if (review !== null) await rt.alarms.wakeBy(review);
     } catch (error) {
       if (pool) await endPool(pool);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
@@ -829,7 +829,7 @@ export class TenantPool implements SizedPool {
         .catch(() => undefined);
     }
     rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
-    await rt.ensureAlarm(Date.now() + 1_000);
+    await rt.alarms.wakeBy(Date.now() + 1_000);
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
     // Retrying will not help until the operator fixes the configuration: say so.
     if (reason === "misconfigured" && error instanceof LessorError) return error;
@@ -907,7 +907,7 @@ export class TenantPool implements SizedPool {
     rt.apply(retired(rt.lifecycle, old.generation), "retired");
     rt.note(`rotation_retired: generation ${old.generation} stopped`);
     // The alarm flushes the events soon rather than at the next heartbeat.
-    await rt.ensureAlarm(Date.now() + 1_000).catch(() => undefined);
+    await rt.alarms.wakeBy(Date.now() + 1_000).catch(() => undefined);
     if (rt.record) {
       await rt
         .budget(rt.record.host)
@@ -981,7 +981,7 @@ export class TenantPool implements SizedPool {
 
   /** A repair's event reaches the control plane soon rather than at the next heartbeat. */
   private flushEventsSoon(): void {
-    this.rt.ctx.waitUntil(this.rt.ensureAlarm(Date.now() + 1_000).catch(() => undefined));
+    this.rt.ctx.waitUntil(this.rt.alarms.wakeBy(Date.now() + 1_000).catch(() => undefined));
   }
 
   // ── Budget ─────────────────────────────────────────────────────────────────────────────────────
@@ -1007,9 +1007,16 @@ export class TenantPool implements SizedPool {
     if (pressure) this.sizing.notePressure(pressure);
   }
 
-  /** The budget asked to evict while leases were held: report the moment the last one goes. */
+  /** The budget asked to evict while leases or holders were held: report the moment the last one goes. */
   reportWhenIdle(): void {
     this.budgetWaitsForIdle = true;
+  }
+
+  /** A holder left the registry (kernel/holders.ts): with no lease left either, a waiting budget learns it. */
+  holderLeft(): void {
+    if (!this.budgetWaitsForIdle || this.held.size > 0) return;
+    this.budgetWaitsForIdle = false;
+    this.rt.ctx.waitUntil(this.reportToBudget().catch(() => undefined));
   }
 }
 
@@ -1060,6 +1067,13 @@ function startRefusal(
     }
     const fault = tunnelFaultOf(reason);
     if (fault) return tunnelUnavailable(fault, retryAfterSeconds);
+  }
+  // The host's transport was refused (docs/adr/027): say which, so the operator knows what to fix.
+  if (reason === "tls_refused" || reason === "auth_method_refused") {
+    return new LessorError(reason === "tls_refused" ? "host_tls_refused" : "host_auth_refused", {
+      internal: `start failed (${reason})`,
+      retryAfterSeconds,
+    });
   }
   return new LessorError("tenant_starting_failed", {
     internal: `start failed (${reason})`,

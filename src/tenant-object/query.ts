@@ -26,6 +26,7 @@ import {
 } from "./connection-state.ts";
 import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
 import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
+import { admitHolder } from "./kernel/access.ts";
 import { type ConnectionKind, CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { tenantHooksForTests } from "./test-hooks.ts";
@@ -80,6 +81,14 @@ export class TenantQueries {
         });
       }
       let results: RawResult[];
+      // A flight is a holder (kernel/holders.ts): operations wait for it; nothing cuts it short
+      // but its own bounds.
+      const leave = admitHolder(this.rt, {
+        kind: "flight",
+        keyId: proof.keyId,
+        leased: () => true,
+        end: () => undefined,
+      });
       try {
         results = await this.run(record, await this.pool.acquire(record), request, endUser);
       } catch (error) {
@@ -87,6 +96,8 @@ export class TenantQueries {
         // one: nothing ran, so it runs once on the new generation (docs/adr/013).
         if (!(error instanceof CredentialMoved)) throw error;
         results = await this.run(record, await this.pool.acquire(record), request, endUser);
+      } finally {
+        leave();
       }
       this.rt.usage.queries++;
       this.rt.usage.rowsReturned += results.reduce((n, r) => n + r.rows.length, 0);

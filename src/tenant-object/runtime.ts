@@ -12,6 +12,8 @@ import { budgetObject } from "../placement/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { isZeroUsage, type UsageCounters, zeroUsage } from "../usage/index.ts";
 import { Deadlines } from "./deadlines.ts";
+import { AlarmSchedule } from "./kernel/alarm.ts";
+import { HolderRegistry } from "./kernel/holders.ts";
 import { TenantStorage } from "./storage.ts";
 import { tenantHooksForTests } from "./test-hooks.ts";
 
@@ -89,6 +91,10 @@ export class TenantRuntime {
   readonly keyUses = new Map<string, number>();
   /** The statements' deadlines, with at most one timer armed (deadlines.ts). */
   readonly deadlines = new Deadlines();
+  /** Every holder of the tenant: flights, session leases, wire connections (kernel/holders.ts). */
+  readonly holders = new HolderRegistry();
+  /** The object's one alarm: the only caller of `setAlarm` (kernel/alarm.ts). */
+  readonly alarms: AlarmSchedule;
   /** Set once an erase of this tenant started; null otherwise. */
   erase: EraseGate | null = null;
   /** Set once a move of this tenant to another region started; null otherwise. */
@@ -121,6 +127,7 @@ export class TenantRuntime {
   ) {
     this.loadedConfig = loadConfig(env);
     this.storage = new TenantStorage(ctx.storage);
+    this.alarms = new AlarmSchedule(ctx.storage);
     const named = ctx.id.name === undefined ? null : parseTenantObjectName(ctx.id.name).region;
     this.region = named ?? this.loadedConfig.defaultRegion;
   }
@@ -246,11 +253,5 @@ export class TenantRuntime {
   /** The BudgetObject of a database host. */
   budget(host: string) {
     return budgetObject(this.env, host);
-  }
-
-  /** Arms the alarm for `at` unless it is already armed earlier. */
-  async ensureAlarm(at: number): Promise<void> {
-    const current = await this.ctx.storage.getAlarm();
-    if (current === null || current > at) await this.ctx.storage.setAlarm(at);
   }
 }

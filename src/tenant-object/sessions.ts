@@ -27,6 +27,7 @@ import { asLessorError, sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
 import { ResponseBudget, runStatement } from "./execute.ts";
+import { admitHolder } from "./kernel/access.ts";
 import type { LiveLease, TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
@@ -49,6 +50,8 @@ export interface Session {
   endsAt: number;
   createdAt: number;
   busy: boolean;
+  /** Leaves the holder registry (kernel/holders.ts). */
+  leave: () => void;
 }
 
 export class SessionLeases {
@@ -62,7 +65,16 @@ export class SessionLeases {
     private readonly rt: TenantRuntime,
     private readonly auth: TenantAuth,
     private readonly pool: TenantPool,
-  ) {}
+  ) {
+    // The alarm reclaims a lease whose TTL passed (the heartbeat's `reclaimExpired`).
+    rt.alarms.register("session_ttl", () => {
+      let next: number | null = null;
+      for (const session of this.sessions.values()) {
+        if (next === null || session.expiresAt < next) next = session.expiresAt;
+      }
+      return next;
+    });
+  }
 
   get size(): number {
     return this.sessions.size;
@@ -112,12 +124,26 @@ export class SessionLeases {
         endsAt,
         createdAt: now,
         busy: false,
+        leave: () => undefined,
       };
+      try {
+        // Admitted with its access checked again now: the key may have expired while it waited.
+        session.leave = admitHolder(this.rt, {
+          kind: "session_lease",
+          keyId: proof.keyId,
+          leased: () => true,
+          end: (error) => this.end(session, error, error.code === "stale_generation" ? "stale" : "lost"),
+        });
+      } catch (error) {
+        client.release();
+        this.pool.release(lease);
+        throw error;
+      }
       this.sessions.set(tokenHash, session);
       // Reclaimed as overdue (its alarm never ended it): the session ends as a lost one.
       this.pool.onAbandon(lease, () => this.end(session, new Error("lease reclaimed"), "lost"));
       this.rt.storage.rememberSessionToken(tokenHash, lease.generation, session.expiresAt);
-      await this.rt.ensureAlarm(session.expiresAt);
+      await this.rt.alarms.wakeBy(session.expiresAt);
       return {
         ok: true,
         lease: token,
@@ -175,7 +201,7 @@ export class SessionLeases {
         session.busy = false;
         if (this.sessions.has(session.tokenHash)) {
           session.expiresAt = Math.min(Date.now() + session.ttlMs, session.endsAt);
-          await this.rt.ensureAlarm(session.expiresAt);
+          await this.rt.alarms.wakeBy(session.expiresAt);
         }
       }
     } catch (error) {
@@ -276,6 +302,7 @@ export class SessionLeases {
    */
   end(session: Session, destroyWith: Error, remember: "lost" | "stale"): void {
     if (!this.sessions.delete(session.tokenHash)) return;
+    session.leave();
     if (remember === "lost") this.rt.storage.markSessionToken(session.tokenHash, "lost");
     markEndedOnPurpose(session.client);
     session.client.release(destroyWith);
@@ -288,6 +315,7 @@ export class SessionLeases {
    */
   private async resetAndEnd(session: Session, why: string, remember?: "expired"): Promise<void> {
     if (!this.sessions.delete(session.tokenHash)) return;
+    session.leave();
     if (remember) this.rt.storage.markSessionToken(session.tokenHash, remember);
     else this.rt.storage.forgetSessionToken(session.tokenHash);
     const broken = await withTenantScope(
@@ -300,22 +328,6 @@ export class SessionLeases {
     );
     session.client.release(broken);
     this.pool.release(session.lease);
-  }
-
-  /**
-   * Ends every lease opened with a key the record no longer holds (revoked, or expired): revocation
-   * is immediate, for leases too. Their owners learn `lease_lost`.
-   */
-  endLeasesOfRemovedKeys(record: TenantRecord): void {
-    const usable = new Set(record.keys.map((key) => key.keyId));
-    for (const session of this.all()) {
-      if (usable.has(session.keyId)) continue;
-      logEvent("warn", "lease_ended_key_revoked", {
-        tenant: record.tenantId,
-        lease: session.tokenHash.slice(0, 12),
-      });
-      this.end(session, new Error("key revoked"), "lost");
-    }
   }
 
   /** Reclaims session leases whose owner stopped using them (the TTL passed) or that reached their lifetime. */

@@ -196,7 +196,7 @@ export class PoolSizing {
       await this.step(record.tenantId, "applied");
       // The grown size is reviewed once a window at it has passed (the heartbeat alone is 30 s).
       const review = this.nextReviewAt();
-      if (review !== null) await this.rt.ensureAlarm(review);
+      if (review !== null) await this.rt.alarms.wakeBy(review);
       logEventSampled("info", "pool_grown", record.tenantId, {
         tenant: record.tenantId,
         generation,

@@ -21,7 +21,7 @@ import {
   readyForQuery,
 } from "../core/pg-wire.ts";
 import type { AnswerBudget, WireBounds } from "../core/wire-flow.ts";
-import { LessorError } from "../errors/index.ts";
+import { type ErrorCode, LessorError } from "../errors/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { EdgeLink } from "./wire-link.ts";
 import { type ServerLeg, type ServerLegOwner, tooLarge } from "./wire-server.ts";
@@ -257,4 +257,21 @@ export function lifetimeReached(why: "time" | "frames", bounds: WireBounds): Les
         ? `This connection reached its lifetime (LESSOR_WIRE_MAX_LIFETIME_MS, ${bounds.lifetimeMs} ms); open another (a pool does so by itself).`
         : `This connection relayed its share of frames (LESSOR_WIRE_MAX_FRAMES, ${bounds.lifetimeFrames}); open another (a pool does so by itself).`,
   });
+}
+
+/** The refusal of a connection idle past `LESSOR_LEASE_MAX_TTL_MS`. */
+export function idleReached(ttl: number, inTransaction: boolean): LessorError {
+  return new LessorError("lease_expired", {
+    publicMessage: `This connection was idle past LESSOR_LEASE_MAX_TTL_MS (${ttl} ms) and is closed${inTransaction ? "; its transaction did not commit" : ""}.`,
+  });
+}
+
+/**
+ * Refusals at a lease that end the connection with a FATAL rather than an ERROR per cycle: the
+ * connection itself no longer has access (its key, its tenant's status) or its tenant moved away.
+ */
+export function endsConnection(code: ErrorCode): boolean {
+  return (
+    code === "key_revoked" || code === "key_expired" || code === "tenant_disabled" || code === "tenant_moved"
+  );
 }

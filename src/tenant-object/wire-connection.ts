@@ -35,7 +35,9 @@ import type { TenantRuntime } from "./runtime.ts";
 import type { WireConnections } from "./wire.ts";
 import {
   type AnswerTarget,
+  endsConnection,
   greeting,
+  idleReached,
   lifetimeReached,
   notReading,
   pipelineLimit,
@@ -50,7 +52,6 @@ import { ServerLeg } from "./wire-server.ts";
  * that just got its answer is back in its pool by then, and the pool drops it on the FATAL.
  */
 const lifetimeQuietMs = 250;
-
 export class WireConnection implements AnswerTarget {
   private readonly reader: MessageReader;
   readonly link: EdgeLink;
@@ -76,6 +77,8 @@ export class WireConnection implements AnswerTarget {
   readonly pid: number;
   readonly secret: number;
   readonly keyId: string;
+  /** Leaves the holder registry (kernel/holders.ts), once admitted. */
+  leave: () => void = () => undefined;
 
   constructor(
     private readonly room: WireConnections,
@@ -114,7 +117,7 @@ export class WireConnection implements AnswerTarget {
       room.sessions.holdForWire(record);
       this.sessionSlot = true;
       try {
-        const { lease, client } = await room.lease(record);
+        const { lease, client } = await room.lease(record, this.keyId);
         this.attach(lease, client);
       } catch (error) {
         this.sessionSlot = false;
@@ -129,7 +132,7 @@ export class WireConnection implements AnswerTarget {
         // the greeting says what every tenant connection is set to, and the query that follows
         // gets the refusal, as an ERROR it can retry.
         try {
-          const { lease, client } = await room.lease(record);
+          const { lease, client } = await room.lease(record, this.keyId);
           room.learnParameters(client);
           client.release();
           room.pool.release(lease);
@@ -276,7 +279,7 @@ export class WireConnection implements AnswerTarget {
     this.acquiring = true;
     let leased: { lease: LiveLease; client: PoolClient };
     try {
-      leased = await this.room.lease(this.record);
+      leased = await this.room.lease(this.record, this.keyId);
     } catch (error) {
       this.acquiring = false;
       const refusal = asLessorError(this.rt.tenantId, error);
@@ -284,6 +287,11 @@ export class WireConnection implements AnswerTarget {
         tenant: this.rt.tenantId,
         code: refusal.code,
       });
+      // The connection itself no longer serves (its key, its tenant's status or owner): a FATAL.
+      if (endsConnection(refusal.code)) {
+        this.refuse(refusal);
+        return;
+      }
       // Everything read so far got no connection: one ERROR per cycle, as for the first.
       const refused = this.waiting.takeAll();
       this.waitingBytes = 0;
@@ -340,15 +348,7 @@ export class WireConnection implements AnswerTarget {
   private touch(): void {
     clearTimeout(this.idleTimer);
     const ttl = this.rt.config.leaseMaxTtlMs;
-    this.idleTimer = setTimeout(
-      () =>
-        this.refuse(
-          new LessorError("lease_expired", {
-            publicMessage: `This connection was idle past LESSOR_LEASE_MAX_TTL_MS (${ttl} ms) and is closed${this.held ? "; its transaction did not commit" : ""}.`,
-          }),
-        ),
-      ttl,
-    );
+    this.idleTimer = setTimeout(() => this.refuse(idleReached(ttl, this.held !== null)), ttl);
   }
 
   private spendLifetime(why: "time" | "frames"): void {
@@ -401,6 +401,7 @@ export class WireConnection implements AnswerTarget {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.leave();
     clearTimeout(this.idleTimer);
     clearTimeout(this.lifetimeTimer);
     clearTimeout(this.quietTimer);

@@ -24,6 +24,8 @@ import type { TenantRecord } from "../rpc/tenant.ts";
 import { type WireOpen, wireBoundsHeader } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
+import { admitHolder, requireAccess } from "./kernel/access.ts";
+import { movedError } from "./move.ts";
 import { CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
@@ -87,6 +89,17 @@ export class WireConnections {
         this.ledger.close(gauge);
         throw error;
       }
+      try {
+        connection.leave = admitHolder(this.rt, {
+          kind: open.mode === "session" ? "wire_session" : "wire_transaction",
+          keyId: open.proof.keyId,
+          leased: () => connection.held !== null,
+          end: (error) => connection.refuse(error),
+        });
+      } catch (error) {
+        connection.close();
+        throw error;
+      }
       this.live.set(open.pid, connection);
       connection.listen();
       return new Response(null, {
@@ -119,26 +132,15 @@ export class WireConnections {
     return connection.cancelRunning();
   }
 
-  /** Ends every wire connection (forced drain, erase, a disabled tenant) with `error`. */
-  endAll(error: LessorError): void {
-    for (const connection of [...this.live.values()]) connection.refuse(error);
-  }
-
-  /** Ends the connections that authenticated with a key the record no longer holds: revocation is immediate. */
-  endForRemovedKeys(record: TenantRecord): void {
-    const usable = new Set(record.keys.map((key) => key.keyId));
-    for (const connection of [...this.live.values()]) {
-      if (usable.has(connection.keyId)) continue;
-      connection.refuse(
-        new LessorError("lease_lost", {
-          publicMessage: "The key this connection authenticated with was revoked; the connection is closed.",
-        }),
-      );
-    }
-  }
-
   /** A lease and a connection of the current generation (once more if a rotation moved it meanwhile). */
-  async lease(record: TenantRecord): Promise<{ lease: LiveLease; client: PoolClient }> {
+  async lease(record: TenantRecord, keyId: string): Promise<{ lease: LiveLease; client: PoolClient }> {
+    // Access is re-checked at every lease, never remembered from the connection's start: a key
+    // revoked or expired, or a tenant disabled, since, ends the connection (kernel/access.ts).
+    requireAccess(this.rt, keyId);
+    // The tenant moved away while the connection was open: it ends with a FATAL its driver answers
+    // by reconnecting, which reaches the new owner.
+    const movedTo = this.rt.movedTo;
+    if (movedTo !== null) throw movedError(movedTo);
     // An erase's gate closed (or it committed) while the connection was open: nothing new starts.
     const erase = this.rt.erase;
     if (erase !== null) {

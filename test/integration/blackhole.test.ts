@@ -14,6 +14,7 @@ import {
   asSuperuser,
   type CreatedTenant,
   createTenant,
+  hostAdminUrl,
   lessor,
   pollUntil,
   sqlFor,
@@ -22,8 +23,7 @@ import {
 
 /** Address of the `silent` test host as the WebSocket proxy sees it. */
 function silentAddress(): string {
-  const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
-  const url = new URL((hosts.silent ?? "").replace(/^postgres:/, "http:"));
+  const url = new URL(hostAdminUrl("silent").replace(/^postgres:/, "http:"));
   return `${url.hostname}:${url.port}`;
 }
 
@@ -280,11 +280,10 @@ describe("a silent database (blackhole)", () => {
     expect(notes).toEqual([{ n: 0 }]);
   });
   it("closing a connection the host already cut never hangs (found by the chaos soak)", async () => {
-    const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
     const config = loadConfig(env);
     const outcome = answered(
       "closing a connection the host cut",
-      withConnection(config, hosts.silent ?? "", "lessor:host:silent:test", async (client) => {
+      withConnection(config, hostAdminUrl("silent"), "lessor:host:silent:test", async (client) => {
         await client.query("SELECT 1");
         // The tunnel freezes mid-query, then is cut, as a stall that ends does.
         await proxy("stall");

@@ -805,7 +805,9 @@ describe("erase: faults and the commit's re-check", () => {
   it("an unreachable host fails the database stage with lastError, retried with backoff until it answers", async () => {
     const tenant = await createTenant(uniqueTenantId("erase-host"), { tier: "free", host: "faulty" });
     const faulty = new URL(
-      (JSON.parse(env.LESSOR_HOSTS) as Record<string, string>).faulty?.replace(/^postgres:/, "http:") ?? "",
+      loadConfig(env)
+        .hosts.get("faulty")
+        ?.adminUrl.replace(/^postgres:/, "http:") ?? "",
     );
     const proxy = (action: "block" | "unblock") =>
       fetch(

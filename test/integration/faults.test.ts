@@ -12,6 +12,7 @@ import {
   type CreatedTenant,
   countBackends,
   createTenant,
+  hostAdminUrl,
   lessor,
   sqlFor,
   uniqueTenantId,
@@ -31,8 +32,7 @@ function sqlRequest(tenant: CreatedTenant, query: string, params: unknown[] = []
 
 /** Address of the `faulty` test host as the WebSocket proxy sees it. */
 function faultyAddress(): string {
-  const hosts = JSON.parse(env.LESSOR_HOSTS) as Record<string, string>;
-  const url = new URL((hosts.faulty ?? "").replace(/^postgres:/, "http:"));
+  const url = new URL(hostAdminUrl("faulty").replace(/^postgres:/, "http:"));
   return `${url.hostname}:${url.port}`;
 }
 

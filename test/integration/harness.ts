@@ -13,6 +13,11 @@ export const base = "http://lessor.test";
 
 configureDriver(loadConfig(env));
 
+/** A configured host's admin connection string (`LESSOR_HOSTS` values may be strings or objects). */
+export function hostAdminUrl(name: string): string {
+  return loadConfig(env).hosts.get(name)?.adminUrl ?? "";
+}
+
 /** Calls Lessor's fetch handler. */
 export function lessor(path: string, init: RequestInit = {}): Promise<Response> {
   return exports.default.fetch(new Request(`${base}${path}`, init));

@@ -77,8 +77,9 @@ async function repairCounters(): Promise<Record<string, number>> {
 }
 
 function inObject<T>(tenantId: string, work: (object: ObjectInternals) => Promise<T> | T): Promise<T> {
+  // The object's parts are its rooms (src/tenant-object/rooms.ts).
   return runInDurableObject(env.TENANTS.getByName(tenantId), (instance) =>
-    work(instance as unknown as ObjectInternals),
+    work((instance as unknown as { rooms: ObjectInternals }).rooms),
   );
 }
 

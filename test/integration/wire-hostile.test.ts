@@ -500,7 +500,7 @@ describe("containment through the wire", () => {
     await ready(held);
     const revoked = await admin(`/v1/tenants/${tenant.id}/keys/${minted.keyId}`, { method: "DELETE" });
     expect(revoked.status).toBe(204);
-    expect(errorOf(await held.untilClosed())).toMatchObject({ S: "FATAL", C: "08006", D: "lease_lost" });
+    expect(errorOf(await held.untilClosed())).toMatchObject({ S: "FATAL", C: "28000", D: "key_revoked" });
 
     const session = await RawWire.connect(tenant.id, tenant.key, { options: "-c lessor.pool_mode=session" });
     await ready(session);

@@ -1,6 +1,6 @@
 /** `npm run deploy:check`'s findings (local/deploy-check.ts), on configurations made up here. */
 import { describe, expect, it } from "vitest";
-import { type DeployConfig, deployFindings } from "../../local/deploy-check.ts";
+import { type DeployConfig, deployFindings, hostPathFindings } from "../../local/deploy-check.ts";
 
 const ready: DeployConfig = {
   name: "lessor",
@@ -55,5 +55,38 @@ describe("deployFindings", () => {
   it("warns, without failing, past the Free plan's 3 MB", () => {
     const findings = deployFindings(ready, { gzipBytes: 4 * 1024 * 1024 }, "2026-12-01");
     expect(findings.find((f) => f.check === "bundle")).toMatchObject({ level: "warn" });
+  });
+});
+
+describe("hostPathFindings", () => {
+  it("explains each host's deployed path, and refuses the paths that exist only locally", () => {
+    const findings = hostPathFindings(
+      JSON.stringify({
+        neon: "postgres://owner:secret-pw@ep-cool-1.eu-central-1.aws.neon.tech/neondb",
+        rds: "postgres://admin:secret-pw@db.abc.eu-west-1.rds.amazonaws.com:5432/postgres",
+        proxied: { url: "postgres://a:secret-pw@db.example.com/postgres", path: "websocket" },
+        plain: { url: "postgres://a:secret-pw@db.example.com:6543/postgres", sslmode: "disable" },
+      }),
+    );
+    expect(findings.map((f) => [f.level, f.detail])).toEqual([
+      ["ok", expect.stringMatching(/^neon \(neon, .*\): Neon's WebSocket endpoint wss:\/\/ep-cool-1/)],
+      [
+        "ok",
+        expect.stringMatching(
+          /^rds \(postgres, .*:5432\): TCP \(connect\(\) \+ STARTTLS\), certificate verified/,
+        ),
+      ],
+      ["error", expect.stringMatching(/exists only through LESSOR_WS_PROXY/)],
+      [
+        "error",
+        expect.stringMatching(/sslmode "disable" is allowed only for a host on this machine's loopback/),
+      ],
+    ]);
+    // Nothing of a connection string is printed.
+    expect(JSON.stringify(findings)).not.toContain("secret-pw");
+  });
+
+  it("says how to have the hosts checked when LESSOR_HOSTS is not in the environment", () => {
+    expect(hostPathFindings(undefined)).toEqual([expect.objectContaining({ level: "warn", check: "hosts" })]);
   });
 });

@@ -12,6 +12,8 @@ const batch = 5_000;
 
 export const auditRetentionJob: CronJob = {
   name: "audit-retention",
+  // Once per fleet sweep (docs/adr/028-a-fleet-that-sleeps.md): never urgent, and it reads the control plane.
+  slow: true,
   timeoutMs: 30_000,
   async run(env, tick) {
     const config = loadConfig(env);

@@ -35,14 +35,13 @@ import {
   rowEncoder,
   utf8Length,
 } from "../core/result-shape.ts";
+import { LessorError } from "../errors/index.ts";
+import { noteServerParameter } from "../postgres/index.ts";
+import { noteTransactionStatus, sessionResetSql } from "./connection-state.ts";
+import { rollBackPreparedTransactions } from "./prepared.ts";
 
 /** A result's JSON beyond its fields and rows: its keys, command tag and counts, generously. */
 const resultFrameBytes = 128;
-
-import { LessorError } from "../errors/index.ts";
-import { noteServerParameter } from "../postgres/index.ts";
-import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
-import { noteTransactionStatus, sessionResetSql } from "./connection-state.ts";
 
 /** One statement's result: its rows already encoded as the JSON they are answered with. */
 export type RawResult = EncodedResult;
@@ -411,37 +410,6 @@ export async function runStatement(
   }
   return result;
 }
-
-/**
- * Rolls back every prepared transaction in the connection's database that its login role may finish:
- * its own, and those of a role it may `SET ROLE` to (an end user's statements run as the configured
- * role, so what they prepare is that role's). Found through `pg_catalog` whatever the session's
- * `search_path`, named with a dollar-quoted literal whatever its gid and whatever
- * `standard_conforming_strings` says. What is left (none a tenant can make) is the reconcile's and
- * the erase's, through the admin role.
- */
-export async function rollBackPreparedTransactions(client: PoolClient): Promise<number> {
-  const { rows } = await client.query<{ gid: string; owner: string; own: boolean }>(preparedByThisLoginSql);
-  for (const { gid, owner, own } of rows) {
-    if (own) {
-      await client.query(`ROLLBACK PREPARED ${dollarQuote(gid)}`);
-      continue;
-    }
-    await client.query(`SET ROLE ${quoteIdent(owner)}`);
-    try {
-      await client.query(`ROLLBACK PREPARED ${dollarQuote(gid)}`);
-    } finally {
-      await client.query("RESET ROLE");
-    }
-  }
-  return rows.length;
-}
-
-const preparedByThisLoginSql = `
-SELECT x.gid, x.owner::pg_catalog.text AS owner, x.owner OPERATOR(pg_catalog.=) SESSION_USER AS own
-  FROM pg_catalog.pg_prepared_xacts x
- WHERE x.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
-   AND (x.owner OPERATOR(pg_catalog.=) SESSION_USER OR pg_catalog.pg_has_role(SESSION_USER, x.owner, 'SET'))`;
 
 /** Whether a statement's text could be a COPY (a cheap, conservative test: any "copy" in it). */
 function mayCopy(statement: Statement): boolean {

@@ -166,6 +166,22 @@ export class TenantRuntime {
     });
   }
 
+  /**
+   * Deletes the object's storage and its memory of the tenant with it (an erase's `object` stage):
+   * record, lifecycle, pin, usage, key uses. The only change of the lifecycle outside `apply`, and
+   * it records nothing: there is no storage left to record in. The gates stay, in memory.
+   */
+  async wipe(): Promise<void> {
+    await this.ctx.storage.deleteAll();
+    this.storage.forgetTables();
+    this.record = null;
+    this.lifecycle = initialLifecycle;
+    this.pinned = false;
+    this.fencePending = false;
+    this.discardUsage();
+    this.keyUses.clear();
+  }
+
   /** Appends an event that is not a transition (an overdue drain, say). */
   note(reason: string): void {
     const state = TenantRuntime.stateName(this.lifecycle);

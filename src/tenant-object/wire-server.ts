@@ -12,8 +12,9 @@ import { LessorError } from "../errors/index.ts";
 import { sendCancel, terminateAndWait } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { markEndedOnPurpose, noteTransactionStatus, resetConnection } from "./connection-state.ts";
-import { rollBackPreparedTransactions, sendFlight } from "./execute.ts";
+import { sendFlight } from "./execute.ts";
 import type { LiveLease, TenantPool } from "./pool.ts";
+import { rollBackPreparedTransactions } from "./prepared.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 

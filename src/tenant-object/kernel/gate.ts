@@ -25,6 +25,12 @@ export class TenantGate {
     return decision.kind === "refuse" ? this.errorOf(decision.code).toWire() : null;
   }
 
+  /** For an RPC that answers no verdict: throws the refusal, if `purpose` may not proceed. */
+  admit(purpose: GatePurpose, tenantId: string | null): void {
+    const refusal = this.refusal(purpose, tenantId);
+    if (refusal) throw LessorError.fromWire(refusal);
+  }
+
   /** The tenant's new owner, if the gate forwards an RPC of `purpose` there; null otherwise. */
   forwardTo(purpose: GatePurpose) {
     const gate = this.rt.move;

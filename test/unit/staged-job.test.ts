@@ -175,7 +175,11 @@ describe("the staged-job runner", () => {
     expect(row.attempts).toBe(0);
     down = false;
     await runner.resume("t");
-    expect(row).toMatchObject({ attempts: 2, lastError: "load: Error: control plane unreachable", done: true });
+    expect(row).toMatchObject({
+      attempts: 2,
+      lastError: "load: Error: control plane unreachable",
+      done: true,
+    });
   });
 
   it("yields after its bound of stages when a stage keeps being sent back, and the alarm takes it up", async () => {

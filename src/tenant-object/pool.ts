@@ -82,7 +82,6 @@ interface HeldLease {
 export type PoolRepair = "lease_reclaimed" | "close_forced";
 
 /** Where the pool keeps its last use for the next instance of the object (kv). */
-const lastUsedKey = "lastUsed";
 
 /** A bound on the passes of a give-back beyond the connections it gives back. */
 const maxPoolSizeBound = 8;
@@ -187,13 +186,13 @@ export class TenantPool implements SizedPool {
    */
   persistLastUsed(): void {
     if (this.lastUsed === null || this.lastUsed === this.lastUsedPersisted || !this.rt.storage.isOpen) return;
-    this.rt.storage.write(lastUsedKey, this.lastUsed);
+    this.rt.storage.write("lastUsed", this.lastUsed);
     this.lastUsedPersisted = this.lastUsed;
   }
 
   /** The last use a previous instance of the object kept (see {@link persistLastUsed}). */
   restoreLastUsed(): void {
-    const kept = this.rt.storage.read<number>(lastUsedKey);
+    const kept = this.rt.storage.read("lastUsed");
     if (kept !== null && (this.lastUsed === null || kept > this.lastUsed)) {
       this.lastUsed = kept;
       this.lastUsedPersisted = kept;

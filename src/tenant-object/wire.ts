@@ -44,7 +44,6 @@ export function wireObjectBuffers(pid: number): WireBufferSnapshot | null {
 }
 
 /** Where the object keeps the server's parameters for the greetings of its next instances (kv). */
-const parametersKey = "wireParameters";
 
 /** The room: every wire connection of the tenant this object serves. */
 export class WireConnections {
@@ -173,13 +172,13 @@ export class WireConnections {
     const known = this.parameters ? JSON.stringify([...this.parameters]) : null;
     this.parameters = parameters;
     if (known !== JSON.stringify(entries) && this.rt.storage.isOpen)
-      this.rt.storage.write(parametersKey, entries);
+      this.rt.storage.write("wireParameters", entries);
   }
 
   /** The parameters a previous instance learned, if this one has none yet. */
   recallParameters(): void {
     if (this.parameters !== null || !this.rt.storage.isOpen) return;
-    const kept = this.rt.storage.read<[string, string][]>(parametersKey);
+    const kept = this.rt.storage.read("wireParameters");
     if (kept) this.parameters = new Map(kept);
   }
 }

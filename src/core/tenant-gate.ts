@@ -18,6 +18,8 @@ export const gatePurposes = [
   "query",
   /** A statement or release on a session lease opened before (it finishes until its holder ends). */
   "lease",
+  /** A pooled connection taken for new work: a flight's, a wire transaction's, a new session's. */
+  "acquire",
   /** A credential rotation, or a customer-supplied credential. */
   "rotate",
   /** A schema migration (a campaign's). */
@@ -76,6 +78,13 @@ export const gateTable: { readonly [P in GatePurpose]: { readonly [S in TenantSt
     erasing: proceed,
     erased: proceed,
     moving: proceed,
+    moved: refuse("tenant_moved"),
+  },
+  acquire: {
+    serving: proceed,
+    erasing: refuse("tenant_erasing"),
+    erased: refuse("tenant_erased"),
+    moving: refuse("tenant_moving"),
     moved: refuse("tenant_moved"),
   },
   rotate: {

@@ -88,10 +88,8 @@ export class TenantMove {
   private async open(tenantId: string, to: string, actor: string, force: boolean): Promise<MoveStatus> {
     const rt = this.rt;
     const gate = rt.move?.tenantId === tenantId ? rt.move : null;
-    if (gate?.state === "moved") throw movedError(gate.to);
+    // The gate (purpose `move`) refused a tenant erasing, erased or moved away before this ran.
     if (gate?.state === "moving") return this.statusAndKick(tenantId);
-    if (rt.erase !== null)
-      throw new LessorError(rt.erasing ? "tenant_erasing" : "tenant_erased", { retryAfterSeconds: 5 });
     const record = await this.auth.resolve(tenantId);
     // Not servable here: unknown, or moving while this object forgot it (its catalog row says so).
     const [row] = await this.onControlPlane(rt.region, (db) =>

@@ -44,6 +44,7 @@ import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { driverPoolMax, setDriverPoolMax } from "./driver-pool.ts";
+import { gateError } from "./kernel/gate.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 import { PoolSizing, type SizedPool } from "./sizing.ts";
@@ -326,10 +327,10 @@ export class TenantPool implements SizedPool {
   async acquire(record: TenantRecord, kind: LeaseKind = "sql"): Promise<LiveLease> {
     // Bounded: each pass returns, throws, or waits on something that itself settles.
     for (let attempt = 0; attempt < 4; attempt++) {
-      // An erase closed the gate (maybe while this request waited behind a start): no new lease.
-      if (this.rt.erasing) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
-      // A move's fence closed (docs/adr/023-regions.md): no new lease here either.
-      if (this.rt.move !== null) throw new LessorError("tenant_moving", { retryAfterSeconds: 1 });
+      // An erase's gate or a move's fence closed (maybe while this request waited behind a
+      // start): no new lease. The gate's table says so (kernel/gate.ts, purpose `acquire`).
+      const refused = gateError(this.rt, "acquire", null);
+      if (refused) throw refused;
       const decision = admitDecision(this.rt.lifecycle, Date.now());
       switch (decision.kind) {
         case "use": {

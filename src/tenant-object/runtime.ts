@@ -73,11 +73,6 @@ export class TenantRuntime {
     return this.move?.state === "moving";
   }
 
-  /** The region the tenant moved to, once this object is only a pointer; null otherwise. */
-  get movedTo(): string | null {
-    return this.move?.state === "moved" ? this.move.to : null;
-  }
-
   /** Whether an erase holds the gate closed: nothing new may start. */
   get erasing(): boolean {
     return this.erase?.state === "erasing";

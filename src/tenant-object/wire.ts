@@ -18,14 +18,13 @@
 import type { PoolClient } from "@neondatabase/serverless";
 import { type WireBufferSnapshot, WireLedger } from "../core/wire-buffers.ts";
 import { wireBounds } from "../core/wire-flow.ts";
-import { LessorError } from "../errors/index.ts";
 import { serverParameters } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { type WireOpen, wireBoundsHeader } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { admitHolder, requireAccess } from "./kernel/access.ts";
-import { movedError } from "./move.ts";
+import { gateError } from "./kernel/gate.ts";
 import { CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
@@ -136,17 +135,11 @@ export class WireConnections {
     // Access is re-checked at every lease, never remembered from the connection's start: a key
     // revoked or expired, or a tenant disabled, since, ends the connection (kernel/access.ts).
     requireAccess(this.rt, keyId);
-    // The tenant moved away while the connection was open: it ends with a FATAL its driver answers
+    // The tenant moved away, or an erase's gate closed, while the connection was open: nothing new
+    // starts (the gate's table, purpose `acquire`). Moved, it ends with a FATAL its driver answers
     // by reconnecting, which reaches the new owner.
-    const movedTo = this.rt.movedTo;
-    if (movedTo !== null) throw movedError(movedTo);
-    // An erase's gate closed (or it committed) while the connection was open: nothing new starts.
-    const erase = this.rt.erase;
-    if (erase !== null) {
-      throw new LessorError(erase.state === "erasing" ? "tenant_erasing" : "tenant_erased", {
-        retryAfterSeconds: 5,
-      });
-    }
+    const refused = gateError(this.rt, "acquire", record.tenantId);
+    if (refused) throw refused;
     for (let attempt = 0; ; attempt++) {
       const lease = await this.pool.acquire(record);
       try {

@@ -25,10 +25,11 @@ export function partOf(source: string | null, functionName: string, url: string)
   if (source.includes("node_modules/drizzle-orm/")) return "drizzle-orm";
   if (source.includes("node_modules/")) return "other npm packages";
   if (/(^|\/)bench\//.test(source)) return "bench Worker";
+  // The one RPC of a /sql request (src/routes/sql-call.ts; before issue 42, campaigns/schema-version.ts).
+  if (/(^|\/)src\/(routes\/sql-call|campaigns\/schema-version)/.test(source))
+    return "Worker → object call (callSql: RPC stub, serialisation)";
   if (/(^|\/)src\/(routes|app\.ts|crypto|config|errors|core\/(connection-string|neon-protocol))/.test(source))
     return "Worker: Lessor routes, auth, errors";
-  if (/(^|\/)src\/campaigns\/schema-version/.test(source))
-    return "Worker → object call (sqlWithSchemaVersion: RPC stub, serialisation)";
   if (/(^|\/)src\/(tenant-object|core\/lifecycle|usage|tenant-context|postgres)/.test(source))
     return "TenantObject: auth check, lease, lifecycle, usage";
   return "Lessor src/ (other)";

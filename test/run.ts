@@ -14,7 +14,8 @@
  * (`ctx.abort("test: …")`, how the tests kill an object mid-work as a crash or a deploy would).
  * workerd reports each as an "uncaught exception" (the abort breaks the object's output gate), then
  * a line of its own stack addresses. The tests expect exactly that abort, so the echo says nothing;
- * the summary line counts them. Any other uncaught exception is passed on as it is.
+ * the summary line counts them. Any other uncaught exception is passed on as it is. The same goes
+ * for workerd's log of a TLS handshake or a connection the TCP path's tests fail on purpose.
  */
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
@@ -31,7 +32,18 @@ const deliberateAbort =
   /^uncaught exception; exception = workerd\/api\/actor-state\.c\+\+:\d+: failed: broken\.outputGateBroken; jsg\.Error: test: /;
 /** The line of workerd's own stack addresses that follows such a report. */
 const workerdStack = /^stack:( \S*workerd@[0-9a-f]+)+$/;
+/**
+ * workerd's report of a socket a test refused or cut on purpose: test/integration/tcp-path.test.ts
+ * offers a TLS handshake nothing trusts, no TLS at all, or cuts and resets connections mid-query,
+ * and workerd logs each failed handshake and reset with its internal stack, besides throwing it to
+ * the code that the test then asserts on. Any other workerd report is passed on as it is.
+ */
+const deliberateSocketFault =
+  /^(e|exception) = rust\/cxx\/kj-hyper\/ffi\.rs:\d+: (failed: TLS handshake failed: |disconnected: Connection reset by peer)/;
+/** The stack line after such a report (its addresses, and workerd's error context). */
+const workerdReportStack = /^stack:( \S*workerd@[0-9a-f]+)+(; sentryErrorContext = \w+; wdErrId = \w+)?$/;
 let abortsHidden = 0;
+let socketFaultsHidden = 0;
 /** Lines of the run's output that carried a secret (the secret canary), as they may be reported. */
 const secretLines: string[] = [];
 let linesSearched = 0;
@@ -39,14 +51,21 @@ let linesSearched = 0;
 /** Passes `line` on unless it is (the stack line right after) a deliberate abort's echo. */
 function lineFilter(): (line: string) => boolean {
   let afterAbort = false;
+  let afterFault = false;
   return (line) => {
     if (deliberateAbort.test(line)) {
       abortsHidden++;
       afterAbort = true;
       return false;
     }
-    const stack = afterAbort && workerdStack.test(line);
+    if (deliberateSocketFault.test(line)) {
+      socketFaultsHidden++;
+      afterFault = true;
+      return false;
+    }
+    const stack = (afterAbort && workerdStack.test(line)) || (afterFault && workerdReportStack.test(line));
     afterAbort = false;
+    afterFault = false;
     return !stack;
   };
 }
@@ -107,10 +126,13 @@ if (extra.length > 0) {
   } else {
     process.stdout.write(`npm test: secret canary: no secret in ${linesSearched} lines of output\n`);
   }
-  const hidden =
-    abortsHidden > 0
-      ? ` (${abortsHidden} objects aborted on purpose by tests; workerd's echoes not shown)`
-      : "";
+  const notShown = [
+    ...(abortsHidden > 0 ? [`${abortsHidden} objects aborted on purpose by tests`] : []),
+    ...(socketFaultsHidden > 0
+      ? [`${socketFaultsHidden} sockets refused or cut on purpose by the TCP path's tests`]
+      : []),
+  ];
+  const hidden = notShown.length > 0 ? ` (${notShown.join("; ")}; workerd's echoes not shown)` : "";
   process.stdout.write(
     failed.length === 0
       ? `npm test: both halves passed in ${seconds} s${hidden}\n`

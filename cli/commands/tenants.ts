@@ -155,7 +155,10 @@ export function register(program: Command, ctx: CommandContext): void {
     )
     .argument("<tenant>", "tenant id: 1-40 lowercase letters, digits, inner hyphens")
     .option("--tier <tier>", "pool size tier (LESSOR_POOL_SIZES; default: standard)")
-    .option("--host <host>", "database host (LESSOR_HOSTS; default: the first of its region)")
+    .option(
+      "--host <host>",
+      "database host (LESSOR_HOSTS; default: the host of its region with the most room, among LESSOR_PLACEMENT_HOSTS)",
+    )
     .option(
       "--in <region>",
       "the region the tenant lives in (LESSOR_REGIONS; default: the host's, or the default region)",

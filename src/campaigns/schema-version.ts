@@ -9,6 +9,9 @@
  *   reports a version at most once a minute, in `waitUntil` after the answer is sent, and the
  *   record is insert-only (one row per version per minute). The request itself opens no
  *   control-plane connection.
+ *
+ * The `/sql` call itself is the SQL path's (src/routes/sql-call.ts); this is what a named version
+ * adds to it.
  */
 import { loadConfig } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
@@ -24,7 +27,6 @@ import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import { tenantMigrations } from "../migrations/tenant.gen.ts";
 import { tenantObject } from "../placement/index.ts";
-import { callOwner } from "../placement/moves.ts";
 import type { KeyProof, SqlOutcome } from "../rpc/tenant.ts";
 import { appVersionsSeenSince, noteAppVersionSeen } from "./store.ts";
 
@@ -104,33 +106,31 @@ export function appSchemaVersionReported(
   return last !== undefined && now - last < reportIntervalMs;
 }
 
+/** A `/sql` call that named the schema version its app needs, as the SQL path made it (routes/sql-call.ts). */
+export interface VersionedSqlCall {
+  tenantId: string;
+  /** The key's proof as the tenant's owner took it (its region: where the tenant is now). */
+  owner: KeyProof;
+  request: SqlRequest;
+  required: number;
+  bearer: string | null;
+}
+
 /**
- * Runs a `/sql` request that may carry `Lessor-Schema-Version`. Without the header this is exactly
- * one RPC to the tenant's object, as before.
+ * What a `/sql` answer needs when its app named a schema version: the version is recorded for the
+ * contract guard (an authenticated caller only), and a `schema_too_old` answer becomes an upgrade
+ * and a second call when `LESSOR_UPGRADE_ON_DEMAND` is on. Every other answer is returned as it is.
  */
-export async function sqlWithSchemaVersion(
+export async function afterSchemaVersion(
   env: Env,
   waitUntil: (promise: Promise<unknown>) => void,
-  tenantId: string,
-  proof: KeyProof,
-  request: SqlRequest,
-  rawHeader: string | undefined,
-  bearer: string | null = null,
+  call: VersionedSqlCall,
+  outcome: SqlOutcome,
 ): Promise<SqlOutcome> {
-  const required = requiredSchemaVersion(rawHeader);
-  // The key named the tenant's region inside its MAC: its object there (or where it moved since),
-  // and nothing of another region.
-  const { answer: outcome, proof: owner } = await callOwner<SqlOutcome>(
-    env,
-    tenantId,
-    proof,
-    async (object, asked) => object.sql(tenantId, asked, request, required, bearer),
-  );
+  const { tenantId, owner, request, required, bearer } = call;
   const authenticated = outcome.ok || outcome.authenticated;
-  if (required !== null && authenticated)
-    noteAppSchemaVersion(env, owner.region, tenantId, required, waitUntil);
+  if (authenticated) noteAppSchemaVersion(env, owner.region, tenantId, required, waitUntil);
   if (
-    required === null ||
     outcome.ok ||
     !("error" in outcome) ||
     outcome.error.code !== "schema_too_old" ||

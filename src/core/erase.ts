@@ -90,3 +90,16 @@ export function recheckVerdict(leftovers: EraseLeftovers): RecheckVerdict {
     .join(", ")}; resuming at ${resumeAt}`;
   return { ok: false, resumeAt, summary };
 }
+
+/** A stage's counts added to what it counted before (a re-check sent the job back to it). */
+export function addCounts(
+  before: Record<string, number>,
+  now: Record<string, number>,
+): Record<string, number> {
+  const sum: Record<string, number> = { ...before };
+  for (const [name, n] of Object.entries(now)) {
+    // Times (waitedMs) and the generation are not amounts: the last one stands.
+    sum[name] = name === "waitedMs" || name === "generation" ? n : (sum[name] ?? 0) + n;
+  }
+  return sum;
+}

@@ -18,6 +18,8 @@ export const gatePurposes = [
   "query",
   /** A statement or release on a session lease opened before (it finishes until its holder ends). */
   "lease",
+  /** A pooled connection taken for new work: a flight's, a wire transaction's, a new session's. */
+  "acquire",
   /** A credential rotation, or a customer-supplied credential. */
   "rotate",
   /** A schema migration (a campaign's). */
@@ -32,6 +34,14 @@ export const gatePurposes = [
   "configure",
   /** The budget's and the reaper's questions about generations and slots. */
   "budget",
+  /** A staged job's runner resumed (erase, move: the cron, the alarm); the job decides from its row. */
+  "resume",
+  /** The new region's object taking a moved tenant in (a move's `start` stage). */
+  "move_in",
+  /** An operator drain. */
+  "drain",
+  /** The runtime status, and a wire CancelRequest (which only ever ends work sooner). */
+  "observe",
 ] as const;
 export type GatePurpose = (typeof gatePurposes)[number];
 
@@ -70,6 +80,13 @@ export const gateTable: { readonly [P in GatePurpose]: { readonly [S in TenantSt
     moving: proceed,
     moved: refuse("tenant_moved"),
   },
+  acquire: {
+    serving: proceed,
+    erasing: refuse("tenant_erasing"),
+    erased: refuse("tenant_erased"),
+    moving: refuse("tenant_moving"),
+    moved: refuse("tenant_moved"),
+  },
   rotate: {
     serving: proceed,
     erasing: refuse("tenant_erasing"),
@@ -95,6 +112,19 @@ export const gateTable: { readonly [P in GatePurpose]: { readonly [S in TenantSt
   pin: { serving: proceed, erasing: skip, erased: proceed, moving: skip, moved: skip },
   configure: { serving: proceed, erasing: proceed, erased: proceed, moving: skip, moved: skip },
   budget: { serving: proceed, erasing: proceed, erased: proceed, moving: proceed, moved: forward },
+  resume: { serving: proceed, erasing: proceed, erased: proceed, moving: proceed, moved: proceed },
+  // A tenant that lived here and moved away comes back to a pointer (dropped); an id re-created
+  // after an erase is new. Never into an erase or a move out that is running.
+  move_in: {
+    serving: proceed,
+    erasing: refuse("tenant_erasing"),
+    erased: proceed,
+    moving: refuse("tenant_moving"),
+    moved: proceed,
+  },
+  // The erase's and the move's own stages stop the pool; an operator drain then has nothing to do.
+  drain: { serving: proceed, erasing: skip, erased: skip, moving: skip, moved: skip },
+  observe: { serving: proceed, erasing: proceed, erased: proceed, moving: proceed, moved: proceed },
 };
 
 /** What the gate answers an RPC of `purpose` in `state`. */

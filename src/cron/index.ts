@@ -12,11 +12,10 @@ import { loadConfig } from "../config/index.ts";
 import { type CronJob, type JobReport, runJobs } from "./fan-out.ts";
 import { auditRetentionJob } from "./jobs/audit-retention.ts";
 import { credentialRotationJob } from "./jobs/credential-rotation.ts";
-import { eraseResumeJob } from "./jobs/erase-resume.ts";
 import { hostSweepJob } from "./jobs/host-sweep.ts";
 import { campaignJob } from "./jobs/migration-campaigns.ts";
-import { moveResumeJob } from "./jobs/move-resume.ts";
 import { resealJob } from "./jobs/reseal.ts";
+import { eraseResumeJob, moveResumeJob } from "./jobs/staged-resume.ts";
 import { usageFoldJob } from "./jobs/usage-fold.ts";
 
 export type { CronJob, CronTick, JobReport, JobResult } from "./fan-out.ts";

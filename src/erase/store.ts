@@ -23,6 +23,7 @@ import {
 } from "../control-plane/schema.ts";
 import { type EraseLeftovers, type EraseStage, type RecheckVerdict, recheckVerdict } from "../core/erase.ts";
 import { type ErasedTable, erasedTables, tenantData } from "../core/tenant-data.ts";
+import type { EraseStatus } from "../rpc/tenant.ts";
 
 export type EraseJob = typeof tenantErasures.$inferSelect;
 
@@ -402,4 +403,22 @@ export function commitErase(db: ControlPlane, job: EraseJob): Promise<CommitOutc
     });
     return { kind: "committed", erasedAt };
   });
+}
+
+/** The job's status as an erase request or resume answers it. */
+export function eraseStatusOf(job: EraseJob): EraseStatus {
+  if (job.state === "erased") {
+    return {
+      state: "erased",
+      erasedAt: (job.erasedAt ?? job.updatedAt).toISOString(),
+      ...(job.detached ? { database: "detached" as const } : {}),
+    };
+  }
+  return {
+    state: "erasing",
+    stage: job.stage,
+    startedAt: job.startedAt.toISOString(),
+    attempts: job.attempts,
+    lastError: job.lastError,
+  };
 }

@@ -20,6 +20,7 @@ import {
 import type { MoveStage } from "../core/move.ts";
 import { type TenantDataTable, tablesMoved, tenantData } from "../core/tenant-data.ts";
 import { LessorError } from "../errors/index.ts";
+import type { MoveStatus } from "../rpc/tenant.ts";
 
 export type MoveJob = typeof tenantMoves.$inferSelect;
 
@@ -348,4 +349,26 @@ export async function auditMove(db: ControlPlane, job: MoveJob): Promise<void> {
       stages: job.counts,
     },
   });
+}
+
+/** The job's status as a move request or resume answers it. */
+export function moveStatusOf(job: MoveJob): MoveStatus {
+  if (job.state === "moved") {
+    return {
+      state: "moved",
+      from: job.fromRegion,
+      to: job.toRegion,
+      startedAt: job.startedAt.toISOString(),
+      movedAt: (job.movedAt ?? job.updatedAt).toISOString(),
+    };
+  }
+  return {
+    state: "moving",
+    from: job.fromRegion,
+    to: job.toRegion,
+    stage: job.stage,
+    startedAt: job.startedAt.toISOString(),
+    attempts: job.attempts,
+    lastError: job.lastError,
+  };
 }

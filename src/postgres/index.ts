@@ -2,7 +2,8 @@
  * The one place Lessor opens Postgres connections: pools for a tenant generation and for the
  * control plane, one-off connections (tenant, admin, privileged, a customer's), bounded closes and
  * ends, cancels, and deadlines. The driver's settings are in driver.ts, the pinned session settings
- * in session-settings.ts, the client classes in clients.ts; everything is exported from here.
+ * in session-settings.ts, the client classes in clients.ts; everything is exported from here. What
+ * the hot path uses of the driver's private parts is in internals.ts, behind named functions.
  */
 import { Client, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";

@@ -16,7 +16,7 @@
  */
 import { Hono } from "hono";
 import { cors } from "hono/cors";
-import { schemaVersionHeader, sqlWithSchemaVersion, waitUntil } from "../campaigns/schema-version.ts";
+import { requiredSchemaVersion, schemaVersionHeader, waitUntil } from "../campaigns/schema-version.ts";
 import { parseSqlConnectionString } from "../core/connection-string.ts";
 import { parseSqlRequest } from "../core/neon-protocol.ts";
 import type { TenantId } from "../core/tenant-id.ts";
@@ -24,6 +24,7 @@ import { LessorError } from "../errors/index.ts";
 import type { KeyProof } from "../rpc/tenant.ts";
 import { countFailedAuthentication, proveTenantKey } from "./auth.ts";
 import { type AppContext, type AppEnv, readJson } from "./context.ts";
+import { callSql } from "./sql-call.ts";
 
 export const sqlRoutes = new Hono<AppEnv>();
 
@@ -127,13 +128,14 @@ sqlRoutes.post("/sql", async (c) => {
   if ("problem" in request) throw new LessorError("invalid_request", { publicMessage: request.problem });
 
   // Lessor-Schema-Version: 409 schema_too_old if the tenant is older (or upgrade it first, if configured).
-  const outcome = await sqlWithSchemaVersion(
+  const required = requiredSchemaVersion(c.req.header(schemaVersionHeader));
+  const outcome = await callSql(
     c.env,
     (promise) => waitUntil(c, promise),
     caller.tenantId,
     caller.proof,
     request,
-    c.req.header(schemaVersionHeader),
+    required,
     bearer,
   );
   if (outcome.ok) return c.body(outcome.json, 200, { "content-type": "application/json" });

@@ -7,7 +7,6 @@ import { hashesEqual } from "../crypto/keys.ts";
 import { erasuresOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
 import type { KeyProof, KeyScope, TenantRecord } from "../rpc/tenant.ts";
-import { pendingCatalogVersionKey } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** Compared against when no key matches, so that path costs what a wrong key costs. */
@@ -48,7 +47,7 @@ export class TenantAuth {
     if (this.rt.erase?.state === "erased") this.rt.erase = null;
     await this.rt.storage.open();
     // A migration the catalog has not heard of yet (a control-plane blip): the database's version wins.
-    const pending = this.rt.storage.read<number>(pendingCatalogVersionKey);
+    const pending = this.rt.storage.read("pendingCatalogSchemaVersion");
     const record =
       pending !== null && pending > catalogRecord.schemaVersion
         ? { ...catalogRecord, schemaVersion: pending }
@@ -64,7 +63,7 @@ export class TenantAuth {
    * deploy may have changed the tier since.
    */
   restoreRecord(): void {
-    const stored = this.rt.storage.read<TenantRecord>("record");
+    const stored = this.rt.storage.read("record");
     this.rt.record = stored;
     // Read after the record is in place: a test's settings for this tenant key on its id.
     if (stored) this.rt.record = { ...stored, poolSize: tierPoolSize(this.rt.config, stored.tier) };

@@ -4,10 +4,7 @@
  * returned to the pool inside a transaction.
  */
 import type { PoolClient } from "@neondatabase/serverless";
-
-interface MessageSource {
-  on(event: "readyForQuery", listener: (message: { status?: string }) => void): void;
-}
+import { onReadyForQuery } from "../postgres/internals.ts";
 
 const statusOf = new WeakMap<object, string>();
 /** Connections Lessor destroys on purpose: their closing errors are expected, not news. */
@@ -35,8 +32,7 @@ export function trackTransactionStatus(client: PoolClient, onError: (error: Erro
   client.on("error", (error: Error) => {
     if (!endedOnPurpose.has(client)) onError(error);
   });
-  const connection = (client as unknown as { connection?: MessageSource }).connection;
-  connection?.on("readyForQuery", (message) => {
+  onReadyForQuery(client, (message) => {
     if (typeof message.status === "string") statusOf.set(client, message.status);
   });
 }

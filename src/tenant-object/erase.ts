@@ -16,8 +16,13 @@
  * control plane is down) is kept here and recorded with the next attempt.
  */
 import { withControlPlane } from "../control-plane/index.ts";
-import { type EraseStage, eraseRequestDecision, eraseRetryDelay, stageAfter } from "../core/erase.ts";
-import { initialLifecycle } from "../core/lifecycle.ts";
+import {
+  addCounts,
+  type EraseStage,
+  eraseRequestDecision,
+  eraseRetryDelay,
+  stageAfter,
+} from "../core/erase.ts";
 import {
   type DatabaseRemoval,
   localPostgresProvider,
@@ -32,17 +37,19 @@ import {
   eraseCredentials,
   eraseEvents,
   eraseKeys,
+  eraseStatusOf,
   eraseUsage,
   loadEraseOf,
   openErase,
   recordEraseFailure,
 } from "../erase/store.ts";
-import { type EraseStep, eraseHooksForTests, InterruptedForTests } from "../erase/test-hooks.ts";
+import { type EraseStep, eraseHooksForTests } from "../erase/test-hooks.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import type { EraseAnswer, EraseStatus } from "../rpc/tenant.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
+import { type StagedJob, StagedJobRunner, type StageResult } from "./kernel/staged-job.ts";
 import type { TenantPool } from "./pool.ts";
 import type { EraseGate, TenantRuntime } from "./runtime.ts";
 
@@ -54,14 +61,8 @@ const stagesPerRun = 40;
 const forcedEndWaitMs = 10_000;
 
 export class TenantErase {
-  private running: Promise<void> | null = null;
   private opening: Promise<unknown> | null = null;
-  /** Consecutive failed attempts in this instance (the backoff). */
-  private failures = 0;
-  /** Failed attempts the control plane has not heard of yet (it could not be reached). */
-  private unrecorded: { failures: number; message: string } | null = null;
-  /** Epoch ms before which the runner does not try again after a failure. */
-  private retryAt = 0;
+  private readonly runner: StagedJobRunner<EraseJob, EraseStage>;
   private readonly provider: TenantDatabaseProvider;
 
   constructor(
@@ -70,6 +71,7 @@ export class TenantErase {
     private readonly pool: TenantPool,
   ) {
     this.provider = localPostgresProvider(rt.env, rt.config);
+    this.runner = new StagedJobRunner(rt, this.stagedJob());
   }
 
   // ── The gate ───────────────────────────────────────────────────────────────────────────────────
@@ -109,7 +111,7 @@ export class TenantErase {
       if (job.state === "erased") throw erasedError(job.erasedAt?.getTime() ?? null);
       this.adopt(job);
       await this.kick();
-      return statusOf(job);
+      return eraseStatusOf(job);
     }
     const decision = eraseRequestDecision({
       pinned: rt.pinned,
@@ -159,7 +161,7 @@ export class TenantErase {
     }
     await this.step(tenantId, { point: "gate", stage: null });
     await this.kick();
-    return statusOf(outcome.job);
+    return eraseStatusOf(outcome.job);
   }
 
   /** The job's status from the control plane (what a repeated request answers). */
@@ -170,7 +172,7 @@ export class TenantErase {
     if (!job) throw new LessorError("tenant_not_found");
     if (job.state === "erased") throw erasedError(job.erasedAt?.getTime() ?? null);
     await this.kick();
-    return statusOf(job);
+    return eraseStatusOf(job);
   }
 
   /** Takes the job's gate into this object (memory, and storage while it still exists). */
@@ -189,22 +191,19 @@ export class TenantErase {
 
   /** Runs the stages soon, from the alarm (so the request is answered first). */
   private async kick(): Promise<void> {
-    if (this.rt.erasing) await this.rt.alarms.rearm(Math.max(Date.now(), this.retryAt));
+    if (this.rt.erasing) await this.rt.alarms.rearm(this.runner.retryAt);
   }
 
   // ── The runner ─────────────────────────────────────────────────────────────────────────────────
 
   /**
    * Runs the job from its progress row until it commits, fails (then the alarm retries, with
-   * backoff) or yields. Single-flight: a second caller waits for the run in progress. Answers the
-   * job's status afterwards.
+   * backoff) or yields (kernel/staged-job.ts). A second caller joins the run in progress. Answers
+   * the job's status afterwards.
    */
   async resume(tenantId: string): Promise<EraseAnswer> {
     try {
-      this.running ??= this.run(tenantId).finally(() => {
-        this.running = null;
-      });
-      await this.running;
+      await this.runner.resume(tenantId);
       return { ok: true, status: await this.currentStatus(tenantId) };
     } catch (error) {
       return { ok: false, error: asLessorError(tenantId, error).toWire() };
@@ -214,12 +213,7 @@ export class TenantErase {
   /** The alarm's part: resume a running erase whose retry is due, or re-arm for when it is. */
   async tick(): Promise<void> {
     const gate = this.rt.erase;
-    if (gate?.state !== "erasing") return;
-    if (Date.now() < this.retryAt) {
-      await this.rt.alarms.rearm(this.retryAt);
-      return;
-    }
-    await this.resume(gate.tenantId);
+    if (gate?.state === "erasing") await this.runner.tick(gate.tenantId);
   }
 
   private async currentStatus(tenantId: string): Promise<EraseStatus> {
@@ -230,107 +224,67 @@ export class TenantErase {
       loadEraseOf(db, tenantId),
     );
     if (!job) throw new LessorError("erase_not_found");
-    return statusOf(job);
+    return eraseStatusOf(job);
   }
 
-  private async run(tenantId: string): Promise<void> {
+  /** The erase as a staged job: its row, its stages, how it moves on. */
+  private stagedJob(): StagedJob<EraseJob, EraseStage> {
     const rt = this.rt;
-    for (let taken = 0; taken < stagesPerRun; taken++) {
-      let job: EraseJob | null;
-      try {
-        job = await withControlPlane(rt.config, rt.env, rt.region, async (db) => {
-          const found = await loadEraseOf(db, tenantId);
-          // A failure the control plane could not hear of when it happened is recorded now.
-          if (found?.state === "erasing" && this.unrecorded) {
-            await recordEraseFailure(db, found.ordinal, this.unrecorded.failures, this.unrecorded.message, 0);
-            this.unrecorded = null;
-          }
-          return found;
-        });
-      } catch (error) {
-        await this.failed(tenantId, null, null, error);
-        return;
-      }
-      if (!job) return;
-      const current: EraseJob = job;
-      if (current.state === "erased") {
-        await this.finished(current.keyIds, current.erasedAt?.getTime() ?? Date.now());
-        return;
-      }
-      this.adopt(current);
-      const stage = current.stage;
-      let counts: Record<string, number>;
-      try {
-        await this.step(tenantId, { point: "started", stage });
-        if (stage === "commit") {
-          const outcome = await withControlPlane(rt.config, rt.env, rt.region, (db) =>
-            commitErase(db, current),
-          );
-          if (outcome.kind === "recheck_failed") {
-            // The stage the re-check named removes what was written meanwhile; run on from there.
-            logEvent("warn", "erase_recheck_failed", { tenant: tenantId, summary: outcome.verdict.summary });
-            continue;
-          }
-          if (outcome.kind === "moved") continue;
-          await this.step(tenantId, { point: "worked", stage });
-          await this.finished(current.keyIds, outcome.erasedAt.getTime());
-          logEvent("info", "erase_committed", { tenant: tenantId, ordinal: current.ordinal });
-          await this.step(tenantId, { point: "recorded", stage });
-          return;
+    const onControlPlane = <T>(work: Parameters<typeof withControlPlane<T>>[3]) =>
+      withControlPlane(rt.config, rt.env, rt.region, work);
+    return {
+      name: "erase",
+      stagesPerRun,
+      retryDelay: eraseRetryDelay,
+      load: (tenantId) => onControlPlane((db) => loadEraseOf(db, tenantId)),
+      next: async (_tenantId, job) => {
+        if (!job) return null;
+        if (job.state === "erased") {
+          await this.finished(job.keyIds, job.erasedAt?.getTime() ?? Date.now());
+          return null;
         }
-        counts = await this.runStage(current, stage);
-        await this.step(tenantId, { point: "worked", stage });
+        this.adopt(job);
+        return job.stage;
+      },
+      run: (job, stage) => (stage === "commit" ? this.commit(job) : this.runStage(job, stage)),
+      advance: async (job, stage, counts) => {
         const next = stageAfter(stage) ?? "commit";
         // A stage the re-check sent the job back to adds what it removed this time.
-        const total = addCounts(current.counts[stage] ?? {}, counts);
-        await withControlPlane(rt.config, rt.env, rt.region, (db) =>
-          advanceErase(db, current.ordinal, stage, next, total),
-        );
-        this.failures = 0;
-        this.retryAt = 0;
-        logEvent("info", "erase_stage_done", { tenant: tenantId, stage, ...counts });
-        await this.step(tenantId, { point: "recorded", stage });
-      } catch (error) {
-        if (error instanceof InterruptedForTests) return;
-        await this.failed(tenantId, stage, current.ordinal, error);
-        return;
-      }
-    }
-    // A run that keeps being sent back by the re-check yields; the alarm takes it up again.
-    await rt.alarms.rearm(Date.now() + 1_000);
+        const total = addCounts(job.counts[stage] ?? {}, counts);
+        await onControlPlane((db) => advanceErase(db, job.ordinal, stage, next, total));
+        return true;
+      },
+      idOf: (job) => job.ordinal,
+      heldId: () => rt.erase?.ordinal ?? null,
+      recordFailure: (id, failures, message, delayMs) =>
+        onControlPlane((db) => recordEraseFailure(db, id, failures, message, delayMs)),
+      fields: () => ({}),
+      step: (tenantId, step) => this.step(tenantId, step),
+    };
   }
 
-  /** Records a failed attempt (here, and in the control plane if it answers) and arms the retry. */
-  private async failed(
-    tenantId: string,
-    stage: EraseStage | null,
-    ordinal: number | null,
-    error: unknown,
-  ): Promise<void> {
-    const rt = this.rt;
-    this.failures++;
-    const delay = eraseRetryDelay(this.failures, Math.random());
-    this.retryAt = Date.now() + delay;
-    const message = `${stage ?? "load"}: ${describeFailure(error)}`;
-    logEvent("warn", "erase_stage_failed", {
-      tenant: tenantId,
-      stage,
-      attempt: this.failures,
-      failure: message,
-    });
-    await this.step(tenantId, { point: "failed", stage, message }).catch(() => undefined);
-    const pending = { failures: (this.unrecorded?.failures ?? 0) + 1, message };
-    const target = ordinal ?? rt.erase?.ordinal ?? null;
-    try {
-      if (target === null || target === 0) throw new Error("no job to record the failure on");
-      await withControlPlane(rt.config, rt.env, rt.region, (db) =>
-        recordEraseFailure(db, target, pending.failures, message, delay),
-      );
-      this.unrecorded = null;
-    } catch {
-      this.unrecorded = pending;
+  /**
+   * `commit`: the control plane re-checks that nothing of the tenant is left and marks it erased.
+   * A re-check that finds something sends the job back to the stage that removes it.
+   */
+  private async commit(job: EraseJob): Promise<StageResult> {
+    const tenantId = job.tenantId;
+    const outcome = await withControlPlane(this.rt.config, this.rt.env, this.rt.region, (db) =>
+      commitErase(db, job),
+    );
+    if (outcome.kind === "recheck_failed") {
+      // The stage the re-check named removes what was written meanwhile; run on from there.
+      logEvent("warn", "erase_recheck_failed", { tenant: tenantId, summary: outcome.verdict.summary });
+      return { kind: "again" };
     }
-    await rt.alarms.rearm(this.retryAt);
+    if (outcome.kind === "moved") return { kind: "again" };
+    return {
+      kind: "finished",
+      settle: async () => {
+        await this.finished(job.keyIds, outcome.erasedAt.getTime());
+        logEvent("info", "erase_committed", { tenant: tenantId, ordinal: job.ordinal });
+      },
+    };
   }
 
   /** The commit happened: the object answers `410` for the erased keys, and holds nothing else. */
@@ -345,8 +299,7 @@ export class TenantErase {
       erasedAt,
     };
     this.auth.rememberErased(keyIds, erasedAt);
-    this.failures = 0;
-    this.retryAt = 0;
+    this.runner.reset();
     await this.rt.alarms.cancel();
   }
 
@@ -358,7 +311,11 @@ export class TenantErase {
 
   // ── The stages ─────────────────────────────────────────────────────────────────────────────────
 
-  private runStage(job: EraseJob, stage: Exclude<EraseStage, "commit">): Promise<Record<string, number>> {
+  private async runStage(job: EraseJob, stage: Exclude<EraseStage, "commit">): Promise<StageResult> {
+    return { kind: "done", counts: await this.stageWork(job, stage) };
+  }
+
+  private stageWork(job: EraseJob, stage: Exclude<EraseStage, "commit">): Promise<Record<string, number>> {
     switch (stage) {
       case "keys":
         return this.keys(job);
@@ -477,43 +434,10 @@ export class TenantErase {
     const rt = this.rt;
     const rows = rt.storage.rowCounts();
     await rt.alarms.cancel();
-    await rt.ctx.storage.deleteAll();
-    rt.storage.forgetTables();
-    rt.record = null;
-    rt.lifecycle = initialLifecycle;
-    rt.pinned = false;
-    rt.fencePending = false;
-    rt.discardUsage();
-    rt.keyUses.clear();
+    await rt.wipe();
     await rt.budget(job.host).reopenTenant(job.tenantId);
     return { outboxRows: rows.outbox + rows.usageOutbox, sessionTokens: rows.sessionTokens };
   }
-}
-
-function addCounts(before: Record<string, number>, now: Record<string, number>): Record<string, number> {
-  const sum: Record<string, number> = { ...before };
-  for (const [name, n] of Object.entries(now)) {
-    // Times (waitedMs) and the generation are not amounts: the last one stands.
-    sum[name] = name === "waitedMs" || name === "generation" ? n : (sum[name] ?? 0) + n;
-  }
-  return sum;
-}
-
-function statusOf(job: EraseJob): EraseStatus {
-  if (job.state === "erased") {
-    return {
-      state: "erased",
-      erasedAt: (job.erasedAt ?? job.updatedAt).toISOString(),
-      ...(job.detached ? { database: "detached" as const } : {}),
-    };
-  }
-  return {
-    state: "erasing",
-    stage: job.stage,
-    startedAt: job.startedAt.toISOString(),
-    attempts: job.attempts,
-    lastError: job.lastError,
-  };
 }
 
 function erasedError(erasedAt: number | null): LessorError {

@@ -35,14 +35,20 @@ import {
   rowEncoder,
   utf8Length,
 } from "../core/result-shape.ts";
+import { LessorError } from "../errors/index.ts";
+import { noteServerParameter } from "../postgres/index.ts";
+import {
+  chunkPart,
+  type DriverConnection,
+  type DriverStream,
+  sendFlight,
+  submitQuery,
+} from "../postgres/internals.ts";
+import { noteTransactionStatus, sessionResetSql } from "./connection-state.ts";
+import { rollBackPreparedTransactions } from "./prepared.ts";
 
 /** A result's JSON beyond its fields and rows: its keys, command tag and counts, generously. */
 const resultFrameBytes = 128;
-
-import { LessorError } from "../errors/index.ts";
-import { noteServerParameter } from "../postgres/index.ts";
-import { dollarQuote, quoteIdent } from "../tenant-db/host-admin.ts";
-import { noteTransactionStatus, sessionResetSql } from "./connection-state.ts";
 
 /** One statement's result: its rows already encoded as the JSON they are answered with. */
 export type RawResult = EncodedResult;
@@ -84,68 +90,6 @@ export type OverrunHandler = (why: Overrun) => void;
 /** Wire bytes beyond the budget after which a connection is cut rather than drained. */
 const drainSlackBytes = 4 * 1024 * 1024;
 
-/** The driver's connection, as far as a statement uses it: its socket, and COPY's refusal. */
-interface ProtocolConnection {
-  sendCopyFail(message: string): void;
-  stream: DataStream;
-}
-
-type ChunkListener = (chunk: Uint8Array) => void;
-
-/** The driver's socket, as far as a statement uses it. */
-interface DataStream {
-  on(event: "data", listener: ChunkListener): void;
-  on(event: "close", listener: () => void): void;
-  removeListener(event: "data", listener: ChunkListener): void;
-  removeListener(event: "close", listener: () => void): void;
-  listeners(event: "data"): ChunkListener[];
-  write(bytes: Uint8Array): boolean;
-}
-
-/**
- * Part of a chunk the driver's socket emitted, as the driver's parser takes it: the chunk is the
- * driver's `Buffer`, whose `slice` (unlike Uint8Array's) is a view of the same bytes, of its class.
- */
-function partOf(chunk: Uint8Array, start: number, end?: number): Uint8Array {
-  return (chunk as unknown as { slice(start: number, end?: number): Uint8Array }).slice(start, end);
-}
-
-/**
- * The driver's socket, as far as sending a flight goes: its own fields, read only to decide that
- * nothing else is in the way (see `sendFlight`).
- */
-interface DriverSocket {
-  tlsState?: unknown;
-  writeBuffer?: unknown;
-  ws?: { send(data: Uint8Array): void } | null;
-}
-
-/**
- * Writes a flight that is one buffer already. The driver coalesces its writes (`coalesceWrites`):
- * each write is kept and sent from a `setTimeout(…, 0)`, so that the messages it writes one by one
- * leave in one WebSocket frame. A flight built whole gains nothing from it and pays a timer per
- * request and a turn of the event loop before its bytes leave; it goes straight to the WebSocket
- * when the socket is plain (no TLS inside it) and holds no bytes of its own still waiting, which
- * the flight would otherwise overtake. Anything else (another driver version, whose fields differ)
- * takes the driver's own path.
- */
-export function sendFlight(stream: Pick<DataStream, "write">, flight: Uint8Array): void {
-  const socket = stream as unknown as DriverSocket;
-  const ws = socket.ws;
-  if (
-    "tlsState" in socket &&
-    socket.tlsState === 0 &&
-    "writeBuffer" in socket &&
-    socket.writeBuffer === undefined &&
-    ws &&
-    typeof ws.send === "function"
-  ) {
-    ws.send(flight);
-    return;
-  }
-  stream.write(flight);
-}
-
 /** The per-request reset as its Query message, encoded once. */
 const resetQuery = textMessage(0x51, sessionResetSql);
 
@@ -179,7 +123,7 @@ class BoundedStatement {
   private rowCount: number | null = null;
   private overran = false;
   private wireBytes = 0;
-  private stream: DataStream | null = null;
+  private stream: DriverStream | null = null;
   /** The prelude's results are not the caller's: its rows and its command tag are skipped. */
   private inPrelude: boolean;
   private readonly onData = (chunk: Uint8Array) => {
@@ -217,7 +161,7 @@ class BoundedStatement {
     this.resolveReset(failed);
   }
 
-  submit(connection: ProtocolConnection): null {
+  submit(connection: DriverConnection): null {
     const stream = connection.stream;
     if (this.onResetReport) this.splitReset(stream, this.onResetReport);
     this.stream = stream;
@@ -233,7 +177,7 @@ class BoundedStatement {
    * passes through, the reset's is read and reported, and the driver's listeners are back once it
    * has ended (or the connection has).
    */
-  private splitReset(stream: DataStream, report: (report: ResetReport) => void): void {
+  private splitReset(stream: DriverStream, report: (report: ResetReport) => void): void {
     const driverListeners = stream.listeners("data");
     for (const listener of driverListeners) stream.removeListener("data", listener);
     const splitter = new FlightSplitter();
@@ -251,10 +195,10 @@ class BoundedStatement {
     const onChunk = (chunk: Uint8Array) => {
       const cut = splitter.push(chunk);
       if (cut.statementEnd > 0)
-        forward(cut.statementEnd === chunk.byteLength ? chunk : partOf(chunk, 0, cut.statementEnd));
+        forward(cut.statementEnd === chunk.byteLength ? chunk : chunkPart(chunk, 0, cut.statementEnd));
       if (cut.resetEnd === null) return;
       finish();
-      if (cut.resetEnd < chunk.byteLength) forward(partOf(chunk, cut.resetEnd));
+      if (cut.resetEnd < chunk.byteLength) forward(chunkPart(chunk, cut.resetEnd));
     };
     stream.on("data", onChunk);
     stream.on("close", finish);
@@ -321,7 +265,7 @@ class BoundedStatement {
     // Never asked for (Execute fetches every row); nothing to do.
   }
 
-  handleCopyInResponse(connection: ProtocolConnection): void {
+  handleCopyInResponse(connection: DriverConnection): void {
     connection.sendCopyFail("COPY FROM STDIN is not supported through Lessor");
   }
 
@@ -403,7 +347,7 @@ export async function runStatement(
       : null,
   );
   if (pipeline && bounded.resetDone) pipelinedReset(bounded.resetDone);
-  (client as unknown as { query(submittable: BoundedStatement): void }).query(bounded);
+  submitQuery(client, bounded);
   const result = await bounded.result;
   if (result.command === "PREPARE TRANSACTION") {
     await rollBackPreparedTransactions(client);
@@ -411,37 +355,6 @@ export async function runStatement(
   }
   return result;
 }
-
-/**
- * Rolls back every prepared transaction in the connection's database that its login role may finish:
- * its own, and those of a role it may `SET ROLE` to (an end user's statements run as the configured
- * role, so what they prepare is that role's). Found through `pg_catalog` whatever the session's
- * `search_path`, named with a dollar-quoted literal whatever its gid and whatever
- * `standard_conforming_strings` says. What is left (none a tenant can make) is the reconcile's and
- * the erase's, through the admin role.
- */
-export async function rollBackPreparedTransactions(client: PoolClient): Promise<number> {
-  const { rows } = await client.query<{ gid: string; owner: string; own: boolean }>(preparedByThisLoginSql);
-  for (const { gid, owner, own } of rows) {
-    if (own) {
-      await client.query(`ROLLBACK PREPARED ${dollarQuote(gid)}`);
-      continue;
-    }
-    await client.query(`SET ROLE ${quoteIdent(owner)}`);
-    try {
-      await client.query(`ROLLBACK PREPARED ${dollarQuote(gid)}`);
-    } finally {
-      await client.query("RESET ROLE");
-    }
-  }
-  return rows.length;
-}
-
-const preparedByThisLoginSql = `
-SELECT x.gid, x.owner::pg_catalog.text AS owner, x.owner OPERATOR(pg_catalog.=) SESSION_USER AS own
-  FROM pg_catalog.pg_prepared_xacts x
- WHERE x.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
-   AND (x.owner OPERATOR(pg_catalog.=) SESSION_USER OR pg_catalog.pg_has_role(SESSION_USER, x.owner, 'SET'))`;
 
 /** Whether a statement's text could be a COPY (a cheap, conservative test: any "copy" in it). */
 function mayCopy(statement: Statement): boolean {

@@ -36,9 +36,8 @@ export class TenantObject extends DurableObject<Env> {
 
   constructor(ctx: DurableObjectState, env: Env) {
     super(ctx, env);
-    const rooms = installRooms(ctx, env);
-    this.rooms = rooms;
-    ctx.blockConcurrencyWhile(() => restoreObject(rooms.rt, rooms.auth, rooms.pool));
+    this.rooms = installRooms(ctx, env);
+    ctx.blockConcurrencyWhile(() => restoreObject(this.rooms.rt, this.rooms.auth, this.rooms.pool));
   }
 
   /** The one gate: `work` runs if `purpose` may proceed, else `refused`; usage is saved soon after. */
@@ -136,17 +135,18 @@ export class TenantObject extends DurableObject<Env> {
 
   /** A CancelRequest for the wire connection with this cancel key; true if a statement was cancelled. */
   async cancelWire(pid: number, secret: number): Promise<boolean> {
-    return this.rooms.wire.cancel(pid, secret);
+    return this.rooms.gate.through("observe", null).kind === "proceed" && this.rooms.wire.cancel(pid, secret);
   }
 
   /** The runtime status (no secrets). */
   async status(): Promise<TenantRuntimeStatus> {
+    this.rooms.gate.admit("observe", null);
     return runtimeStatus(this.rooms.rt, this.rooms);
   }
 
-  /** Operator drain (see drain.ts); answers the status after it. */
+  /** Operator drain (see drain.ts); answers the status after it (a job that owns the pool: no drain). */
   async drain(force: boolean): Promise<TenantRuntimeStatus> {
-    await this.rooms.drains.drain(force);
+    if (this.rooms.gate.through("drain", null).kind === "proceed") await this.rooms.drains.drain(force);
     return this.status();
   }
 
@@ -219,7 +219,7 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Resumes a running erase from its progress row (the cron trigger calls this); answers its status. */
   resumeErase(tenantId: string): Promise<EraseAnswer> {
-    return this.rooms.erasure.resume(tenantId);
+    return this.through("resume", tenantId, refusedVerdict, () => this.rooms.erasure.resume(tenantId));
   }
 
   /** Starts moving the tenant to region `to` (or answers the move running); the fence is closed when this answers. */
@@ -231,12 +231,13 @@ export class TenantObject extends DurableObject<Env> {
 
   /** Resumes a running move from its progress row (the cron trigger calls this); answers its status. */
   resumeMove(tenantId: string): Promise<MoveAnswer> {
-    return this.rooms.moves.resume(tenantId);
+    return this.through("resume", tenantId, refusedVerdict, () => this.rooms.moves.resume(tenantId));
   }
 
   /** Called on the new region's object at a move's `start` stage (move.ts `moveIn`). */
-  moveIn(moved: MovedIn): Promise<void> {
-    return this.rooms.moves.moveIn(moved);
+  async moveIn(moved: MovedIn): Promise<void> {
+    this.rooms.gate.admit("move_in", moved.record.tenantId);
+    await this.rooms.moves.moveIn(moved);
   }
 
   /** The one alarm (kernel/alarm.ts): holders whose key expired end now, idle or not; then the heartbeat. */

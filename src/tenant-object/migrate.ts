@@ -131,12 +131,12 @@ export class SchemaMigration {
     const rt = this.rt;
     rt.record = { ...(rt.record ?? record), schemaVersion: version };
     rt.storage.write("record", rt.record);
-    rt.storage.write(pendingCatalogVersionKey, version);
+    rt.storage.write("pendingCatalogSchemaVersion", version);
     try {
       await withControlPlane(rt.config, rt.env, rt.region, (db) =>
         writeCatalogSchemaVersion(db, record.tenantId, version),
       );
-      rt.storage.forget(pendingCatalogVersionKey);
+      rt.storage.forget("pendingCatalogSchemaVersion");
     } catch (error) {
       logEvent("warn", "schema_version_catalog_write_deferred", {
         tenant: record.tenantId,
@@ -146,9 +146,6 @@ export class SchemaMigration {
     }
   }
 }
-
-/** Object storage key of a schema version the catalog has not yet been told. */
-export const pendingCatalogVersionKey = "pendingCatalogSchemaVersion";
 
 /** Raises the catalog's schema version to `version` (never lowers it: steps only go forward). */
 export async function writeCatalogSchemaVersion(

@@ -28,8 +28,7 @@ import {
   moveRetryDelay,
   moveStageAfter,
 } from "../core/move.ts";
-import { InterruptedForTests } from "../erase/test-hooks.ts";
-import { describeFailure, LessorError } from "../errors/index.ts";
+import { LessorError } from "../errors/index.ts";
 import { logEvent } from "../log/index.ts";
 import {
   advanceMove,
@@ -39,6 +38,7 @@ import {
   loadMoveOf,
   type MoveJob,
   markMoved,
+  moveStatusOf,
   openMove,
   placementRefusal,
   readTenantRows,
@@ -53,6 +53,7 @@ import type { MoveAnswer, MovedIn, MoveStatus } from "../rpc/tenant.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { holderEndError } from "./kernel/holders.ts";
+import { type StagedJob, StagedJobRunner } from "./kernel/staged-job.ts";
 import { flushOutboxes } from "./outbox.ts";
 import type { TenantPool } from "./pool.ts";
 import type { MoveGate, TenantRuntime } from "./runtime.ts";
@@ -63,15 +64,15 @@ const stagesPerRun = 10;
 const forcedEndWaitMs = 10_000;
 
 export class TenantMove {
-  private running: Promise<void> | null = null;
-  private failures = 0;
-  private retryAt = 0;
+  private readonly runner: StagedJobRunner<MoveJob, MoveStage>;
 
   constructor(
     private readonly rt: TenantRuntime,
     private readonly auth: TenantAuth,
     private readonly pool: TenantPool,
-  ) {}
+  ) {
+    this.runner = new StagedJobRunner(rt, this.stagedJob());
+  }
 
   // ── The fence ──────────────────────────────────────────────────────────────────────────────────
 
@@ -87,10 +88,8 @@ export class TenantMove {
   private async open(tenantId: string, to: string, actor: string, force: boolean): Promise<MoveStatus> {
     const rt = this.rt;
     const gate = rt.move?.tenantId === tenantId ? rt.move : null;
-    if (gate?.state === "moved") throw movedError(gate.to);
+    // The gate (purpose `move`) refused a tenant erasing, erased or moved away before this ran.
     if (gate?.state === "moving") return this.statusAndKick(tenantId);
-    if (rt.erase !== null)
-      throw new LessorError(rt.erasing ? "tenant_erasing" : "tenant_erased", { retryAfterSeconds: 5 });
     const record = await this.auth.resolve(tenantId);
     // Not servable here: unknown, or moving while this object forgot it (its catalog row says so).
     const [row] = await this.onControlPlane(rt.region, (db) =>
@@ -133,7 +132,7 @@ export class TenantMove {
       if (job.toRegion !== to) throw new LessorError("tenant_moving", { retryAfterSeconds: 5 });
       this.adopt(job);
       await this.kick();
-      return statusOf(job);
+      return moveStatusOf(job);
     }
     // The fence closes here, before any await: a request, lease or migration that comes in while
     // the catalog is written is refused already.
@@ -161,14 +160,14 @@ export class TenantMove {
     }
     await this.step(tenantId, { point: "fence", stage: null });
     await this.kick();
-    return statusOf(opened.job);
+    return moveStatusOf(opened.job);
   }
 
   private async statusAndKick(tenantId: string): Promise<MoveStatus> {
     const job = await this.onControlPlane(this.rt.region, (db) => loadMoveOf(db, tenantId));
     if (!job) throw new LessorError("move_not_found");
     if (job.state === "moving") await this.kick();
-    return statusOf(job);
+    return moveStatusOf(job);
   }
 
   /** Lifts a fence that no job row backs (the catalog refused it, or never heard of it). */
@@ -194,7 +193,7 @@ export class TenantMove {
 
   /** Runs the stages soon, from the alarm (so the request is answered first). */
   private async kick(): Promise<void> {
-    await this.rt.alarms.rearm(Math.max(Date.now(), this.retryAt));
+    await this.rt.alarms.rearm(this.runner.retryAt);
   }
 
   /**
@@ -216,13 +215,10 @@ export class TenantMove {
   /** Resumes the move from its progress row (the alarm and the cron call this); answers its status. */
   async resume(tenantId: string): Promise<MoveAnswer> {
     try {
-      this.running ??= this.run(tenantId).finally(() => {
-        this.running = null;
-      });
-      await this.running;
+      await this.runner.resume(tenantId);
       const job = await this.onControlPlane(this.rt.region, (db) => loadMoveOf(db, tenantId));
       if (!job) throw new LessorError("move_not_found");
-      return { ok: true, status: statusOf(job) };
+      return { ok: true, status: moveStatusOf(job) };
     } catch (error) {
       return { ok: false, error: asLessorError(tenantId, error).toWire() };
     }
@@ -231,84 +227,44 @@ export class TenantMove {
   /** The alarm's part: resume a running move whose retry is due, or re-arm for when it is. */
   async tick(): Promise<void> {
     const gate = this.rt.move;
-    if (!gate || gate.committed) return;
-    if (Date.now() < this.retryAt) {
-      await this.rt.alarms.rearm(this.retryAt);
-      return;
-    }
-    await this.resume(gate.tenantId);
+    if (gate && !gate.committed) await this.runner.tick(gate.tenantId);
   }
 
-  private async run(tenantId: string): Promise<void> {
+  /** The move as a staged job (kernel/staged-job.ts): its row, its stages, how it moves on. */
+  private stagedJob(): StagedJob<MoveJob, MoveStage> {
     const rt = this.rt;
-    for (let taken = 0; taken < stagesPerRun; taken++) {
-      let job: MoveJob | null;
-      try {
-        job = await this.onControlPlane(rt.region, (db) => loadMoveOf(db, tenantId));
-      } catch (error) {
-        await this.failed(tenantId, null, null, error);
-        return;
-      }
-      if (!job) {
-        // A fence stored here that never reached the catalog (killed in between): nothing moves.
-        if (rt.move?.tenantId === tenantId && rt.move.jobId === 0) this.lift();
-        return;
-      }
-      if (job.state === "moved") {
-        this.adopt(job);
-        this.failures = 0;
-        this.retryAt = 0;
-        return;
-      }
-      const current: MoveJob = job;
-      if (rt.move?.tenantId !== tenantId || rt.move.jobId !== current.id) this.adopt(current);
-      const stage = current.stage;
-      try {
-        await this.step(tenantId, { point: "started", stage });
-        const counts = await this.runStage(current, stage);
-        await this.step(tenantId, { point: "worked", stage });
-        const next = moveStageAfter(stage);
-        if (next !== null) {
-          await this.onControlPlane(rt.region, (db) => advanceMove(db, current.id, stage, next, counts));
+    return {
+      name: "move",
+      stagesPerRun,
+      retryDelay: moveRetryDelay,
+      load: (tenantId) => this.onControlPlane(rt.region, (db) => loadMoveOf(db, tenantId)),
+      next: async (tenantId, job) => {
+        if (!job) {
+          // A fence stored here that never reached the catalog (killed in between): nothing moves.
+          if (rt.move?.tenantId === tenantId && rt.move.jobId === 0) this.lift();
+          return null;
         }
-        this.failures = 0;
-        this.retryAt = 0;
-        logEvent("info", "move_stage_done", { tenant: tenantId, stage, to: current.toRegion, ...counts });
-        await this.step(tenantId, { point: "recorded", stage });
-        if (next === null) return;
-      } catch (error) {
-        if (error instanceof InterruptedForTests) return;
-        await this.failed(tenantId, stage, current.id, error);
-        return;
-      }
-    }
-    await rt.alarms.rearm(Date.now() + 1_000);
-  }
-
-  private async failed(
-    tenantId: string,
-    stage: MoveStage | null,
-    jobId: number | null,
-    error: unknown,
-  ): Promise<void> {
-    const rt = this.rt;
-    this.failures++;
-    const delay = moveRetryDelay(this.failures, Math.random());
-    this.retryAt = Date.now() + delay;
-    const message = `${stage ?? "load"}: ${describeFailure(error)}`;
-    logEvent("warn", "move_stage_failed", {
-      tenant: tenantId,
-      stage,
-      attempt: this.failures,
-      failure: message,
-    });
-    await this.step(tenantId, { point: "failed", stage, message }).catch(() => undefined);
-    if (jobId !== null) {
-      await this.onControlPlane(rt.region, (db) => recordMoveFailure(db, jobId, 1, message, delay)).catch(
-        () => undefined,
-      );
-    }
-    await rt.alarms.rearm(this.retryAt);
+        if (job.state === "moved") {
+          this.adopt(job);
+          return null;
+        }
+        if (rt.move?.tenantId !== tenantId || rt.move.jobId !== job.id) this.adopt(job);
+        return job.stage;
+      },
+      run: async (job, stage) => ({ kind: "done", counts: await this.runStage(job, stage) }),
+      advance: async (job, stage, counts) => {
+        const next = moveStageAfter(stage);
+        if (next === null) return false;
+        await this.onControlPlane(rt.region, (db) => advanceMove(db, job.id, stage, next, counts));
+        return true;
+      },
+      idOf: (job) => job.id,
+      heldId: () => rt.move?.jobId ?? null,
+      recordFailure: (id, failures, message, delayMs) =>
+        this.onControlPlane(rt.region, (db) => recordMoveFailure(db, id, failures, message, delayMs)),
+      fields: (job) => ({ to: job.toRegion }),
+      step: (tenantId, step) => this.step(tenantId, step),
+    };
   }
 
   private async step(tenantId: string, step: MoveStep): Promise<void> {
@@ -475,25 +431,4 @@ export function movedError(to: string): LessorError {
 /** `503 tenant_moving`: retry once the move has switched over. */
 export function movingError(): LessorError {
   return new LessorError("tenant_moving", { retryAfterSeconds: 1 });
-}
-
-function statusOf(job: MoveJob): MoveStatus {
-  if (job.state === "moved") {
-    return {
-      state: "moved",
-      from: job.fromRegion,
-      to: job.toRegion,
-      startedAt: job.startedAt.toISOString(),
-      movedAt: (job.movedAt ?? job.updatedAt).toISOString(),
-    };
-  }
-  return {
-    state: "moving",
-    from: job.fromRegion,
-    to: job.toRegion,
-    stage: job.stage,
-    startedAt: job.startedAt.toISOString(),
-    attempts: job.attempts,
-    lastError: job.lastError,
-  };
 }

@@ -5,7 +5,7 @@
  */
 import { appendLifecycleEvents, recordKeyUses, withControlPlane } from "../control-plane/index.ts";
 import { appendUsageDeltas, isZeroUsage } from "../usage/index.ts";
-import { pendingCatalogVersionKey, writeCatalogSchemaVersion } from "./migrate.ts";
+import { writeCatalogSchemaVersion } from "./migrate.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { type FlushStep, tenantHooksForTests } from "./test-hooks.ts";
 
@@ -16,7 +16,7 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
   const events = rt.storage.pendingEvents();
   const usage = rt.storage.pendingUsage();
   const keyUses = new Map(rt.keyUses);
-  const catalogVersion = rt.storage.read<number>(pendingCatalogVersionKey);
+  const catalogVersion = rt.storage.read("pendingCatalogSchemaVersion");
   if (
     !record ||
     (events.length === 0 && usage.length === 0 && keyUses.size === 0 && catalogVersion === null)
@@ -33,8 +33,8 @@ export async function flushOutboxes(rt: TenantRuntime): Promise<void> {
     if (catalogVersion !== null) await writeCatalogSchemaVersion(db, record.tenantId, catalogVersion);
   });
   await flushStep(rt, record.tenantId, "appended");
-  if (catalogVersion !== null && rt.storage.read<number>(pendingCatalogVersionKey) === catalogVersion) {
-    rt.storage.forget(pendingCatalogVersionKey);
+  if (catalogVersion !== null && rt.storage.read("pendingCatalogSchemaVersion") === catalogVersion) {
+    rt.storage.forget("pendingCatalogSchemaVersion");
   }
   // Forget only what was written: a use noted meanwhile (a later minute) waits for the next flush.
   for (const [keyId, minute] of keyUses) if (rt.keyUses.get(keyId) === minute) rt.keyUses.delete(keyId);
@@ -56,6 +56,6 @@ export function hasPendingOutbox(rt: TenantRuntime): boolean {
     rt.storage.pendingOutboxRows() > 0 ||
     !isZeroUsage(rt.usage) ||
     rt.keyUses.size > 0 ||
-    rt.storage.read<number>(pendingCatalogVersionKey) !== null
+    rt.storage.read("pendingCatalogSchemaVersion") !== null
   );
 }

@@ -37,13 +37,14 @@ import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
 import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../postgres/index.ts";
+import { driverPoolMax, setDriverPoolMax } from "../postgres/internals.ts";
 import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { sessionLimits } from "../tenant-db/connect.ts";
 import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
-import { driverPoolMax, setDriverPoolMax } from "./driver-pool.ts";
+import { gateError } from "./kernel/gate.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 import { PoolSizing, type SizedPool } from "./sizing.ts";
@@ -82,7 +83,6 @@ interface HeldLease {
 export type PoolRepair = "lease_reclaimed" | "close_forced";
 
 /** Where the pool keeps its last use for the next instance of the object (kv). */
-const lastUsedKey = "lastUsed";
 
 /** A bound on the passes of a give-back beyond the connections it gives back. */
 const maxPoolSizeBound = 8;
@@ -187,13 +187,13 @@ export class TenantPool implements SizedPool {
    */
   persistLastUsed(): void {
     if (this.lastUsed === null || this.lastUsed === this.lastUsedPersisted || !this.rt.storage.isOpen) return;
-    this.rt.storage.write(lastUsedKey, this.lastUsed);
+    this.rt.storage.write("lastUsed", this.lastUsed);
     this.lastUsedPersisted = this.lastUsed;
   }
 
   /** The last use a previous instance of the object kept (see {@link persistLastUsed}). */
   restoreLastUsed(): void {
-    const kept = this.rt.storage.read<number>(lastUsedKey);
+    const kept = this.rt.storage.read("lastUsed");
     if (kept !== null && (this.lastUsed === null || kept > this.lastUsed)) {
       this.lastUsed = kept;
       this.lastUsedPersisted = kept;
@@ -327,10 +327,10 @@ export class TenantPool implements SizedPool {
   async acquire(record: TenantRecord, kind: LeaseKind = "sql"): Promise<LiveLease> {
     // Bounded: each pass returns, throws, or waits on something that itself settles.
     for (let attempt = 0; attempt < 4; attempt++) {
-      // An erase closed the gate (maybe while this request waited behind a start): no new lease.
-      if (this.rt.erasing) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
-      // A move's fence closed (docs/adr/023-regions.md): no new lease here either.
-      if (this.rt.move !== null) throw new LessorError("tenant_moving", { retryAfterSeconds: 1 });
+      // An erase's gate or a move's fence closed (maybe while this request waited behind a
+      // start): no new lease. The gate's table says so (kernel/gate.ts, purpose `acquire`).
+      const refused = gateError(this.rt, "acquire", null);
+      if (refused) throw refused;
       const decision = admitDecision(this.rt.lifecycle, Date.now());
       switch (decision.kind) {
         case "use": {

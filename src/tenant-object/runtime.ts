@@ -15,49 +15,17 @@ import { Deadlines } from "./deadlines.ts";
 import { AlarmSchedule } from "./kernel/alarm.ts";
 import { HolderRegistry } from "./kernel/holders.ts";
 import { TenantStorage } from "./storage.ts";
+import type { EraseGate, MoveGate } from "./storage-schema.ts";
+
+export type { EraseGate, MoveGate };
+
 import { tenantHooksForTests } from "./test-hooks.ts";
-
-/**
- * The erase gate, once an erase of this tenant has started (src/tenant-object/erase.ts): while
- * `erasing`, nothing new is served; `erased` once the tombstone is committed. Persisted in the
- * object's storage until the erase wipes it; after that the control plane's row is the truth.
- */
-export interface EraseGate {
-  tenantId: string;
-  /** The erased incarnation's ordinal. */
-  ordinal: number;
-  state: "erasing" | "erased";
-  /** Public ids of the keys the tenant held when the gate closed: their holders are told why. */
-  keyIds: string[];
-  startedAt: number;
-  erasedAt: number | null;
-}
-
-/**
- * A move of this tenant to another region (src/tenant-object/move.ts, docs/adr/023-regions.md):
- * while `moving`, nothing new is served here (the fence); once `moved`, this object serves nothing
- * and holds nothing but this pointer, which sends every caller to the tenant's new region.
- * Persisted in the object's storage, and kept by the move's cleanup.
- */
-export interface MoveGate {
-  tenantId: string;
-  /** The move's row in this region's control plane (0 until it is written). */
-  jobId: number;
-  to: string;
-  state: "moving" | "moved";
-  startedAt: number;
-  /** The job committed: nothing is left to run (until then a restarted object resumes it). */
-  committed?: boolean;
-}
 
 /** Alarm cadence while a pool is warm: keeps the object resident, checks idleness, reports to the budget. */
 export const heartbeatMs = 30_000;
 
 /** The longest an answered request's usage waits before it is saved (one write per interval at most). */
 export const usageSaveIntervalMs = 1_000;
-
-/** The `kv` key of the usage counted since the last stage (see `TenantRuntime.saveUsage`). */
-const unstagedUsageKey = "usage";
 
 export class TenantRuntime {
   private readonly loadedConfig: LessorConfig;
@@ -103,11 +71,6 @@ export class TenantRuntime {
   /** Whether a move holds the fence closed: nothing new may start here. */
   get moving(): boolean {
     return this.move?.state === "moving";
-  }
-
-  /** The region the tenant moved to, once this object is only a pointer; null otherwise. */
-  get movedTo(): string | null {
-    return this.move?.state === "moved" ? this.move.to : null;
   }
 
   /** Whether an erase holds the gate closed: nothing new may start. */
@@ -166,6 +129,22 @@ export class TenantRuntime {
     });
   }
 
+  /**
+   * Deletes the object's storage and its memory of the tenant with it (an erase's `object` stage):
+   * record, lifecycle, pin, usage, key uses. The only change of the lifecycle outside `apply`, and
+   * it records nothing: there is no storage left to record in. The gates stay, in memory.
+   */
+  async wipe(): Promise<void> {
+    await this.ctx.storage.deleteAll();
+    this.storage.forgetTables();
+    this.record = null;
+    this.lifecycle = initialLifecycle;
+    this.pinned = false;
+    this.fencePending = false;
+    this.discardUsage();
+    this.keyUses.clear();
+  }
+
   /** Appends an event that is not a transition (an overdue drain, say). */
   note(reason: string): void {
     const state = TenantRuntime.stateName(this.lifecycle);
@@ -203,14 +182,14 @@ export class TenantRuntime {
     if (!this.storage.isOpen) return;
     const now = JSON.stringify(this.usage);
     if (now === this.savedUsage) return;
-    this.storage.write(unstagedUsageKey, this.usage);
+    this.storage.write("usage", this.usage);
     this.savedUsage = now;
     tenantHooksForTests.onUsageSaved?.(this.tenantId, this.usage.queries);
   }
 
   /** Loads the usage a previous instance saved but did not stage; whether there is any. */
   restoreUsage(): boolean {
-    const saved = this.storage.read<UsageCounters>(unstagedUsageKey);
+    const saved = this.storage.read("usage");
     if (!saved) return false;
     this.usage = { ...zeroUsage, ...saved };
     this.savedUsage = JSON.stringify(this.usage);
@@ -226,7 +205,7 @@ export class TenantRuntime {
     const counters = this.usage;
     this.storage.transaction(() => {
       this.storage.stageUsage(counters);
-      this.storage.write(unstagedUsageKey, zeroUsage);
+      this.storage.write("usage", zeroUsage);
     });
     this.usage = { ...zeroUsage };
     this.savedUsage = JSON.stringify(zeroUsage);
@@ -235,7 +214,7 @@ export class TenantRuntime {
   /** Forgets the usage counted and not yet staged (an erase: it is the tenant's, and goes with it). */
   discardUsage(): void {
     this.usage = { ...zeroUsage };
-    if (this.storage.isOpen) this.storage.write(unstagedUsageKey, zeroUsage);
+    if (this.storage.isOpen) this.storage.write("usage", zeroUsage);
     this.savedUsage = JSON.stringify(zeroUsage);
   }
 

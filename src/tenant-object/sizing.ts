@@ -13,6 +13,7 @@
  *
  * On a host without adaptive admission every method is inert: the pool holds its tier's size.
  */
+
 import {
   type HostPressure,
   lowestSize,
@@ -33,6 +34,7 @@ import { logEvent, logEventSampled } from "../log/index.ts";
 import type { PoolReport, ShrinkOutcome } from "../rpc/budget.ts";
 import type { PoolSizeStatus, TenantRecord } from "../rpc/tenant.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
+import type { StoredValues } from "./storage-schema.ts";
 import { type GrowStep, tenantHooksForTests } from "./test-hooks.ts";
 
 /** What the room needs of the pool: its allowance, and the two ways to change it. */
@@ -64,16 +66,9 @@ export interface SizeBounds {
 /** A failed or refused growth is not asked again sooner than this. */
 const growRetryMs = 1_000;
 /** Where the heartbeat keeps the last observation (kv). */
-const observedKey = "observedUse";
 
-interface KeptObservation {
-  at: number;
-  size: number;
-  peak: number;
-  mean: number;
-  waits: number;
-  refusals: number;
-}
+/** The heartbeat's last observation, as the object keeps it. */
+type KeptObservation = StoredValues["observedUse"];
 
 export class PoolSizing {
   private usage: UsageRecord | null = null;
@@ -342,7 +337,7 @@ export class PoolSizing {
     // One write per heartbeat interval at most, whatever the review cadence.
     const recent = this.kept !== null && summary.at - this.kept.at < heartbeatMs;
     if (same || recent || !this.rt.storage.isOpen) return;
-    this.rt.storage.write(observedKey, summary);
+    this.rt.storage.write("observedUse", summary);
     this.kept = summary;
   }
 
@@ -351,8 +346,7 @@ export class PoolSizing {
     const record = this.rt.record;
     if (!record) return null;
     const bounds = this.bounds(record);
-    const kept =
-      this.kept ?? (this.rt.storage.isOpen ? this.rt.storage.read<KeptObservation>(observedKey) : null);
+    const kept = this.kept ?? (this.rt.storage.isOpen ? this.rt.storage.read("observedUse") : null);
     const observed = this.usage ? observe(this.usage, Date.now()) : null;
     return {
       adaptive: bounds.adaptive,

@@ -4,6 +4,69 @@
  * storage.ts the first time the object serves a tenant that exists. They only grow.
  */
 import { integer, sqliteTable, text } from "drizzle-orm/sqlite-core";
+import type { Lifecycle } from "../core/lifecycle.ts";
+import type { TenantRecord } from "../rpc/tenant.ts";
+import type { UsageCounters } from "../usage/index.ts";
+
+/**
+ * The erase gate, once an erase of this tenant has started (src/tenant-object/erase.ts): while
+ * `erasing`, nothing new is served; `erased` once the tombstone is committed. Persisted in the
+ * object's storage until the erase wipes it; after that the control plane's row is the truth.
+ */
+export interface EraseGate {
+  tenantId: string;
+  /** The erased incarnation's ordinal. */
+  ordinal: number;
+  state: "erasing" | "erased";
+  /** Public ids of the keys the tenant held when the gate closed: their holders are told why. */
+  keyIds: string[];
+  startedAt: number;
+  erasedAt: number | null;
+}
+
+/**
+ * A move of this tenant to another region (src/tenant-object/move.ts, docs/adr/023-regions.md):
+ * while `moving`, nothing new is served here (the fence); once `moved`, this object serves nothing
+ * and holds nothing but this pointer, which sends every caller to the tenant's new region.
+ * Persisted in the object's storage, and kept by the move's cleanup.
+ */
+export interface MoveGate {
+  tenantId: string;
+  /** The move's row in this region's control plane (0 until it is written). */
+  jobId: number;
+  to: string;
+  state: "moving" | "moved";
+  startedAt: number;
+  /** The job committed: nothing is left to run (until then a restarted object resumes it). */
+  committed?: boolean;
+}
+
+/**
+ * Every key of the `kv` table and what it holds: the one list of the object's named values
+ * (`TenantStorage.read`/`write`/`forget` take only these keys, with these types).
+ */
+export interface StoredValues {
+  /** The tenant's catalog record (auth.ts). */
+  record: TenantRecord;
+  /** The pool's lifecycle (runtime.ts `apply`). */
+  lifecycle: Lifecycle;
+  /** Never an eviction victim (index.ts `setPinned`). */
+  pinned: boolean;
+  /** A fence of the pool's role was closed and not yet lifted (runtime.ts). */
+  fence: boolean;
+  erase: EraseGate;
+  move: MoveGate;
+  /** Usage counted since the last stage (runtime.ts `saveUsage`). */
+  usage: UsageCounters;
+  /** When the pool last served a lease (pool.ts). */
+  lastUsed: number;
+  /** The heartbeat's last observation of the pool's use (sizing.ts). */
+  observedUse: { at: number; size: number; peak: number; mean: number; waits: number; refusals: number };
+  /** The server parameters a wire connection's startup reports (wire.ts). */
+  wireParameters: [string, string][];
+  /** A schema version the catalog has not yet been told (migrate.ts, outbox.ts). */
+  pendingCatalogSchemaVersion: number;
+}
 
 /** Small named values: the tenant record, the lifecycle, the pin. JSON in `v`. */
 export const kv = sqliteTable("kv", {

@@ -13,7 +13,14 @@ import { migrate } from "drizzle-orm/durable-sqlite/migrator";
 import type { LifecycleEventRow } from "../control-plane/index.ts";
 import { tenantObjectMigrations } from "../migrations/tenant-object.gen.ts";
 import type { UsageCounters, UsageDeltaRow } from "../usage/index.ts";
-import { kv, outbox, sessionTokens, tenantObjectSchema, usageOutbox } from "./storage-schema.ts";
+import {
+  kv,
+  outbox,
+  type StoredValues,
+  sessionTokens,
+  tenantObjectSchema,
+  usageOutbox,
+} from "./storage-schema.ts";
 
 /** Rows one flush sends to the control plane, at most. */
 const flushBatch = 500;
@@ -102,18 +109,18 @@ export class TenantStorage {
 
   // ── kv ─────────────────────────────────────────────────────────────────────────────────────────
 
-  read<T>(key: string): T | null {
+  read<K extends keyof StoredValues>(key: K): StoredValues[K] | null {
     if (!this.db) return null;
     const row = this.db.select({ v: kv.v }).from(kv).where(eq(kv.k, key)).get();
-    return row ? (JSON.parse(row.v) as T) : null;
+    return row ? (JSON.parse(row.v) as StoredValues[K]) : null;
   }
 
-  write(key: string, value: unknown): void {
+  write<K extends keyof StoredValues>(key: K, value: StoredValues[K]): void {
     const v = JSON.stringify(value);
     this.tables.insert(kv).values({ k: key, v }).onConflictDoUpdate({ target: kv.k, set: { v } }).run();
   }
 
-  forget(key: string): void {
+  forget(key: keyof StoredValues): void {
     if (this.db) this.db.delete(kv).where(eq(kv.k, key)).run();
   }
 

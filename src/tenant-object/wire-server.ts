@@ -10,22 +10,16 @@ import { concatBytes, MessageReader, ServerFlight } from "../core/pg-wire.ts";
 import { PipelineGate, type WireBounds } from "../core/wire-flow.ts";
 import { LessorError } from "../errors/index.ts";
 import { sendCancel, terminateAndWait } from "../postgres/index.ts";
+import { type DriverStream, driverStream, sendFlight } from "../postgres/internals.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { markEndedOnPurpose, noteTransactionStatus, resetConnection } from "./connection-state.ts";
-import { rollBackPreparedTransactions, sendFlight } from "./execute.ts";
 import type { LiveLease, TenantPool } from "./pool.ts";
+import { rollBackPreparedTransactions } from "./prepared.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 
 /** Server messages larger than the answer bound by this much are not waited for: the connection is cut. */
 export const floodSlackBytes = 4 * 1024 * 1024;
-
-interface DataStream {
-  on(event: "data" | "close", listener: (chunk: Uint8Array) => void): void;
-  removeListener(event: "data" | "close", listener: (chunk: Uint8Array) => void): void;
-  listeners(event: "data"): ((chunk: Uint8Array) => void)[];
-  write(bytes: Uint8Array): boolean;
-}
 
 /** What the wire connection holding a server connection hears from it. */
 export interface ServerLegOwner {
@@ -39,7 +33,7 @@ export interface ServerLegOwner {
 }
 
 export class ServerLeg {
-  readonly stream: DataStream;
+  readonly stream: DriverStream;
   /** The driver's own `data` listeners, set aside while the traffic is relayed. */
   private readonly driverListeners: ((chunk: Uint8Array) => void)[];
   readonly reader: MessageReader;
@@ -71,8 +65,7 @@ export class ServerLeg {
     bounds: WireBounds,
     private readonly owner: ServerLegOwner,
   ) {
-    const connection = (client as unknown as { connection: { stream: DataStream } }).connection;
-    this.stream = connection.stream;
+    this.stream = driverStream(client);
     this.driverListeners = this.stream.listeners("data");
     for (const listener of this.driverListeners) this.stream.removeListener("data", listener);
     this.reader = new MessageReader(rt.config.maxResponseBytes + floodSlackBytes);

@@ -18,14 +18,13 @@
 import type { PoolClient } from "@neondatabase/serverless";
 import { type WireBufferSnapshot, WireLedger } from "../core/wire-buffers.ts";
 import { wireBounds } from "../core/wire-flow.ts";
-import { LessorError } from "../errors/index.ts";
 import { serverParameters } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import { type WireOpen, wireBoundsHeader } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { admitHolder, requireAccess } from "./kernel/access.ts";
-import { movedError } from "./move.ts";
+import { gateError } from "./kernel/gate.ts";
 import { CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
@@ -44,7 +43,6 @@ export function wireObjectBuffers(pid: number): WireBufferSnapshot | null {
 }
 
 /** Where the object keeps the server's parameters for the greetings of its next instances (kv). */
-const parametersKey = "wireParameters";
 
 /** The room: every wire connection of the tenant this object serves. */
 export class WireConnections {
@@ -137,17 +135,11 @@ export class WireConnections {
     // Access is re-checked at every lease, never remembered from the connection's start: a key
     // revoked or expired, or a tenant disabled, since, ends the connection (kernel/access.ts).
     requireAccess(this.rt, keyId);
-    // The tenant moved away while the connection was open: it ends with a FATAL its driver answers
+    // The tenant moved away, or an erase's gate closed, while the connection was open: nothing new
+    // starts (the gate's table, purpose `acquire`). Moved, it ends with a FATAL its driver answers
     // by reconnecting, which reaches the new owner.
-    const movedTo = this.rt.movedTo;
-    if (movedTo !== null) throw movedError(movedTo);
-    // An erase's gate closed (or it committed) while the connection was open: nothing new starts.
-    const erase = this.rt.erase;
-    if (erase !== null) {
-      throw new LessorError(erase.state === "erasing" ? "tenant_erasing" : "tenant_erased", {
-        retryAfterSeconds: 5,
-      });
-    }
+    const refused = gateError(this.rt, "acquire", record.tenantId);
+    if (refused) throw refused;
     for (let attempt = 0; ; attempt++) {
       const lease = await this.pool.acquire(record);
       try {
@@ -173,13 +165,13 @@ export class WireConnections {
     const known = this.parameters ? JSON.stringify([...this.parameters]) : null;
     this.parameters = parameters;
     if (known !== JSON.stringify(entries) && this.rt.storage.isOpen)
-      this.rt.storage.write(parametersKey, entries);
+      this.rt.storage.write("wireParameters", entries);
   }
 
   /** The parameters a previous instance learned, if this one has none yet. */
   recallParameters(): void {
     if (this.parameters !== null || !this.rt.storage.isOpen) return;
-    const kept = this.rt.storage.read<[string, string][]>(parametersKey);
+    const kept = this.rt.storage.read("wireParameters");
     if (kept) this.parameters = new Map(kept);
   }
 }

@@ -15,7 +15,7 @@ import { controlPlaneOutageForTests } from "../../src/control-plane/index.ts";
 import type { EraseStage } from "../../src/core/erase.ts";
 import { eraseStages } from "../../src/core/erase.ts";
 import { auditRetentionJob } from "../../src/cron/jobs/audit-retention.ts";
-import { eraseResumeJob } from "../../src/cron/jobs/erase-resume.ts";
+import { eraseResumeJob } from "../../src/cron/jobs/staged-resume.ts";
 import { type EraseStepEvent, eraseHooksForTests, InterruptedForTests } from "../../src/erase/test-hooks.ts";
 import { adminUrlFor } from "../../src/postgres/index.ts";
 import { tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";

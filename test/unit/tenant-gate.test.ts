@@ -41,4 +41,23 @@ describe("the gate table", () => {
     expect(tenantStateOf({ move, erase: null }, null)).toBe("moved");
     expect(tenantStateOf({ move: null, erase: { tenantId: "a", state: "erasing" } }, "a")).toBe("erasing");
   });
+  it("lets a staged job's runner resume in every state, and a status or cancel through: the job decides", () => {
+    for (const state of tenantStates) {
+      expect(gateDecision("resume", state)).toEqual({ kind: "proceed" });
+      expect(gateDecision("observe", state)).toEqual({ kind: "proceed" });
+    }
+  });
+
+  it("takes a moved tenant in over a pointer or an erased id, never into a running erase or move", () => {
+    expect(gateDecision("move_in", "moved")).toEqual({ kind: "proceed" });
+    expect(gateDecision("move_in", "erased")).toEqual({ kind: "proceed" });
+    expect(gateDecision("move_in", "erasing")).toEqual({ kind: "refuse", code: "tenant_erasing" });
+    expect(gateDecision("move_in", "moving")).toEqual({ kind: "refuse", code: "tenant_moving" });
+  });
+
+  it("skips an operator drain once an erase or a move owns the pool", () => {
+    for (const state of ["erasing", "erased", "moving", "moved"] as const) {
+      expect(gateDecision("drain", state)).toEqual({ kind: "skip" });
+    }
+  });
 });

@@ -21,8 +21,13 @@ export class TenantGate {
 
   /** The refusal for an RPC of `purpose`, as it travels in an RPC answer; null if it may proceed. */
   refusal(purpose: GatePurpose, tenantId: string | null): WireError | null {
-    const decision = this.through(purpose, tenantId);
-    return decision.kind === "refuse" ? this.errorOf(decision.code).toWire() : null;
+    return gateError(this.rt, purpose, tenantId)?.toWire() ?? null;
+  }
+
+  /** For an RPC that answers no verdict: throws the refusal, if `purpose` may not proceed. */
+  admit(purpose: GatePurpose, tenantId: string | null): void {
+    const refusal = this.refusal(purpose, tenantId);
+    if (refusal) throw LessorError.fromWire(refusal);
   }
 
   /** The tenant's new owner, if the gate forwards an RPC of `purpose` there; null otherwise. */
@@ -31,18 +36,28 @@ export class TenantGate {
     if (this.through(purpose, null).kind !== "forward" || gate === null) return null;
     return tenantObject(this.rt.env, gate.to, gate.tenantId);
   }
+}
 
-  private errorOf(code: "tenant_erasing" | "tenant_erased" | "tenant_moving" | "tenant_moved"): LessorError {
-    switch (code) {
-      case "tenant_moved":
-        return movedError(this.rt.move?.to ?? "");
-      case "tenant_moving":
-        return movingError();
-      case "tenant_erasing":
-        return new LessorError(code, { retryAfterSeconds: 5 });
-      case "tenant_erased":
-        return new LessorError(code, { retryAfterSeconds: 5 });
-    }
+/**
+ * The error an RPC of `purpose` from a caller of `tenantId` is refused with, or null if it may
+ * proceed. For the rooms that take new work on their own (the pool's `acquire`, a wire connection's
+ * next transaction): they ask the same table as the RPCs do.
+ */
+export function gateError(
+  rt: TenantRuntime,
+  purpose: GatePurpose,
+  tenantId: string | null,
+): LessorError | null {
+  const decision = gateDecision(purpose, tenantStateOf(rt, tenantId));
+  if (decision.kind !== "refuse") return null;
+  switch (decision.code) {
+    case "tenant_moved":
+      return movedError(rt.move?.to ?? "");
+    case "tenant_moving":
+      return movingError();
+    case "tenant_erasing":
+    case "tenant_erased":
+      return new LessorError(decision.code, { retryAfterSeconds: 5 });
   }
 }
 

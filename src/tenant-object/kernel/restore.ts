@@ -6,17 +6,17 @@
 import { recoverAfterRestart } from "../../core/lifecycle.ts";
 import type { TenantAuth } from "../auth.ts";
 import type { TenantPool } from "../pool.ts";
-import type { EraseGate, MoveGate, TenantRuntime } from "../runtime.ts";
+import type { TenantRuntime } from "../runtime.ts";
 
 export async function restoreObject(rt: TenantRuntime, auth: TenantAuth, pool: TenantPool): Promise<void> {
   if (!rt.storage.hasTables()) return;
   await rt.storage.open();
   auth.restoreRecord();
-  rt.pinned = rt.storage.read<boolean>("pinned") ?? false;
-  rt.fencePending = rt.storage.read<boolean>("fence") ?? false;
-  rt.erase = rt.storage.read<EraseGate>("erase");
-  rt.move = rt.storage.read<MoveGate>("move");
-  rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read<typeof rt.lifecycle>("lifecycle") ?? {}) };
+  rt.pinned = rt.storage.read("pinned") ?? false;
+  rt.fencePending = rt.storage.read("fence") ?? false;
+  rt.erase = rt.storage.read("erase");
+  rt.move = rt.storage.read("move");
+  rt.lifecycle = { ...rt.lifecycle, ...(rt.storage.read("lifecycle") ?? {}) };
   pool.restoreLastUsed();
   const { lifecycle, deadGenerations } = recoverAfterRestart(rt.lifecycle);
   if (deadGenerations.length > 0 || lifecycle.migrating !== rt.lifecycle.migrating) {

@@ -33,6 +33,13 @@ import {
 } from "../core/lifecycle.ts";
 import { poolApplicationName } from "../core/names.ts";
 import { restartJitterMs } from "../core/placement.ts";
+import {
+  checkoutStep,
+  giveBackAmount,
+  giveBackFrom,
+  keptAfterGiveBack,
+  type SideCounts,
+} from "../core/shared-capacity.ts";
 import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
@@ -253,7 +260,7 @@ export class TenantPool implements SizedPool {
     const pool = this.pool;
     if (!pool || this.waitingCheckouts() > 0) return 0;
     const generation = this.poolGeneration;
-    const lowered = Math.min(want, this.poolMax - lowest);
+    const lowered = giveBackAmount(want, this.poolMax, lowest);
     if (lowered <= 0) return 0;
     this.poolMax -= lowered;
     setDriverPoolMax(pool, this.poolMax);
@@ -262,12 +269,8 @@ export class TenantPool implements SizedPool {
     // Bounded: each pass closes one idle connection, or stops.
     for (let pass = 0; pass < lowered + maxPoolSizeBound && open() > this.poolMax; pass++) {
       const jwtPool = this.jwtPool;
-      const from =
-        pool.idleCount - this.claimsOn(pool) > 0
-          ? pool
-          : jwtPool && jwtPool.idleCount - this.claimsOn(jwtPool) > 0
-            ? jwtPool
-            : null;
+      const side = giveBackFrom(this.countsOf(pool), jwtPool ? this.countsOf(jwtPool) : null);
+      const from = side === "tenant" ? pool : side === "jwt" ? jwtPool : null;
       if (!from) break;
       const idle = await this.claiming(from, () => from.connect());
       markEndedOnPurpose(idle);
@@ -282,7 +285,7 @@ export class TenantPool implements SizedPool {
     // The generation stopped meanwhile: its whole allocation goes with it, nothing to give back here.
     if (this.pool !== pool || this.poolGeneration !== generation) return 0;
     // Connections checked out while this ran are still open: the allowance keeps them.
-    const kept = Math.min(lowered, Math.max(0, open() - this.poolMax));
+    const kept = keptAfterGiveBack(lowered, open(), this.poolMax);
     if (kept > 0) {
       this.poolMax += kept;
       setDriverPoolMax(pool, this.poolMax);
@@ -500,8 +503,8 @@ export class TenantPool implements SizedPool {
     for (;;) {
       // A driver pool hands an idle connection over on the next tick: until then it is claimed, so
       // two checkouts never count on the same idle one (the second would open a connection).
-      const used = own.totalCount + other.totalCount + this.closingForRoom;
-      if (own.idleCount - this.claimsOn(own) > 0 || (own.idleCount === 0 && used < this.poolMax)) {
+      const step = checkoutStep(this.countsOf(own), this.countsOf(other), this.closingForRoom, this.poolMax);
+      if (step === "take") {
         const client = await this.claiming(own, () => this.checkoutFrom(own)).catch((error: unknown) =>
           this.repairJwt(kind, own, error),
         );
@@ -511,7 +514,7 @@ export class TenantPool implements SizedPool {
         if (kind === "jwt" && own === this.jwtPool && !this.jwtFenced) await this.fenceJwt(client);
         return client;
       }
-      if (other.idleCount - this.claimsOn(other) > 0) {
+      if (step === "close_other") {
         // Counted until its backend has exited, so the two kinds never hold more than the pool size.
         const idle = await this.claiming(other, () => other.connect());
         markEndedOnPurpose(idle);
@@ -538,6 +541,11 @@ export class TenantPool implements SizedPool {
 
   private claimsOn(pool: Pool): number {
     return this.idleClaims.get(pool) ?? 0;
+  }
+
+  /** A driver pool's counts for the capacity decisions (core/shared-capacity.ts). */
+  private countsOf(pool: Pool): SideCounts {
+    return { total: pool.totalCount, idle: pool.idleCount, claimed: this.claimsOn(pool) };
   }
 
   /** Runs a checkout from `pool` counted as a claim on one of its idle connections until it settles. */

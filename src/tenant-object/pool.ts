@@ -40,6 +40,7 @@ import {
   keptAfterGiveBack,
   type SideCounts,
 } from "../core/shared-capacity.ts";
+import { type StartRefusal, startRefusal } from "../core/start-refusal.ts";
 import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
@@ -379,7 +380,7 @@ export class TenantPool implements SizedPool {
           if (decision.reason === "misconfigured") {
             throw new LessorError("misconfigured", { internal: "start failed (misconfigured); backing off" });
           }
-          throw startRefusal(record, decision.reason, decision.retryAfterMs / 1000);
+          throw startFailureError(record, decision.reason, decision.retryAfterMs / 1000);
         case "refuse_draining":
           throw new LessorError("tenant_draining", { retryAfterSeconds: 1 });
       }
@@ -750,29 +751,9 @@ export class TenantPool implements SizedPool {
         failure: describeFailure(error),
       });
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
-      rt.apply(startRefused(rt.lifecycle), "budget_unavailable");
-      throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
+      throw this.refused(startRefusal({ kind: "unanswered" }));
     }
-    if (!admitted.granted) {
-      const why = admitted.closed
-        ? "tenant_erasing"
-        : admitted.unfit
-          ? "host_unfit"
-          : admitted.tunnel
-            ? `tunnel_${admitted.tunnel}`
-            : "capacity_saturated";
-      rt.apply(startRefused(rt.lifecycle), why);
-      if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
-      // The tenant's own tunnel is full, or its breaker is open: only tenants behind it see this.
-      if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
-      if (admitted.unfit) {
-        throw new LessorError("host_unfit", {
-          internal: admitted.unfit,
-          retryAfterSeconds: admitted.retryAfterMs / 1000,
-        });
-      }
-      throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
-    }
+    if (!admitted.granted) throw this.refused(startRefusal({ kind: "refused", ...admitted }));
     let pool: Pool | null = null;
     try {
       const credential = await this.credentials.open(record, sealed);
@@ -799,6 +780,20 @@ export class TenantPool implements SizedPool {
       if (pool) await endPool(pool);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
       throw await this.startFailed(error);
+    }
+  }
+
+  /** A start the budget refused (core/start-refusal.ts): the lifecycle records why, the caller is told. */
+  private refused(refusal: StartRefusal): LessorError {
+    this.rt.apply(startRefused(this.rt.lifecycle), refusal.reason);
+    const { retryAfterSeconds } = refusal;
+    switch (refusal.code) {
+      case "tunnel_unavailable":
+        return tunnelUnavailable(refusal.fault, retryAfterSeconds);
+      case "host_unfit":
+        return new LessorError("host_unfit", { internal: refusal.missing, retryAfterSeconds });
+      default:
+        return new LessorError(refusal.code, { retryAfterSeconds });
     }
   }
 
@@ -841,7 +836,7 @@ export class TenantPool implements SizedPool {
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
     // Retrying will not help until the operator fixes the configuration: say so.
     if (reason === "misconfigured" && error instanceof LessorError) return error;
-    return startRefusal(record, reason, (retryAt - Date.now()) / 1000);
+    return startFailureError(record, reason, (retryAt - Date.now()) / 1000);
   }
 
   /**
@@ -1061,7 +1056,7 @@ function adoptedFailure(record: TenantRecord | null, error: unknown, reason: Fai
  * refused credential (`credential_revoked`) and a tunnel that is slow or down (`tunnel_unavailable`)
  * are told apart from everything else (`tenant_starting_failed`).
  */
-function startRefusal(
+function startFailureError(
   record: TenantRecord | null,
   reason: FailureReason,
   retryAfterSeconds: number,

@@ -33,6 +33,14 @@ import {
 } from "../core/lifecycle.ts";
 import { poolApplicationName } from "../core/names.ts";
 import { restartJitterMs } from "../core/placement.ts";
+import {
+  checkoutStep,
+  giveBackAmount,
+  giveBackFrom,
+  keptAfterGiveBack,
+  type SideCounts,
+} from "../core/shared-capacity.ts";
+import { type StartRefusal, startRefusal } from "../core/start-refusal.ts";
 import { tunnelFaultOf } from "../core/tunnel.ts";
 import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
@@ -253,7 +261,7 @@ export class TenantPool implements SizedPool {
     const pool = this.pool;
     if (!pool || this.waitingCheckouts() > 0) return 0;
     const generation = this.poolGeneration;
-    const lowered = Math.min(want, this.poolMax - lowest);
+    const lowered = giveBackAmount(want, this.poolMax, lowest);
     if (lowered <= 0) return 0;
     this.poolMax -= lowered;
     setDriverPoolMax(pool, this.poolMax);
@@ -262,12 +270,8 @@ export class TenantPool implements SizedPool {
     // Bounded: each pass closes one idle connection, or stops.
     for (let pass = 0; pass < lowered + maxPoolSizeBound && open() > this.poolMax; pass++) {
       const jwtPool = this.jwtPool;
-      const from =
-        pool.idleCount - this.claimsOn(pool) > 0
-          ? pool
-          : jwtPool && jwtPool.idleCount - this.claimsOn(jwtPool) > 0
-            ? jwtPool
-            : null;
+      const side = giveBackFrom(this.countsOf(pool), jwtPool ? this.countsOf(jwtPool) : null);
+      const from = side === "tenant" ? pool : side === "jwt" ? jwtPool : null;
       if (!from) break;
       const idle = await this.claiming(from, () => from.connect());
       markEndedOnPurpose(idle);
@@ -282,7 +286,7 @@ export class TenantPool implements SizedPool {
     // The generation stopped meanwhile: its whole allocation goes with it, nothing to give back here.
     if (this.pool !== pool || this.poolGeneration !== generation) return 0;
     // Connections checked out while this ran are still open: the allowance keeps them.
-    const kept = Math.min(lowered, Math.max(0, open() - this.poolMax));
+    const kept = keptAfterGiveBack(lowered, open(), this.poolMax);
     if (kept > 0) {
       this.poolMax += kept;
       setDriverPoolMax(pool, this.poolMax);
@@ -376,7 +380,7 @@ export class TenantPool implements SizedPool {
           if (decision.reason === "misconfigured") {
             throw new LessorError("misconfigured", { internal: "start failed (misconfigured); backing off" });
           }
-          throw startRefusal(record, decision.reason, decision.retryAfterMs / 1000);
+          throw startFailureError(record, decision.reason, decision.retryAfterMs / 1000);
         case "refuse_draining":
           throw new LessorError("tenant_draining", { retryAfterSeconds: 1 });
       }
@@ -500,8 +504,8 @@ export class TenantPool implements SizedPool {
     for (;;) {
       // A driver pool hands an idle connection over on the next tick: until then it is claimed, so
       // two checkouts never count on the same idle one (the second would open a connection).
-      const used = own.totalCount + other.totalCount + this.closingForRoom;
-      if (own.idleCount - this.claimsOn(own) > 0 || (own.idleCount === 0 && used < this.poolMax)) {
+      const step = checkoutStep(this.countsOf(own), this.countsOf(other), this.closingForRoom, this.poolMax);
+      if (step === "take") {
         const client = await this.claiming(own, () => this.checkoutFrom(own)).catch((error: unknown) =>
           this.repairJwt(kind, own, error),
         );
@@ -511,7 +515,7 @@ export class TenantPool implements SizedPool {
         if (kind === "jwt" && own === this.jwtPool && !this.jwtFenced) await this.fenceJwt(client);
         return client;
       }
-      if (other.idleCount - this.claimsOn(other) > 0) {
+      if (step === "close_other") {
         // Counted until its backend has exited, so the two kinds never hold more than the pool size.
         const idle = await this.claiming(other, () => other.connect());
         markEndedOnPurpose(idle);
@@ -538,6 +542,11 @@ export class TenantPool implements SizedPool {
 
   private claimsOn(pool: Pool): number {
     return this.idleClaims.get(pool) ?? 0;
+  }
+
+  /** A driver pool's counts for the capacity decisions (core/shared-capacity.ts). */
+  private countsOf(pool: Pool): SideCounts {
+    return { total: pool.totalCount, idle: pool.idleCount, claimed: this.claimsOn(pool) };
   }
 
   /** Runs a checkout from `pool` counted as a claim on one of its idle connections until it settles. */
@@ -742,29 +751,9 @@ export class TenantPool implements SizedPool {
         failure: describeFailure(error),
       });
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
-      rt.apply(startRefused(rt.lifecycle), "budget_unavailable");
-      throw new LessorError("capacity_saturated", { retryAfterSeconds: 1 });
+      throw this.refused(startRefusal({ kind: "unanswered" }));
     }
-    if (!admitted.granted) {
-      const why = admitted.closed
-        ? "tenant_erasing"
-        : admitted.unfit
-          ? "host_unfit"
-          : admitted.tunnel
-            ? `tunnel_${admitted.tunnel}`
-            : "capacity_saturated";
-      rt.apply(startRefused(rt.lifecycle), why);
-      if (admitted.closed) throw new LessorError("tenant_erasing", { retryAfterSeconds: 5 });
-      // The tenant's own tunnel is full, or its breaker is open: only tenants behind it see this.
-      if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
-      if (admitted.unfit) {
-        throw new LessorError("host_unfit", {
-          internal: admitted.unfit,
-          retryAfterSeconds: admitted.retryAfterMs / 1000,
-        });
-      }
-      throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
-    }
+    if (!admitted.granted) throw this.refused(startRefusal({ kind: "refused", ...admitted }));
     let pool: Pool | null = null;
     try {
       const credential = await this.credentials.open(record, sealed);
@@ -791,6 +780,20 @@ export class TenantPool implements SizedPool {
       if (pool) await endPool(pool);
       await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
       throw await this.startFailed(error);
+    }
+  }
+
+  /** A start the budget refused (core/start-refusal.ts): the lifecycle records why, the caller is told. */
+  private refused(refusal: StartRefusal): LessorError {
+    this.rt.apply(startRefused(this.rt.lifecycle), refusal.reason);
+    const { retryAfterSeconds } = refusal;
+    switch (refusal.code) {
+      case "tunnel_unavailable":
+        return tunnelUnavailable(refusal.fault, retryAfterSeconds);
+      case "host_unfit":
+        return new LessorError("host_unfit", { internal: refusal.missing, retryAfterSeconds });
+      default:
+        return new LessorError(refusal.code, { retryAfterSeconds });
     }
   }
 
@@ -833,7 +836,7 @@ export class TenantPool implements SizedPool {
     const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
     // Retrying will not help until the operator fixes the configuration: say so.
     if (reason === "misconfigured" && error instanceof LessorError) return error;
-    return startRefusal(record, reason, (retryAt - Date.now()) / 1000);
+    return startFailureError(record, reason, (retryAt - Date.now()) / 1000);
   }
 
   /**
@@ -1053,7 +1056,7 @@ function adoptedFailure(record: TenantRecord | null, error: unknown, reason: Fai
  * refused credential (`credential_revoked`) and a tunnel that is slow or down (`tunnel_unavailable`)
  * are told apart from everything else (`tenant_starting_failed`).
  */
-function startRefusal(
+function startFailureError(
   record: TenantRecord | null,
   reason: FailureReason,
   retryAfterSeconds: number,

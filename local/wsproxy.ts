@@ -247,7 +247,8 @@ export async function startWsProxy(options: {
   server.on("upgrade", (req, socket, head) => {
     const url = new URL(req.url ?? "/", "http://proxy");
     const address = url.searchParams.get("address") ?? "";
-    if (url.pathname !== "/v2" || !allowed.has(address) || blocked.has(address)) {
+    // `/v1` is the published neondatabase/wsproxy's path, `/v2` the one the Neon driver asks by default.
+    if ((url.pathname !== "/v1" && url.pathname !== "/v2") || !allowed.has(address) || blocked.has(address)) {
       socket.end("HTTP/1.1 403 Forbidden\r\nconnection: close\r\n\r\n");
       return;
     }

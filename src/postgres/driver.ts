@@ -150,13 +150,23 @@ export interface ConnectionTarget {
 
 /**
  * How a connection reaches a database behind a customer's tunnel: the WebSocket proxy at the
- * tunnel's end (Neon's wsproxy protocol, `/v2?address=host:port`), over TLS unless on loopback, with
- * the tunnel's own connect bound (docs/adr/018-customer-databases-behind-tunnels.md).
+ * tunnel's end (Neon's wsproxy protocol: `<path>?address=host:port`, then Postgres bytes), over TLS
+ * unless on loopback, with the tunnel's own connect bound
+ * (docs/adr/018-customer-databases-behind-tunnels.md). The path is the one in the tunnel's `proxy`,
+ * or `/v1` when it names none: what the published `neondatabase/wsproxy` serves.
  */
 export interface TunnelRoute {
   proxy: string;
   secure: boolean;
   connectTimeoutMs: number;
+}
+
+/** The published wsproxy's path (github.com/neondatabase/wsproxy), for a tunnel's proxy that names none. */
+export const defaultTunnelPath = "/v1";
+
+/** A tunnel proxy's endpoint: its address with the path it names, or the published wsproxy's. */
+export function tunnelEndpoint(proxy: string): string {
+  return proxy.includes("/") ? proxy : `${proxy}${defaultTunnelPath}`;
 }
 
 /** The driver's connect bound for a connection to `target` (a tunnel's own, or the default). */
@@ -171,7 +181,7 @@ export function connectTimeoutOf(target: { route?: TunnelRoute }): number {
 function routeClient(client: Client, route: TunnelRoute | undefined): void {
   if (!route) return;
   const socket = client.neonConfig;
-  socket.wsProxy = (host, port) => `${route.proxy}/v2?address=${host}:${port}`;
+  socket.wsProxy = (host, port) => `${tunnelEndpoint(route.proxy)}?address=${host}:${port}`;
   socket.useSecureWebSocket = route.secure;
   // SCRAM against an ordinary Postgres: no pipelined password, no pipelined TLS.
   socket.pipelineConnect = false;

@@ -51,7 +51,7 @@ async function mint(tenant: CreatedTenant): Promise<Minted> {
 }
 
 /** What became of a holder once the operation ran. */
-type Observed = { ended: string } | { kept: true } | { finished: number };
+type Observed = { ended: string } | { refused: string } | { kept: true } | { finished: number };
 
 interface LiveHolder {
   /** Waits for the holder's fate (bounded), after the operation answered. */
@@ -78,7 +78,8 @@ async function wireHolder(tenant: CreatedTenant, key: Minted, mode: "transaction
       const answer = await wire.untilReady();
       if (wire.closed) return { ended: errorOf(answer).D ?? "closed" };
       const error = errorOf(answer);
-      return error.D ? { ended: error.D } : { kept: true };
+      // An ERROR on a connection that stays open: this transaction was refused, the holder is not ended.
+      return error.D ? { refused: error.D } : { kept: true };
     },
   };
   return { holder, wire };
@@ -143,7 +144,7 @@ const kinds = Object.keys(holderOpeners) as HolderKind[];
 
 /** Runs an operation the way an operator (or the budget, or the clock) does. */
 const operations: {
-  [O in Exclude<HolderOperation, "move_drain" | "move_switch" | "drain">]: (
+  [O in Exclude<HolderOperation, "move_drain" | "move_switch">]: (
     tenant: CreatedTenant,
     key: Minted,
   ) => Promise<void>;
@@ -192,6 +193,12 @@ const operations: {
     const response = await admin(`/v1/tenants/${tenant.id}/rotate-credentials`, { method: "POST" });
     expect(response.status, await response.clone().text()).toBeLessThan(300);
   },
+  // An operator drain that is not forced: no new lease, and every holder is waited for.
+  drain: async (tenant) => {
+    const response = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: {} });
+    expect(response.status).toBe(202);
+    expect((await runtimeOf(tenant.id)).state).toBe("draining");
+  },
   drain_forced: async (tenant) => {
     const response = await admin(`/v1/tenants/${tenant.id}/drain`, { method: "POST", json: { force: true } });
     expect(response.status).toBe(202);
@@ -230,6 +237,10 @@ describe("every holder kind against every operation (issue 41)", () => {
         const ends = policy.do === "end";
         seen[kind] = await (live.get(kind) as LiveHolder).observe(ends);
         if (kind === "flight") expected[kind] = { finished: 200 };
+        // A drain takes no new lease: a transaction-mode connection stays open, and its next
+        // transaction is refused (retryable) until the pool is back.
+        else if (operation === "drain" && kind === "wire_transaction")
+          expected[kind] = { refused: "tenant_draining" };
         else if (!ends) expected[kind] = { kept: true };
         else if (kind === "session_lease") expected[kind] = { ended: "session_ended" };
         else expected[kind] = { ended: policy.code };

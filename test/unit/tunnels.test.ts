@@ -22,6 +22,16 @@ import {
   tunnelOutcome,
 } from "../../src/core/tunnel.ts";
 import { LessorError } from "../../src/errors/index.ts";
+import { tunnelEndpoint } from "../../src/postgres/driver.ts";
+
+describe("a tunnel's endpoint", () => {
+  it("is the published wsproxy's path (/v1) when the proxy names none, and the proxy's own path otherwise", () => {
+    expect(tunnelEndpoint("pg-tunnel.acme.example")).toBe("pg-tunnel.acme.example/v1");
+    expect(tunnelEndpoint("127.0.0.1:9000")).toBe("127.0.0.1:9000/v1");
+    expect(tunnelEndpoint("pg.example.com/ws")).toBe("pg.example.com/ws");
+    expect(tunnelEndpoint("127.0.0.1:9000/v2")).toBe("127.0.0.1:9000/v2");
+  });
+});
 
 describe("tunnel budget names", () => {
   it("are never a host's name, and name their tunnel back", () => {

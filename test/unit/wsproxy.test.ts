@@ -68,8 +68,8 @@ async function startProxy(
 }
 
 /** Opens a tunnel; rejects with the HTTP status if the upgrade is refused. */
-function openTunnel(proxy: WsProxy, address: string): Promise<WsClient> {
-  const ws = new WebSocket(`ws://127.0.0.1:${proxy.port}/v2?address=${encodeURIComponent(address)}`);
+function openTunnel(proxy: WsProxy, address: string, path = "/v2"): Promise<WsClient> {
+  const ws = new WebSocket(`ws://127.0.0.1:${proxy.port}${path}?address=${encodeURIComponent(address)}`);
   ws.on("error", () => undefined);
   cleanups.push(() => ws.terminate());
   return new Promise((resolve, reject) => {
@@ -131,6 +131,17 @@ describe("wsproxy", () => {
     proxy.block(target.address);
     expect(await closed(ws)).toBe(1006);
     await expect(openTunnel(proxy, target.address)).rejects.toThrow("HTTP 403");
+  });
+
+  it("serves the published wsproxy's path (/v1) and the driver's default (/v2), and nothing else", async () => {
+    const target = await startTarget();
+    const proxy = await startProxy(target);
+    for (const path of ["/v1", "/v2"]) {
+      const ws = await openTunnel(proxy, target.address, path);
+      ws.send(Buffer.from(`ping ${path}`));
+      expect(String(await nextMessage(ws))).toBe(`ping ${path}`);
+    }
+    await expect(openTunnel(proxy, target.address, "/v3")).rejects.toThrow("HTTP 403");
   });
 
   it("closes a socket that sends nothing, half an upgrade, or upgrades and stays silent", async () => {

@@ -13,10 +13,9 @@ import * as v from "valibot";
 import { loadConfig } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
-import { loadEraseOf } from "../erase/store.ts";
+import { eraseStatusOf, loadEraseOf } from "../erase/store.ts";
 import { LessorError } from "../errors/index.ts";
 import { tenantObject } from "../placement/index.ts";
-import type { EraseStatus } from "../rpc/tenant.ts";
 import { requireAdmin } from "./auth.ts";
 import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import { query } from "./validation.ts";
@@ -51,19 +50,5 @@ eraseRoutes.get("/v1/tenants/:id/erase", requireAdmin, async (c) => {
   const id = tenantParam(c);
   const job = await withControlPlane(loadConfig(c.env), c.env, regionParam(c), (db) => loadEraseOf(db, id));
   if (!job) throw new LessorError("erase_not_found");
-  const status: EraseStatus =
-    job.state === "erased"
-      ? {
-          state: "erased",
-          erasedAt: (job.erasedAt ?? job.updatedAt).toISOString(),
-          ...(job.detached ? { database: "detached" as const } : {}),
-        }
-      : {
-          state: "erasing",
-          stage: job.stage,
-          startedAt: job.startedAt.toISOString(),
-          attempts: job.attempts,
-          lastError: job.lastError,
-        };
-  return c.json(status);
+  return c.json(eraseStatusOf(job));
 });

@@ -14,9 +14,8 @@ import { loadConfig } from "../config/index.ts";
 import { withControlPlane } from "../control-plane/index.ts";
 import { parseTenantId, type TenantId } from "../core/tenant-id.ts";
 import { LessorError } from "../errors/index.ts";
-import { loadMoveOf, type MoveJob } from "../move/store.ts";
+import { loadMoveOf, moveStatusOf } from "../move/store.ts";
 import { tenantObject } from "../placement/index.ts";
-import type { MoveStatus } from "../rpc/tenant.ts";
 import { requireAdmin } from "./auth.ts";
 import { type AppContext, type AppEnv, regionParam } from "./context.ts";
 import { jsonBody, jsonObject } from "./validation.ts";
@@ -59,23 +58,3 @@ moveRoutes.get("/v1/tenants/:id/move", requireAdmin, async (c) => {
   if (!job) throw new LessorError("move_not_found");
   return c.json(moveStatusOf(job));
 });
-
-function moveStatusOf(job: MoveJob): MoveStatus {
-  return job.state === "moved"
-    ? {
-        state: "moved",
-        from: job.fromRegion,
-        to: job.toRegion,
-        startedAt: job.startedAt.toISOString(),
-        movedAt: (job.movedAt ?? job.updatedAt).toISOString(),
-      }
-    : {
-        state: "moving",
-        from: job.fromRegion,
-        to: job.toRegion,
-        stage: job.stage,
-        startedAt: job.startedAt.toISOString(),
-        attempts: job.attempts,
-        lastError: job.lastError,
-      };
-}

@@ -270,18 +270,61 @@ export async function migrateControlPlane(url: string): Promise<void> {
   }
 }
 
-/** A port that was free on 127.0.0.1 a moment ago. */
-export function freePort(): Promise<number> {
-  return new Promise((done, reject) => {
+/**
+ * The kernel's range for the local ports of outgoing connections (`ip_local_port_range`): a port in
+ * it can be taken by any connection the machine opens between the moment `freePort` finds it free
+ * and the moment a server binds it. Linux's default when the file cannot be read.
+ */
+function ephemeralRange(): [number, number] {
+  try {
+    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8")
+      .trim()
+      .split(/\s+/)
+      .map(Number);
+    if (Number.isInteger(low) && Number.isInteger(high) && low <= high) return [low, high];
+  } catch {
+    // Not Linux, or no /proc: assume the default.
+  }
+  return [32768, 60999];
+}
+
+const handedOut = new Set<number>();
+
+function listensOn(port: number): Promise<number | undefined> {
+  return new Promise((done) => {
     const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
+    server.once("error", () => done(undefined));
+    server.listen({ port, host: "127.0.0.1", exclusive: true }, () => {
       const address = server.address();
-      server.close(() =>
-        typeof address === "object" && address ? done(address.port) : reject(new Error("no free port")),
-      );
+      server.close(() => done(typeof address === "object" && address ? address.port : undefined));
     });
   });
+}
+
+/**
+ * A port that was free on 127.0.0.1 a moment ago, chosen outside the kernel's ephemeral range so
+ * that no outgoing connection of the machine (a test's, a benchmark's, workerd's) can take it before
+ * the server it is for binds it: a port the kernel hands out (port 0) lost that race on a busy CI
+ * run ("Address already in use" from wrangler). Never the same port twice in one process.
+ */
+export async function freePort(): Promise<number> {
+  const [ephemeralLow, ephemeralHigh] = ephemeralRange();
+  // Below the ephemeral range, above the well-known and the usual development ports.
+  const [low, high] = ephemeralLow > 21_000 ? [20_000, ephemeralLow - 1] : [ephemeralHigh + 1, 65_535];
+  if (high - low >= 256) {
+    for (let attempt = 0; attempt < 64; attempt++) {
+      const candidate = low + Math.floor(Math.random() * (high - low + 1));
+      if (handedOut.has(candidate)) continue;
+      if ((await listensOn(candidate)) !== undefined) {
+        handedOut.add(candidate);
+        return candidate;
+      }
+    }
+  }
+  const port = await listensOn(0);
+  if (port === undefined) throw new Error("no free port on 127.0.0.1");
+  handedOut.add(port);
+  return port;
 }
 
 /** The secrets every local Worker needs besides its stack's addresses. */

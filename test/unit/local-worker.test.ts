@@ -190,3 +190,34 @@ describe("outputTail", () => {
     expect(tail.text()).toBe("two\nthree\nfo");
   });
 });
+
+describe("freePort", () => {
+  it("hands out ports outside the kernel's ephemeral range, never the same one twice, each free", async () => {
+    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8")
+      .trim()
+      .split(/\s+/)
+      .map(Number);
+    const ports: number[] = [];
+    for (let i = 0; i < 40; i++) ports.push(await freePort());
+    expect(new Set(ports).size).toBe(ports.length);
+    for (const port of ports) expect(port < low || port > high).toBe(true);
+    // Each can be bound at once, as the server it is for will.
+    const server = createServer();
+    await new Promise<void>((done) => server.listen(ports[0], "127.0.0.1", done));
+    expect((server.address() as AddressInfo).port).toBe(ports[0]);
+    await new Promise<void>((done) => server.close(() => done()));
+  });
+
+  it("never gives out a port a listener holds", async () => {
+    const holders = [];
+    for (let i = 0; i < 5; i++) {
+      const port = await freePort();
+      const server = createServer();
+      await new Promise<void>((done) => server.listen(port, "127.0.0.1", done));
+      holders.push(server);
+    }
+    const held = holders.map((server) => (server.address() as AddressInfo).port);
+    for (let i = 0; i < 40; i++) expect(held).not.toContain(await freePort());
+    for (const server of holders) await new Promise<void>((done) => server.close(() => done()));
+  });
+});

@@ -277,7 +277,10 @@ export async function migrateControlPlane(url: string): Promise<void> {
  */
 function ephemeralRange(): [number, number] {
   try {
-    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8")
+    const [low = Number.NaN, high = Number.NaN] = readFileSync(
+      "/proc/sys/net/ipv4/ip_local_port_range",
+      "utf8",
+    )
       .trim()
       .split(/\s+/)
       .map(Number);

@@ -193,7 +193,7 @@ describe("outputTail", () => {
 
 describe("freePort", () => {
   it("hands out ports outside the kernel's ephemeral range, never the same one twice, each free", async () => {
-    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8")
+    const [low = 0, high = 0] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8")
       .trim()
       .split(/\s+/)
       .map(Number);

@@ -21,7 +21,61 @@ interface EndEmitter {
 }
 
 /**
- * The driver's `Client`, except that `end()` settles when the connection has already ended. The
+ * Ends an idle connection the way Postgres sees it end: sends Terminate and waits (bounded) until
+ * the server closes the socket, which it does once the backend has exited, so the backend is gone
+ * from `pg_stat_activity` when this resolves (or the bound passed). The caller then releases it.
+ */
+export function terminateAndWait(client: object, timeoutMs = terminateBoundMs): Promise<void> {
+  const ending = client as unknown as {
+    _ending: boolean;
+    _queryable: boolean;
+    on(event: "error", listener: () => void): void;
+    connection: {
+      stream: { write(bytes: Uint8Array): boolean };
+      once(event: "end", listener: () => void): void;
+    };
+  };
+  // An end Lessor asked for: the driver must not report the server's close as an unexpected one,
+  // nor write to the closed socket when the pool ends the client (it destroys a non-queryable one).
+  ending._ending = true;
+  ending._queryable = false;
+  ending.on("error", () => undefined);
+  const { connection } = ending;
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, timeoutMs);
+    connection.once("end", () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    // Terminate ('X', length 4): the server ends the session and closes the socket.
+    connection.stream.write(new Uint8Array([0x58, 0, 0, 0, 4]));
+  });
+}
+
+/** How long an end waits for the server to close after Terminate before it cuts the connection. */
+export const terminateBoundMs = 2_000;
+
+interface EndState {
+  _ending: boolean;
+  _connected: boolean;
+  _queryable: boolean;
+  activeQuery: unknown;
+}
+
+/**
+ * The driver's `Client`, with an `end()` that is over only when the server says so, and that
+ * settles when the connection has already ended.
+ *
+ * Lessor counts a connection as given back to its host's budget when its end settles, so the end
+ * must be over only once the backend has left Postgres's count. Here an idle connection sends
+ * Terminate and waits until the server closes it (`terminateAndWait`), which the server does once
+ * the backend has exited; a backend slow to exit (one dropping a tenant's thousands of temporary
+ * tables, one waiting on a lock to drop one) is waited for. The wait is bounded
+ * (`terminateBoundMs`): past it the connection is cut, where the driver's own `end()` waited for a
+ * server that never closed for ever (test/integration/end-waits-for-backend.test.ts). A busy or
+ * broken connection is cut at once, as the driver does.
+ *
+ * And the driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
  * driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
  * host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel), that event
  * came before, and `end()` never settles. A pool ends only once every client's `end()` has called
@@ -93,6 +147,23 @@ export class SettlingClient extends Client {
   override end(): Promise<void>;
   override end(callback: (err?: Error) => void): void;
   override end(callback?: (err?: Error) => void): Promise<void> | void {
+    const state = this as unknown as EndState;
+    if (
+      !this.connectionEnded &&
+      state._connected &&
+      state._queryable &&
+      !state._ending &&
+      !state.activeQuery
+    ) {
+      // Ended on the server's word; past the bound the driver's own end cuts what is left.
+      const ended = terminateAndWait(this).then(() => this.end());
+      if (!callback) return ended;
+      ended.then(
+        () => callback(),
+        (error: unknown) => callback(error instanceof Error ? error : new Error("end failed")),
+      );
+      return;
+    }
     if (!this.connectionEnded) return callback ? super.end(callback) : super.end();
     // Nothing is left to close: the socket is gone, and the driver would wait for its end for ever.
     (this as unknown as { _ending: boolean })._ending = true;

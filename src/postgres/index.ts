@@ -7,15 +7,17 @@
  */
 import { Client, Pool } from "@neondatabase/serverless";
 import type { LessorConfig } from "../config/index.ts";
-import { configuredClientClass, SettlingClient, tenantClientClass } from "./clients.ts";
+import { configuredClientClass, SettlingClient, tenantClientClass, terminateBoundMs } from "./clients.ts";
 import { type ConnectionTarget, configure, connectTimeoutOf, countOpened } from "./driver.ts";
+import { driverPoolClients } from "./internals.ts";
+import { closeGraceMs } from "./prompt-close.ts";
 import {
   privilegedSessionSettings,
   startupOptions,
   type TenantConnectionOptions,
 } from "./session-settings.ts";
 
-export { noteServerParameter, SettlingClient, serverParameters } from "./clients.ts";
+export { noteServerParameter, SettlingClient, serverParameters, terminateAndWait } from "./clients.ts";
 export type { ConnectionPurpose, ConnectionTarget, TunnelRoute } from "./driver.ts";
 export { configureDriver, connectionsOpened } from "./driver.ts";
 export type { Queryable } from "./queryable.ts";
@@ -84,8 +86,12 @@ async function withClient<T>(client: SettlingClient, work: (client: Client) => P
   }
 }
 
-/** How long closing a connection may wait for its end before it moves on. */
-const closeBoundMs = 2_000;
+/**
+ * How long closing a connection may wait for its end before it moves on: the end's own bound (the
+ * server's close after Terminate, then the socket's close grace), so a connection that ends at all
+ * is waited for until its backend has gone.
+ */
+const closeBoundMs = terminateBoundMs + closeGraceMs;
 
 /**
  * Ends `client`, waiting for its end at most `closeBoundMs`. A `SettlingClient` whose connection
@@ -117,12 +123,17 @@ export const poolEndBoundMs = 5_000;
  * Says whether it had to cut.
  */
 export async function endPool(pool: Pool, boundMs = poolEndBoundMs): Promise<"ended" | "forced"> {
+  // The driver's `Pool.end()` settles once its clients are asked to end, not once they have: it
+  // forgets a client before the client's `end()` calls back. Each one's end is over at its `remove`.
+  const clients = driverPoolClients(pool);
+  const removed = Promise.all(clients.map((client) => whenRemoved(pool, client)));
   const ended = pool.end().then(
-    () => true,
-    () => true,
+    () => removed,
+    () => removed,
   );
   if (await settlesWithin(ended, boundMs)) return "ended";
-  for (const client of (pool as unknown as { _clients?: object[] })._clients ?? []) {
+  // Those still checked out, and those whose end the server has not answered.
+  for (const client of clients) {
     try {
       cutConnection(client);
     } catch {
@@ -131,6 +142,18 @@ export async function endPool(pool: Pool, boundMs = poolEndBoundMs): Promise<"en
   }
   await settlesWithin(ended, closeBoundMs);
   return "forced";
+}
+
+/** Settles when the pool has ended `client` (pg-pool's `remove`, emitted once its `end()` called back). */
+function whenRemoved(pool: Pool, client: object): Promise<void> {
+  return new Promise((resolve) => {
+    const onRemove = (removed: object) => {
+      if (removed !== client) return;
+      pool.off("remove", onRemove);
+      resolve();
+    };
+    pool.on("remove", onRemove);
+  });
 }
 
 /** Whether `promise` settles within `ms` (it keeps running either way). */
@@ -291,38 +314,6 @@ export function sendCancel(
   const query = busy.activeQuery ?? {};
   const running = { activeQuery: query, processID: busy.processID, secretKey: busy.secretKey };
   (canceller as unknown as { cancel(client: object, query: unknown): void }).cancel(running, query);
-}
-
-/**
- * Ends an idle connection the way Postgres sees it end: sends Terminate and waits (bounded) until
- * the server closes the socket, which it does once the backend has exited, so the backend is gone
- * from `pg_stat_activity` when this resolves (or the bound passed). The caller then releases it.
- */
-export function terminateAndWait(client: object, timeoutMs = 2_000): Promise<void> {
-  const ending = client as unknown as {
-    _ending: boolean;
-    _queryable: boolean;
-    on(event: "error", listener: () => void): void;
-    connection: {
-      stream: { write(bytes: Uint8Array): boolean };
-      once(event: "end", listener: () => void): void;
-    };
-  };
-  // An end Lessor asked for: the driver must not report the server's close as an unexpected one,
-  // nor write to the closed socket when the pool ends the client (it destroys a non-queryable one).
-  ending._ending = true;
-  ending._queryable = false;
-  ending.on("error", () => undefined);
-  const { connection } = ending;
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, timeoutMs);
-    connection.once("end", () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    // Terminate ('X', length 4): the server ends the session and closes the socket.
-    connection.stream.write(new Uint8Array([0x58, 0, 0, 0, 4]));
-  });
 }
 
 /** Thrown by `underDeadline` when the work outlived its deadline and was cancelled. */

@@ -5,7 +5,8 @@
  * field against the installed driver, so an upgrade that changes one fails there, by name, and
  * `test/unit/driver-seam.test.ts` fails if a file outside `src/postgres/` reaches one itself.
  *
- * - a pool's maximum, read and resized in place (adaptive admission, docs/adr/022);
+ * - a pool's maximum, read and resized in place (adaptive admission, docs/adr/022), and its
+ *   connections (ending a pool waits for each one's end, src/postgres/index.ts `endPool`);
  * - a connection's socket (the driver's `stream`), which `/sql` reads a statement's answer from and
  *   the wire endpoint relays (execute.ts, wire-server.ts);
  * - a connection's ReadyForQuery, whose status the reset checks (connection-state.ts);
@@ -42,6 +43,12 @@ export interface Submittable {
 interface PoolInternals {
   options: { max: number };
   _pulseQueue?: () => void;
+  _clients?: object[];
+}
+
+/** Every connection the driver pool holds now, idle or checked out (pg-pool's `_clients`). */
+export function driverPoolClients(pool: Pool): object[] {
+  return [...((pool as unknown as PoolInternals)._clients ?? [])];
 }
 
 /** The most connections the driver pool may hold (pg-pool's `options.max`, read at each checkout). */

@@ -11,6 +11,7 @@ import { describe, expect, it } from "vitest";
 import { readyForQuery } from "../../src/core/pg-wire.ts";
 import {
   chunkPart,
+  driverPoolClients,
   driverPoolMax,
   driverStream,
   onReadyForQuery,
@@ -34,6 +35,17 @@ describe("the driver's parts the seam uses, on the installed driver", () => {
     expect(internals._isFull()).toBe(true);
     setDriverPoolMax(pool, 4);
     expect(internals._isFull()).toBe(false);
+  });
+
+  it("a pool's connections are pg-pool's _clients, copied (ending a pool waits for each)", () => {
+    const pool = new Pool({ max: 3 });
+    const internals = pool as unknown as { _clients: unknown[] };
+    const [a, b] = [{}, {}];
+    internals._clients.push(a, b);
+    const seen = driverPoolClients(pool);
+    expect(seen).toEqual([a, b]);
+    seen.pop();
+    expect(internals._clients).toEqual([a, b]);
   });
 
   it("a raised maximum pulses the queue once per connection added (pg-pool's _pulseQueue)", () => {

@@ -1,7 +1,7 @@
 /**
  * The capacity arithmetic of a tenant generation's two kinds of connection (the tenant's own pool,
  * and its end users' pool in JWT mode: docs/adr/012-end-user-jwts.md) sharing one maximum: pure
- * decisions over counts the pool reads off its driver pools (src/tenant-object/pool.ts), so that the
+ * decisions over counts the pool reads off its driver pools (src/tenant-object/pool/index.ts), so that the
  * promises hold by construction and are unit-tested without workerd
  * (test/unit/shared-capacity.test.ts):
  *

@@ -1,7 +1,7 @@
 /**
  * What a refused start means, decided once (issue 42): the host's budget answered a generation's
  * admission with no, or could not answer at all. The lifecycle records `reason`; the caller gets
- * `code` with its retry hint. Pure: src/tenant-object/pool.ts turns it into the event and the error.
+ * `code` with its retry hint. Pure: src/tenant-object/pool/index.ts turns it into the event and the error.
  */
 import type { TunnelFault } from "./tunnel.ts";
 

@@ -7,7 +7,7 @@
 import { beginDrain } from "../core/lifecycle.ts";
 import { logEvent } from "../log/index.ts";
 import type { EvictOutcome, GenerationCheck } from "../rpc/budget.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** An operator drain in progress. */

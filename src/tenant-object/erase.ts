@@ -50,7 +50,7 @@ import type { EraseAnswer, EraseStatus } from "../rpc/tenant.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { type StagedJob, StagedJobRunner, type StageResult } from "./kernel/staged-job.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import type { EraseGate, TenantRuntime } from "./runtime.ts";
 
 /** Claims older than this are dead, as the campaign runner presumes (core/campaign.ts). */

@@ -44,7 +44,7 @@ import {
   sendFlight,
   submitQuery,
 } from "../postgres/internals.ts";
-import { noteTransactionStatus, sessionResetSql } from "./connection-state.ts";
+import { noteTransactionStatus, sessionResetSql } from "./pool/connection-state.ts";
 import { rollBackPreparedTransactions } from "./prepared.ts";
 
 /** A result's JSON beyond its fields and rows: its keys, command tag and counts, generously. */

@@ -12,7 +12,7 @@ import type { TenantDrain } from "./drain.ts";
 import type { TenantErase } from "./erase.ts";
 import type { TenantMove } from "./move.ts";
 import { flushOutboxes, hasPendingOutbox } from "./outbox.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
 

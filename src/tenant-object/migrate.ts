@@ -18,7 +18,7 @@ import type { MigrateOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { MigrationError, migrateTenantDatabase, readSchemaVersion } from "../tenant-db/migrator.ts";
 import type { TenantAuth } from "./auth.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 export class SchemaMigration {

@@ -55,7 +55,7 @@ import type { TenantAuth } from "./auth.ts";
 import { holderEndError } from "./kernel/holders.ts";
 import { type StagedJob, StagedJobRunner } from "./kernel/staged-job.ts";
 import { flushOutboxes } from "./outbox.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import type { MoveGate, TenantRuntime } from "./runtime.ts";
 
 /** Stages one run takes at most before it yields to the next alarm. */

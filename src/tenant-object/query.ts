@@ -18,16 +18,16 @@ import type { KeyProof, SqlOutcome, TenantRecord } from "../rpc/tenant.ts";
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
+import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
+import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
+import { admitHolder } from "./kernel/access.ts";
 import {
   isConnectionFatal,
   isIdleOutsideTransaction,
   markEndedOnPurpose,
   resetConnection,
-} from "./connection-state.ts";
-import { executeSqlRequest, type RawResult, ResponseBudget } from "./execute.ts";
-import { TokenVerifier, type VerifiedToken } from "./jwt.ts";
-import { admitHolder } from "./kernel/access.ts";
-import { type ConnectionKind, CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
+} from "./pool/connection-state.ts";
+import { type ConnectionKind, CredentialMoved, type LiveLease, type TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { tenantHooksForTests } from "./test-hooks.ts";
 import { StatementWatchdog } from "./watchdog.ts";

@@ -18,7 +18,7 @@ import { installAccess } from "./kernel/access.ts";
 import { TenantGate } from "./kernel/gate.ts";
 import { SchemaMigration } from "./migrate.ts";
 import { TenantMove } from "./move.ts";
-import { TenantPool } from "./pool.ts";
+import { TenantPool } from "./pool/index.ts";
 import { TenantQueries } from "./query.ts";
 import { CredentialRotation } from "./rotation.ts";
 import { TenantRuntime } from "./runtime.ts";

@@ -42,7 +42,7 @@ import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { flushOutboxes } from "./outbox.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { type RotationStep, tenantHooksForTests } from "./test-hooks.ts";
 
@@ -252,6 +252,9 @@ export class CredentialRotation {
       // Same turn, no await: from here new leases go to the new generation.
       this.pool.switchTo(prepared, to);
       rt.apply(switched, "credential_rotated");
+      // What a rotation does to each holder is the holders' table's (src/core/holders.ts `rotate`:
+      // every kind keeps what it holds, on the retiring generation), like every other operation's.
+      rt.holders.apply("rotate");
       prepared = null;
       this.currentKeyId = keyId;
       rt.usage.poolStarts++;

@@ -25,10 +25,10 @@ import {
 import { requireTenantScope, withTenantScope } from "../tenant-context/index.ts";
 import { asLessorError, sqlFailure } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
-import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./connection-state.ts";
 import { ResponseBudget, runStatement } from "./execute.ts";
 import { admitHolder } from "./kernel/access.ts";
-import type { LiveLease, TenantPool } from "./pool.ts";
+import { isConnectionFatal, markEndedOnPurpose, resetConnection } from "./pool/connection-state.ts";
+import type { LiveLease, TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { StatementWatchdog } from "./watchdog.ts";
 

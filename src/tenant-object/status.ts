@@ -1,7 +1,7 @@
 /** The object's runtime status for `GET /v1/tenants/:id` (no secrets). */
 import type { TenantRuntimeStatus } from "../rpc/tenant.ts";
 import type { TenantDrain } from "./drain.ts";
-import type { TenantPool } from "./pool.ts";
+import type { TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
 

@@ -16,9 +16,9 @@ import { describeFailure, LessorError } from "../errors/index.ts";
 import { logEvent, logEventSampled } from "../log/index.ts";
 import { backendPid, type ConnectionTarget, cutConnection, sendCancel } from "../postgres/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
-import { isConnectionFatal, markEndedOnPurpose } from "./connection-state.ts";
-import type { TenantCredentials } from "./credentials.ts";
 import type { Overrun } from "./execute.ts";
+import { isConnectionFatal, markEndedOnPurpose } from "./pool/connection-state.ts";
+import type { TenantCredentials } from "./pool/credentials.ts";
 import type { TenantRuntime } from "./runtime.ts";
 
 /** How long a cancelled statement gets to stop before its connection is cut. */

@@ -30,7 +30,7 @@ import { logEventSampled } from "../log/index.ts";
 import type { TenantRecord } from "../rpc/tenant.ts";
 import type { WireOpen } from "../rpc/wire.ts";
 import { asLessorError } from "./answers.ts";
-import type { LiveLease } from "./pool.ts";
+import type { LiveLease } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { WireConnections } from "./wire.ts";
 import {

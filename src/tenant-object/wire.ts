@@ -25,7 +25,7 @@ import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { admitHolder, requireAccess } from "./kernel/access.ts";
 import { gateError } from "./kernel/gate.ts";
-import { CredentialMoved, type LiveLease, type TenantPool } from "./pool.ts";
+import { CredentialMoved, type LiveLease, type TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import type { SessionLeases } from "./sessions.ts";
 import { WireConnection } from "./wire-connection.ts";

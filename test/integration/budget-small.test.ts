@@ -523,7 +523,7 @@ describe("connection budget on a small host", () => {
     expect((await capacity()).evictions).toBe(before.evictions + 2);
   });
 
-  // RACE (issue 39, review finding 23): shown here, not fixed (src/tenant-object/pool.ts is being
+  // RACE (issue 39, review finding 23): shown here, not fixed (src/tenant-object/pool/index.ts is being
   // reshaped). A pool that has just started reports itself to its BudgetObject with no lease
   // (`confirm`) before the request that started it has taken one; a start waiting on the host kicks
   // a reclaim at that confirm, and the reclaim may ask the new pool to drain while the confirm's

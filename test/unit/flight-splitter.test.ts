@@ -30,7 +30,7 @@ const statementAnswer = concatBytes([
 ]);
 
 /**
- * The reset's answer as Postgres sends it for Lessor's reset (src/tenant-object/connection-state.ts)
+ * The reset's answer as Postgres sends it for Lessor's reset (src/tenant-object/pool/connection-state.ts)
  * after a statement that left a transaction open: its `BEGIN` warns.
  */
 function resetAnswer(options: { error?: boolean; status?: "I" | "T" | "E" } = {}) {

@@ -17,12 +17,12 @@ import {
   textMessage,
 } from "../../src/core/pg-wire.ts";
 import { serverParameters } from "../../src/postgres/index.ts";
+import { ResponseBudget, runStatement } from "../../src/tenant-object/execute.ts";
 import {
   isIdleOutsideTransaction,
   noteTransactionStatus,
   sessionResetSql,
-} from "../../src/tenant-object/connection-state.ts";
-import { ResponseBudget, runStatement } from "../../src/tenant-object/execute.ts";
+} from "../../src/tenant-object/pool/connection-state.ts";
 import { commandComplete, messagesIn, resetOpeningInTransaction } from "./wire-bytes.ts";
 
 interface Driven {

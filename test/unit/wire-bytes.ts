@@ -24,7 +24,7 @@ export const commandComplete = (tag: string): Uint8Array => backend("C", cstring
 
 /**
  * How the reset's answer opens after a statement that left a transaction open
- * (src/tenant-object/connection-state.ts): its `BEGIN` warns, then `BEGIN` and `ROLLBACK` complete.
+ * (src/tenant-object/pool/connection-state.ts): its `BEGIN` warns, then `BEGIN` and `ROLLBACK` complete.
  */
 export const resetOpeningInTransaction: readonly Uint8Array[] = [
   noticeResponse({

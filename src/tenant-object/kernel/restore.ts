@@ -5,7 +5,7 @@
  */
 import { recoverAfterRestart } from "../../core/lifecycle.ts";
 import type { TenantAuth } from "../auth.ts";
-import type { TenantPool } from "../pool.ts";
+import type { TenantPool } from "../pool/index.ts";
 import type { TenantRuntime } from "../runtime.ts";
 
 export async function restoreObject(rt: TenantRuntime, auth: TenantAuth, pool: TenantPool): Promise<void> {

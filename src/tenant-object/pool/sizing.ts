@@ -28,14 +28,14 @@ import {
   targetSize,
   type UsageRecord,
   usageBuckets,
-} from "../core/adaptive.ts";
-import { describeFailure } from "../errors/index.ts";
-import { logEvent, logEventSampled } from "../log/index.ts";
-import type { PoolReport, ShrinkOutcome } from "../rpc/budget.ts";
-import type { PoolSizeStatus, TenantRecord } from "../rpc/tenant.ts";
-import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
-import type { StoredValues } from "./storage-schema.ts";
-import { type GrowStep, tenantHooksForTests } from "./test-hooks.ts";
+} from "../../core/adaptive.ts";
+import { describeFailure } from "../../errors/index.ts";
+import { logEvent, logEventSampled } from "../../log/index.ts";
+import type { PoolReport, ShrinkOutcome } from "../../rpc/budget.ts";
+import type { PoolSizeStatus, TenantRecord } from "../../rpc/tenant.ts";
+import { heartbeatMs, type TenantRuntime } from "../runtime.ts";
+import type { StoredValues } from "../storage-schema.ts";
+import { type GrowStep, tenantHooksForTests } from "../test-hooks.ts";
 
 /** What the room needs of the pool: its allowance, and the two ways to change it. */
 export interface SizedPool {

@@ -30,31 +30,32 @@ import {
   startRefused,
   startSucceeded,
   stopped,
-} from "../core/lifecycle.ts";
-import { poolApplicationName } from "../core/names.ts";
-import { restartJitterMs } from "../core/placement.ts";
+} from "../../core/lifecycle.ts";
+import { poolApplicationName } from "../../core/names.ts";
+import { restartJitterMs } from "../../core/placement.ts";
 import {
   checkoutStep,
   giveBackAmount,
   giveBackFrom,
   keptAfterGiveBack,
   type SideCounts,
-} from "../core/shared-capacity.ts";
-import { type StartRefusal, startRefusal } from "../core/start-refusal.ts";
-import { tunnelFaultOf } from "../core/tunnel.ts";
-import { describeFailure, LessorError } from "../errors/index.ts";
-import { logEvent, logEventSampled } from "../log/index.ts";
-import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../postgres/index.ts";
-import { driverPoolMax, setDriverPoolMax } from "../postgres/internals.ts";
-import type { AdmitResult, PoolReport } from "../rpc/budget.ts";
-import type { TenantRecord } from "../rpc/tenant.ts";
-import { sessionLimits } from "../tenant-db/connect.ts";
-import { tunnelUnavailable } from "../tenant-db/customer.ts";
+} from "../../core/shared-capacity.ts";
+import { type StartRefusal, startRefusal } from "../../core/start-refusal.ts";
+import { tunnelFaultOf } from "../../core/tunnel.ts";
+import { describeFailure, LessorError } from "../../errors/index.ts";
+import { logEvent, logEventSampled } from "../../log/index.ts";
+import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../../postgres/index.ts";
+import { driverPoolMax, setDriverPoolMax } from "../../postgres/internals.ts";
+import type { AdmitResult, PoolReport } from "../../rpc/budget.ts";
+import type { TenantRecord } from "../../rpc/tenant.ts";
+import { sessionLimits } from "../../tenant-db/connect.ts";
+import { tunnelUnavailable } from "../../tenant-db/customer.ts";
+import { gateError } from "../kernel/gate.ts";
+import { heartbeatMs, type TenantRuntime } from "../runtime.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
-import { gateError } from "./kernel/gate.ts";
+import { LeaseBook, type LeaseKind } from "./leases.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
-import { heartbeatMs, type TenantRuntime } from "./runtime.ts";
 import { PoolSizing, type SizedPool } from "./sizing.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
@@ -70,22 +71,7 @@ export interface LiveLease {
 /** Who a connection is logged in as: the tenant role, or the tenant's end-user login role. */
 export type ConnectionKind = "tenant" | "jwt";
 
-/** What a lease is for: one `/sql` request, or a session lease (`/v1/leases`). */
-export type LeaseKind = "sql" | "session";
-
-/**
- * A lease the pool counts. The count is the registry's size, so a lease released twice (or never
- * taken) cannot move it; one held past `overdueAt`, which nothing legitimate does, is reclaimed
- * (`reclaimOverdueLeases`) so a lost release cannot keep a generation from ever going idle.
- */
-interface HeldLease {
-  kind: LeaseKind;
-  generation: number;
-  since: number;
-  overdueAt: number;
-  /** Ends whatever still uses the lease (cuts its connection) when it is reclaimed. */
-  abandon: (() => void) | null;
-}
+export type { LeaseKind } from "./leases.ts";
 
 /** A repair the pool made to its own accounting, for the host's repair counters. */
 export type PoolRepair = "lease_reclaimed" | "close_forced";
@@ -120,13 +106,11 @@ export class TenantPool implements SizedPool {
   /** Generations whose connections are still closing (their budget is not yet released). */
   private readonly closing = new Set<number>();
   private starting: Promise<void> | null = null;
-  /** The leases of the current generation (and of generations stopped while leased). */
-  private held = new Map<number, HeldLease>();
-  private nextLeaseId = 1;
+  /** The leases of the current generation and of the retiring one (leases.ts). */
+  private readonly leaseBook = new LeaseBook();
   private idleSince: number | null = null;
   private lastUsed: number | null = null;
   private lastUsedPersisted: number | null = null;
-  private readonly leasesDrained: (() => void)[] = [];
   /** Set when this pool refused an eviction because it was busy; cleared by the next idle report. */
   private budgetWaitsForIdle = false;
   /**
@@ -137,7 +121,6 @@ export class TenantPool implements SizedPool {
     pool: Pool;
     jwtPool: Pool | null;
     generation: number;
-    leases: Map<number, HeldLease>;
   } | null = null;
 
   /** The tenant role's credential and the host-admin work done with it (repair, fence, terminate). */
@@ -170,7 +153,7 @@ export class TenantPool implements SizedPool {
   }
 
   get leases(): number {
-    return this.held.size;
+    return this.leaseBook.size;
   }
 
   get lastUsedAt(): number | null {
@@ -317,7 +300,9 @@ export class TenantPool implements SizedPool {
 
   /** The retiring generation and the leases it still holds (for status). */
   get retiringStatus(): { generation: number; leases: number } | null {
-    return this.retiring ? { generation: this.retiring.generation, leases: this.retiring.leases.size } : null;
+    return this.retiring
+      ? { generation: this.retiring.generation, leases: this.leaseBook.retiringSize ?? 0 }
+      : null;
   }
 
   /** Whether `generation` is still closing its connections. */
@@ -339,18 +324,15 @@ export class TenantPool implements SizedPool {
       switch (decision.kind) {
         case "use": {
           if (!this.pool || !this.poolTarget || this.poolGeneration !== this.rt.lifecycle.generation) break;
-          const id = this.nextLeaseId++;
-          const now = Date.now();
-          this.held.set(id, {
+          const id = this.leaseBook.take(
             kind,
-            generation: this.poolGeneration,
-            since: now,
-            overdueAt: now + leaseOverdueAfterMs(kind, this.rt.config),
-            abandon: null,
-          });
+            this.poolGeneration,
+            Date.now(),
+            leaseOverdueAfterMs(kind, this.rt.config),
+          );
           this.idleSince = null;
           this.touch();
-          this.sizing.onLeases(this.held.size);
+          this.sizing.onLeases(this.leaseBook.size);
           return { id, generation: this.poolGeneration, pool: this.pool, target: this.poolTarget };
         }
         case "start":
@@ -396,19 +378,17 @@ export class TenantPool implements SizedPool {
    * waits on that work then fails and releases, instead of waiting for ever.
    */
   onAbandon(lease: LiveLease, abandon: () => void): void {
-    const held = this.held.get(lease.id) ?? this.retiring?.leases.get(lease.id);
-    if (held) held.abandon = abandon;
+    this.leaseBook.onAbandon(lease.id, abandon);
   }
 
   /** Ends a lease (of the current generation, or of the retiring one). A second release is a no-op. */
   release(lease: Pick<LiveLease, "id">): void {
-    const old = this.retiring;
-    if (old?.leases.delete(lease.id)) {
-      if (old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
-      return;
-    }
-    if (this.held.delete(lease.id)) {
-      this.sizing.onLeases(this.held.size);
+    const where = this.leaseBook.release(lease.id);
+    if (where === "retiring") {
+      const old = this.retiring;
+      if (old && this.leaseBook.retiringSize === 0) this.rt.ctx.waitUntil(this.retire(old));
+    } else if (where === "current") {
+      this.sizing.onLeases(this.leaseBook.size);
       this.afterRelease();
     }
   }
@@ -421,37 +401,29 @@ export class TenantPool implements SizedPool {
    * Says how many were reclaimed.
    */
   reclaimOverdueLeases(now: number): number {
-    let reclaimed = 0;
-    const sweep = (leases: Map<number, HeldLease>) => {
-      for (const [id, lease] of leases) {
-        if (lease.overdueAt > now) continue;
-        leases.delete(id);
-        reclaimed++;
-        logEvent("error", "lease_reclaimed", {
-          tenant: this.rt.tenantId,
-          generation: lease.generation,
-          kind: lease.kind,
-          heldMs: now - lease.since,
-        });
-        this.rt.note(
-          `lease_reclaimed: a ${lease.kind} lease of generation ${lease.generation} held ${now - lease.since} ms`,
-        );
-        try {
-          lease.abandon?.();
-        } catch {
-          // Its connection is already gone.
-        }
+    const before = this.leaseBook.size;
+    const swept = this.leaseBook.sweep(now);
+    for (const lease of swept.reclaimed) {
+      logEvent("error", "lease_reclaimed", {
+        tenant: this.rt.tenantId,
+        generation: lease.generation,
+        kind: lease.kind,
+        heldMs: now - lease.since,
+      });
+      this.rt.note(
+        `lease_reclaimed: a ${lease.kind} lease of generation ${lease.generation} held ${now - lease.since} ms`,
+      );
+      try {
+        lease.abandon?.();
+      } catch {
+        // Its connection is already gone.
       }
-    };
-    const old = this.retiring;
-    if (old) {
-      sweep(old.leases);
-      if (old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
     }
-    const before = this.held.size;
-    sweep(this.held);
-    if (this.held.size !== before) this.sizing.onLeases(this.held.size);
-    if (before > 0 && this.held.size === 0) this.afterRelease();
+    const old = this.retiring;
+    if (old && swept.retiringEmpty) this.rt.ctx.waitUntil(this.retire(old));
+    if (this.leaseBook.size !== before) this.sizing.onLeases(this.leaseBook.size);
+    if (swept.currentEmptied) this.afterRelease();
+    const reclaimed = swept.reclaimed.length;
     if (reclaimed > 0) {
       this.hooks.onRepair("lease_reclaimed", reclaimed);
       this.flushEventsSoon();
@@ -461,13 +433,12 @@ export class TenantPool implements SizedPool {
 
   /** The current generation's last lease may have gone: it becomes idle, and whoever waits learns it. */
   private afterRelease(): void {
-    if (this.held.size > 0) return;
+    if (this.leaseBook.size > 0) return;
     this.idleSince = Date.now();
     if (this.budgetWaitsForIdle) {
       this.budgetWaitsForIdle = false;
       this.rt.ctx.waitUntil(this.reportToBudget().catch(() => undefined));
     }
-    for (const wake of this.leasesDrained.splice(0)) wake();
     this.hooks.onIdle();
   }
 
@@ -478,14 +449,7 @@ export class TenantPool implements SizedPool {
 
   /** Resolves true once no lease is held, or with whether none is held after `timeoutMs`. */
   waitForNoLeases(timeoutMs: number): Promise<boolean> {
-    if (this.held.size === 0) return Promise.resolve(true);
-    return new Promise((resolve) => {
-      const timer = setTimeout(() => resolve(this.held.size === 0), timeoutMs);
-      this.leasesDrained.push(() => {
-        clearTimeout(timer);
-        resolve(true);
-      });
-    });
+    return this.leaseBook.waitForNone(timeoutMs);
   }
 
   /**
@@ -875,7 +839,7 @@ export class TenantPool implements SizedPool {
    */
   switchTo(prepared: PreparedGeneration, generation: number): void {
     const old = this.pool
-      ? { pool: this.pool, jwtPool: this.jwtPool, generation: this.poolGeneration, leases: this.held }
+      ? { pool: this.pool, jwtPool: this.jwtPool, generation: this.poolGeneration }
       : null;
     // The new generation opens its own end-user pool on first use, under the new credential's
     // derived login password and claims key (src/tenant-object/credentials.ts `changePassword`).
@@ -887,19 +851,19 @@ export class TenantPool implements SizedPool {
     this.poolTarget = prepared.target;
     this.poolMax = prepared.size;
     this.sizing.onStart();
-    this.held = new Map();
     this.idleSince = Date.now();
     this.lastUsed = Date.now();
     this.retiring = old;
-    if (old && old.leases.size === 0) this.rt.ctx.waitUntil(this.retire(old));
-    // Whoever waited for the old generation's leases (a drain) now watches the new one's.
-    for (const wake of this.leasesDrained.splice(0)) wake();
+    // The old generation keeps its leases; whoever waited for them (a drain) now watches the new one's.
+    const retiringLeases = this.leaseBook.retireCurrent();
+    if (old && retiringLeases === 0) this.rt.ctx.waitUntil(this.retire(old));
   }
 
   /** Stops a retiring generation: closes its pool, then releases its budget allocation. */
   private async retire(old: { pool: Pool; jwtPool: Pool | null; generation: number }): Promise<void> {
     if (this.retiring !== old) return;
     this.retiring = null;
+    this.leaseBook.endRetiring();
     this.closing.add(old.generation);
     try {
       await this.closePools(old.generation, old.pool, old.jwtPool);
@@ -992,8 +956,8 @@ export class TenantPool implements SizedPool {
   /** What the budget needs to know to choose eviction victims. */
   report(): PoolReport {
     return {
-      leases: this.held.size,
-      idleSince: this.held.size === 0 ? this.idleSince : null,
+      leases: this.leaseBook.size,
+      idleSince: this.leaseBook.size === 0 ? this.idleSince : null,
       pinned: this.rt.pinned,
       migrating: this.rt.lifecycle.migrating,
       ...this.sizing.reportFields(),
@@ -1017,7 +981,7 @@ export class TenantPool implements SizedPool {
 
   /** A holder left the registry (kernel/holders.ts): with no lease left either, a waiting budget learns it. */
   holderLeft(): void {
-    if (!this.budgetWaitsForIdle || this.held.size > 0) return;
+    if (!this.budgetWaitsForIdle || this.leaseBook.size > 0) return;
     this.budgetWaitsForIdle = false;
     this.rt.ctx.waitUntil(this.reportToBudget().catch(() => undefined));
   }

@@ -4,7 +4,7 @@
  * returned to the pool inside a transaction.
  */
 import type { PoolClient } from "@neondatabase/serverless";
-import { onReadyForQuery } from "../postgres/internals.ts";
+import { onReadyForQuery } from "../../postgres/internals.ts";
 
 const statusOf = new WeakMap<object, string>();
 /** Connections Lessor destroys on purpose: their closing errors are expected, not news. */

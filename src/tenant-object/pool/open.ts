@@ -12,22 +12,22 @@ import {
   highestGeneration,
   loadSealedPassword,
   withControlPlane,
-} from "../control-plane/index.ts";
-import { skipGeneration } from "../core/lifecycle.ts";
+} from "../../control-plane/index.ts";
+import { skipGeneration } from "../../core/lifecycle.ts";
 import {
   lessorApplicationPrefix,
   poolApplicationName,
   tenantMaintenanceApplicationName,
-} from "../core/names.ts";
-import { LessorError } from "../errors/index.ts";
-import { logEvent } from "../log/index.ts";
-import { endPool, openPool, underDeadline, withTenantConnection } from "../postgres/index.ts";
-import type { TenantRecord } from "../rpc/tenant.ts";
-import { migrationLimits, migrationSettings, sessionLimits } from "../tenant-db/connect.ts";
-import { withMaintenanceSlot } from "../tenant-db/maintenance.ts";
+} from "../../core/names.ts";
+import { LessorError } from "../../errors/index.ts";
+import { logEvent } from "../../log/index.ts";
+import { endPool, openPool, underDeadline, withTenantConnection } from "../../postgres/index.ts";
+import type { TenantRecord } from "../../rpc/tenant.ts";
+import { migrationLimits, migrationSettings, sessionLimits } from "../../tenant-db/connect.ts";
+import { withMaintenanceSlot } from "../../tenant-db/maintenance.ts";
+import type { TenantRuntime } from "../runtime.ts";
 import { wasEndedOnPurpose } from "./connection-state.ts";
 import type { TenantCredentials, UnsealedCredential } from "./credentials.ts";
-import type { TenantRuntime } from "./runtime.ts";
 
 /**
  * Ends every other backend of the connection's own role but those named in `$1` (a role may end its

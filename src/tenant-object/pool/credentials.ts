@@ -5,20 +5,20 @@
  * none of its writes can commit after).
  */
 import type { Client } from "@neondatabase/serverless";
-import { loadSealedPassword, withControlPlane } from "../control-plane/index.ts";
-import type { HostReport } from "../core/host-capabilities.ts";
-import { jwtLoginRoleName } from "../core/jwt-config.ts";
-import { classifyStartFailure } from "../core/lifecycle.ts";
-import { tenantMaintenanceApplicationName } from "../core/names.ts";
-import { tunnelFaultOf } from "../core/tunnel.ts";
-import { claimsSigner, hmacPads, jwtClaimsKey, jwtLoginPassword } from "../crypto/jwt-claims.ts";
-import { loginGuardKey, loginTokenMinter } from "../crypto/login-guard.ts";
-import { unseal } from "../crypto/seal.ts";
-import { LessorError } from "../errors/index.ts";
-import { logEvent } from "../log/index.ts";
-import type { ConnectionTarget } from "../postgres/index.ts";
-import type { TenantRecord } from "../rpc/tenant.ts";
-import { guardKeyId, type TenantCredential, tenantCredential } from "../tenant-db/connect.ts";
+import { loadSealedPassword, withControlPlane } from "../../control-plane/index.ts";
+import type { HostReport } from "../../core/host-capabilities.ts";
+import { jwtLoginRoleName } from "../../core/jwt-config.ts";
+import { classifyStartFailure } from "../../core/lifecycle.ts";
+import { tenantMaintenanceApplicationName } from "../../core/names.ts";
+import { tunnelFaultOf } from "../../core/tunnel.ts";
+import { claimsSigner, hmacPads, jwtClaimsKey, jwtLoginPassword } from "../../crypto/jwt-claims.ts";
+import { loginGuardKey, loginTokenMinter } from "../../crypto/login-guard.ts";
+import { unseal } from "../../crypto/seal.ts";
+import { LessorError } from "../../errors/index.ts";
+import { logEvent } from "../../log/index.ts";
+import type { ConnectionTarget } from "../../postgres/index.ts";
+import type { TenantRecord } from "../../rpc/tenant.ts";
+import { guardKeyId, type TenantCredential, tenantCredential } from "../../tenant-db/connect.ts";
 import {
   type CustomerPurpose,
   setOwnPassword,
@@ -27,18 +27,18 @@ import {
   tunnelOf,
   tunnelUnavailable,
   withCustomerSession,
-} from "../tenant-db/customer.ts";
+} from "../../tenant-db/customer.ts";
 import {
   openTenantDatabase,
   quoteIdent,
   roleExists,
   setRolePassword,
   terminateRoleBackends,
-} from "../tenant-db/host-admin.ts";
-import { ensureJwtRoles, installAuthFunctions, retireClaimKeys } from "../tenant-db/jwt-install.ts";
-import { installLoginGuard } from "../tenant-db/login-guard.ts";
-import { withHostAdmin } from "../tenant-db/maintenance.ts";
-import type { TenantRuntime } from "./runtime.ts";
+} from "../../tenant-db/host-admin.ts";
+import { ensureJwtRoles, installAuthFunctions, retireClaimKeys } from "../../tenant-db/jwt-install.ts";
+import { installLoginGuard } from "../../tenant-db/login-guard.ts";
+import { withHostAdmin } from "../../tenant-db/maintenance.ts";
+import type { TenantRuntime } from "../runtime.ts";
 
 /** The password and the ways to connect with it. */
 export interface UnsealedCredential extends TenantCredential {

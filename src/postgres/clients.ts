@@ -155,8 +155,11 @@ export class SettlingClient extends Client {
       !state._ending &&
       !state.activeQuery
     ) {
-      // Ended on the server's word; past the bound the driver's own end cuts what is left.
-      const ended = terminateAndWait(this).then(() => this.end());
+      // Ended on the server's word; past the bound the socket is cut (its close follows on its own).
+      const ended = terminateAndWait(this).then(() => {
+        if (!this.connectionEnded)
+          (this as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();
+      });
       if (!callback) return ended;
       ended.then(
         () => callback(),

@@ -219,7 +219,10 @@ export class TcpSocket extends EventEmitter {
     this.ended = true;
     this.writable = false;
     void socket?.close().catch(() => undefined);
-    this.reportClose();
+    // As Node's sockets do, `close` comes after `destroy()` returns: the driver's `end()` of a busy
+    // connection destroys its socket and only then listens for the end, which a close reported
+    // inside `destroy()` went past (end() waited for ever).
+    queueMicrotask(() => this.reportClose());
     return this;
   }
 

@@ -50,7 +50,8 @@ interface BudgetInternals {
 interface PoolInternals {
   acquire(record: unknown, kind?: string): Promise<{ id: number; generation: number }>;
   checkout(lease: unknown): Promise<unknown>;
-  held: Map<number, { overdueAt: number }>;
+  /** The pool's lease book (src/tenant-object/pool/leases.ts), its current generation's leases. */
+  leaseBook: { current: Map<number, { overdueAt: number }> };
   stop(reason: string): Promise<void>;
 }
 
@@ -178,7 +179,7 @@ describe("the reconcile repairs the class from the outside", () => {
     // Leak a lease on purpose: taken, never released, and already past its bound.
     await inObject(tenant.id, async (o) => {
       const lease = await o.pool.acquire(o.rt.record);
-      const held = o.pool.held.get(lease.id);
+      const held = o.pool.leaseBook.current.get(lease.id);
       if (!held) throw new Error("the leaked lease is not in the registry");
       held.overdueAt = Date.now() - 1;
     });

@@ -299,7 +299,7 @@ describe("the TCP path", () => {
     expect(code).toBe("57014");
   });
 
-  it("ending a connection does not wait for the server: a stalled network cannot hold end()", async () => {
+  it("a stalled network cannot hold end(): the end waits for the server only within its bound", async () => {
     const config = loadConfig(env);
     const client = configure(
       new SettlingClient({
@@ -313,7 +313,7 @@ describe("the TCP path", () => {
     expect((await client.query("SELECT 1 AS n")).rows).toEqual([{ n: 1 }]);
     await faultProxy("stall");
     try {
-      // The Terminate is dropped by the stalled network; the end settles anyway.
+      // The Terminate is dropped by the stalled network; past its bound the end cuts and settles.
       await client.end();
     } finally {
       await faultProxy("unstall");

@@ -1,7 +1,8 @@
 /**
  * The tenant's pool: admission, the single-flight start of a generation, the lease count, checkout,
  * a rotation's switch to a new generation and the old one's retirement, and the stop of exactly the
- * generation that drained. Opening a generation's connections is in open.ts.
+ * generation that drained. A generation's start, step by step, is start.ts; opening its connections
+ * open.ts; the lease count leases.ts; the size on an adaptive host sizing.ts.
  *
  * Single flight: input gates do not cover Postgres I/O, so two requests can both see `stopped`.
  * The in-memory `starting` promise makes the second join the first; the persisted generation makes
@@ -18,21 +19,8 @@
  * together hold fewer, and an idle one of the other kind is closed to make room.
  */
 import type { Pool, PoolClient } from "@neondatabase/serverless";
-import {
-  admitDecision,
-  beginDrain,
-  beginStart,
-  classifyStartFailure,
-  type FailureReason,
-  leaseOverdueAfterMs,
-  retired,
-  startFailed,
-  startRefused,
-  startSucceeded,
-  stopped,
-} from "../../core/lifecycle.ts";
+import { admitDecision, beginDrain, leaseOverdueAfterMs, retired, stopped } from "../../core/lifecycle.ts";
 import { poolApplicationName } from "../../core/names.ts";
-import { restartJitterMs } from "../../core/placement.ts";
 import {
   checkoutStep,
   giveBackAmount,
@@ -40,23 +28,21 @@ import {
   keptAfterGiveBack,
   type SideCounts,
 } from "../../core/shared-capacity.ts";
-import { type StartRefusal, startRefusal } from "../../core/start-refusal.ts";
-import { tunnelFaultOf } from "../../core/tunnel.ts";
 import { describeFailure, LessorError } from "../../errors/index.ts";
 import { logEvent, logEventSampled } from "../../log/index.ts";
 import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../../postgres/index.ts";
 import { driverPoolMax, setDriverPoolMax } from "../../postgres/internals.ts";
-import type { AdmitResult, PoolReport } from "../../rpc/budget.ts";
+import type { PoolReport } from "../../rpc/budget.ts";
 import type { TenantRecord } from "../../rpc/tenant.ts";
 import { sessionLimits } from "../../tenant-db/connect.ts";
-import { tunnelUnavailable } from "../../tenant-db/customer.ts";
 import { gateError } from "../kernel/gate.ts";
-import { heartbeatMs, type TenantRuntime } from "../runtime.ts";
+import type { TenantRuntime } from "../runtime.ts";
 import { markEndedOnPurpose, trackTransactionStatus, wasEndedOnPurpose } from "./connection-state.ts";
 import { type JwtCredential, TenantCredentials, type UnsealedCredential } from "./credentials.ts";
 import { LeaseBook, type LeaseKind } from "./leases.ts";
 import { GenerationOpener, ownBackendsFenceSql } from "./open.ts";
 import { PoolSizing, type SizedPool } from "./sizing.ts";
+import { GenerationStart, type StartedGeneration, startFailureError } from "./start.ts";
 
 /** A lease on the current generation: the pool to check a connection out of, and where it points. */
 export interface LiveLease {
@@ -129,6 +115,8 @@ export class TenantPool implements SizedPool {
   readonly opener: GenerationOpener;
   /** The pool's size on an adaptive host: observed use, growth and shrink (sizing.ts). */
   readonly sizing: PoolSizing;
+  /** A generation's start, step by step (start.ts). */
+  private readonly starter: GenerationStart;
 
   constructor(
     private readonly rt: TenantRuntime,
@@ -150,6 +138,18 @@ export class TenantPool implements SizedPool {
       this.onPoolError(generation, error),
     );
     this.sizing = new PoolSizing(rt, this);
+    this.starter = new GenerationStart(rt, this);
+  }
+
+  /** A started generation becomes the one leases go to (start.ts, in the turn it came up). */
+  install(started: StartedGeneration): void {
+    this.jwtCredential = started.jwtCredential;
+    this.pool = started.pool;
+    this.poolGeneration = started.generation;
+    this.poolTarget = started.target;
+    this.poolMax = started.size;
+    this.sizing.onStart();
+    this.idleSince = Date.now();
   }
 
   get leases(): number {
@@ -343,7 +343,7 @@ export class TenantPool implements SizedPool {
             await change.catch(() => undefined);
             break;
           }
-          this.starting ??= this.start(record).finally(() => {
+          this.starting ??= this.starter.start(record).finally(() => {
             this.starting = null;
           });
           await this.starting;
@@ -678,131 +678,6 @@ export class TenantPool implements SizedPool {
    * Starts a new generation. Rejects with the reason when it cannot (budget saturated, database
    * unreachable, …) so every request that joined this start gets the same distinct answer.
    */
-  private async start(record: TenantRecord): Promise<void> {
-    const rt = this.rt;
-    rt.apply(beginStart(rt.lifecycle), rt.lifecycle.state === "failed" ? "retry" : "demand");
-    // The control-plane work comes before the budget admission, so a start never holds a share of
-    // the host's budget while it waits for a control-plane session: in a storm of cold starts the
-    // budget goes to starts that are ready to connect. A start the budget then refuses leaves its
-    // generation number claimed in the ledger, unused (numbers only need to be unique).
-    let sealed: string;
-    try {
-      sealed = await this.opener.claimGeneration(record);
-    } catch (error) {
-      throw await this.startFailed(error);
-    }
-    const generation = rt.lifecycle.generation;
-    const budget = rt.budget(record.host);
-    // After a restart (a deploy restarts every object), pools come back spread over a moment
-    // rather than all in the same one (src/core/placement.ts).
-    if (rt.fencePending) await sleep(restartJitterMs(Math.random(), rt.config.admissionWaitMs));
-    // A fixed pool reserves its tier's size; an adaptive one its start size, and says its floor.
-    const bounds = this.sizing.bounds(record);
-    let admitted: AdmitResult;
-    try {
-      admitted = await budget.admit(
-        record.host,
-        record.tenantId,
-        generation,
-        bounds.start,
-        bounds.adaptive ? bounds.floor : null,
-      );
-    } catch (error) {
-      // The budget object restarted mid-call. Whatever it reserved is released (or reconciled).
-      logEvent("warn", "budget_unavailable", {
-        tenant: record.tenantId,
-        generation,
-        failure: describeFailure(error),
-      });
-      await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
-      throw this.refused(startRefusal({ kind: "unanswered" }));
-    }
-    if (!admitted.granted) throw this.refused(startRefusal({ kind: "refused", ...admitted }));
-    let pool: Pool | null = null;
-    try {
-      const credential = await this.credentials.open(record, sealed);
-      this.jwtCredential = await this.credentials.openJwt(record, credential);
-      pool = this.opener.open(record, generation, credential, bounds.start);
-      // One connection proves the credentials and the database before the pool is declared ready.
-      pool = await this.opener.prove(pool, record, generation, credential, bounds.start);
-      this.pool = pool;
-      this.poolGeneration = generation;
-      this.poolTarget = credential.target;
-      this.poolMax = bounds.start;
-      this.sizing.onStart();
-      this.idleSince = Date.now();
-      rt.usage.poolStarts++;
-      rt.apply(startSucceeded(rt.lifecycle), "pool_ready");
-      // The tunnel carried a start: its breaker closes.
-      if (record.adopted) await budget.recordTunnelOutcome(record.host, "ok").catch(() => undefined);
-      await budget.confirm(record.host, record.tenantId, generation, this.report());
-      await rt.alarms.wakeBy(Date.now() + Math.min(heartbeatMs, rt.config.idleTimeoutMs));
-      // An adaptive pool above its floor is reviewed once a window has passed (sizing.ts).
-      const review = this.sizing.nextReviewAt();
-      if (review !== null) await rt.alarms.wakeBy(review);
-    } catch (error) {
-      if (pool) await endPool(pool);
-      await budget.release(record.host, record.tenantId, generation).catch(() => undefined);
-      throw await this.startFailed(error);
-    }
-  }
-
-  /** A start the budget refused (core/start-refusal.ts): the lifecycle records why, the caller is told. */
-  private refused(refusal: StartRefusal): LessorError {
-    this.rt.apply(startRefused(this.rt.lifecycle), refusal.reason);
-    const { retryAfterSeconds } = refusal;
-    switch (refusal.code) {
-      case "tunnel_unavailable":
-        return tunnelUnavailable(refusal.fault, retryAfterSeconds);
-      case "host_unfit":
-        return new LessorError("host_unfit", { internal: refusal.missing, retryAfterSeconds });
-      default:
-        return new LessorError(refusal.code, { retryAfterSeconds });
-    }
-  }
-
-  /**
-   * Settles a start that did not come up: the lifecycle learns why, and the error to answer with is
-   * returned. A refusal (no budget, no control plane) opened no connection and needs no backoff; a
-   * failure of the tenant's database backs off (`startFailed`).
-   */
-  private async startFailed(error: unknown): Promise<LessorError> {
-    const rt = this.rt;
-    if (
-      error instanceof LessorError &&
-      (error.code === "capacity_saturated" || error.code === "control_plane_unavailable")
-    ) {
-      rt.apply(startRefused(rt.lifecycle), error.code);
-      return error;
-    }
-    const record = rt.record;
-    const reason: FailureReason = adoptedFailure(record, error, classifyStartFailure(error));
-    logEvent(
-      reason === "misconfigured" || reason === "credential_revoked" ? "error" : "warn",
-      "pool_start_failed",
-      {
-        tenant: record?.tenantId,
-        generation: rt.lifecycle.generation,
-        reason,
-        failure: describeFailure(error),
-      },
-    );
-    // A customer's tunnel learns what the start found out about it (core/tunnel.ts).
-    const fault = tunnelFaultOf(reason);
-    if (record?.adopted) {
-      await rt
-        .budget(record.host)
-        .recordTunnelOutcome(record.host, fault ?? "ok")
-        .catch(() => undefined);
-    }
-    rt.apply(startFailed(rt.lifecycle, reason, Date.now(), Math.random()), reason);
-    await rt.alarms.wakeBy(Date.now() + 1_000);
-    const retryAt = rt.lifecycle.retryAt ?? Date.now() + 1_000;
-    // Retrying will not help until the operator fixes the configuration: say so.
-    if (reason === "misconfigured" && error instanceof LessorError) return error;
-    return startFailureError(record, reason, (retryAt - Date.now()) / 1000);
-  }
-
   /**
    * Opens the pool of a rotation's new generation under its new credential and proves it with one
    * query. Nothing routes to it until `switchTo`.
@@ -1001,51 +876,6 @@ export class CredentialMoved extends Error {
   constructor() {
     super("the credential moved to a new generation during checkout");
   }
-}
-
-/**
- * What a failed start of a customer's database says, beyond the driver's error: a credential the
- * server refused is one its customer revoked or changed (Lessor owns no role there to repair), and
- * a lost `CONNECT` likewise. Any other tenant's reason stays as classified.
- */
-function adoptedFailure(record: TenantRecord | null, error: unknown, reason: FailureReason): FailureReason {
-  if (!record?.adopted) return reason;
-  const code = (error as { code?: unknown }).code;
-  if (reason === "auth_failed" || code === "42501") return "credential_revoked";
-  return reason;
-}
-
-/**
- * The answer to a start that failed (or is backing off after one): on a customer's database a
- * refused credential (`credential_revoked`) and a tunnel that is slow or down (`tunnel_unavailable`)
- * are told apart from everything else (`tenant_starting_failed`).
- */
-function startFailureError(
-  record: TenantRecord | null,
-  reason: FailureReason,
-  retryAfterSeconds: number,
-): LessorError {
-  if (record?.adopted) {
-    if (reason === "credential_revoked") {
-      return new LessorError("credential_revoked", {
-        internal: "the customer's database refused the credential",
-        retryAfterSeconds,
-      });
-    }
-    const fault = tunnelFaultOf(reason);
-    if (fault) return tunnelUnavailable(fault, retryAfterSeconds);
-  }
-  // The host's transport was refused (docs/adr/027): say which, so the operator knows what to fix.
-  if (reason === "tls_refused" || reason === "auth_method_refused") {
-    return new LessorError(reason === "tls_refused" ? "host_tls_refused" : "host_auth_refused", {
-      internal: `start failed (${reason})`,
-      retryAfterSeconds,
-    });
-  }
-  return new LessorError("tenant_starting_failed", {
-    internal: `start failed (${reason})`,
-    retryAfterSeconds,
-  });
 }
 
 function sleep(ms: number): Promise<void> {

@@ -12,6 +12,7 @@ import {
   isPoolerHostname,
 } from "../core/host-capabilities.ts";
 import { hostTenancyLimits, kindTenancyLimits, type TenancyLimits } from "../core/host-room.ts";
+import { maxPoolSize } from "../core/pool-size.ts";
 import { tunnelBudgetName } from "../core/tunnel.ts";
 import { type KeyMacRing, parseKeyMacRing } from "../crypto/tenant-keys.ts";
 import { LessorError } from "../errors/index.ts";
@@ -227,8 +228,7 @@ export interface LessorConfig {
 /** Maintenance connections a host keeps back when its budget names no reserve. */
 export const defaultReserve = 2;
 
-/** Largest pool a tenant may hold. */
-export const maxPoolSize = 6;
+export { maxPoolSize } from "../core/pool-size.ts";
 
 const cache = new WeakMap<object, LessorConfig>();
 

@@ -8,6 +8,8 @@
  * the traffic, and nothing in it is written to storage on the request path.
  */
 
+import { maxPoolSize } from "./pool-size.ts";
+
 /** What an operator may set per host (`LESSOR_BUDGETS.<host>.adaptive`); validated in src/config. */
 export interface AdaptivePolicy {
   /** The fewest connections an admitted pool keeps (never more than its tier's maximum). */
@@ -22,8 +24,8 @@ export const defaultAdaptivePolicy: AdaptivePolicy = { floor: 1, growthStep: 1, 
 
 /** The bounds of each setting, with the reason shown when one is out of them. */
 export const adaptiveBounds = {
-  floor: { min: 1, max: 6 },
-  growthStep: { min: 1, max: 6 },
+  floor: { min: 1, max: maxPoolSize },
+  growthStep: { min: 1, max: maxPoolSize },
   windowMs: { min: 1_000, max: 3_600_000 },
 } as const;
 

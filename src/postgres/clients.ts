@@ -248,12 +248,25 @@ export function tenantClientClass(
     override connect(callback: (err?: Error) => void): void;
     override connect(callback?: (err?: Error) => void): Promise<void> | void {
       countOpened("tenant");
-      const minted = (mintToken ? mintToken() : Promise.resolve("")).then((token) => {
-        this.loginToken = token;
+      // A place among the object's connections opening at once (opening-gate.ts), held until ready.
+      const gate = options.openingGate;
+      const entered = gate ? gate.enter() : Promise.resolve(() => undefined);
+      const minted = entered.then(async (leave) => {
+        try {
+          this.loginToken = mintToken ? await mintToken() : "";
+        } catch (error) {
+          leave();
+          throw error;
+        }
+        return leave;
       });
-      if (!callback) return minted.then(() => super.connect());
+      if (!callback) return minted.then((leave) => super.connect().finally(leave));
       minted.then(
-        () => super.connect(callback),
+        (leave) =>
+          super.connect((error?: Error) => {
+            leave();
+            callback(error);
+          }),
         (error: unknown) => callback(error instanceof Error ? error : new Error("login token failed")),
       );
     }

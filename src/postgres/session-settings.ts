@@ -15,6 +15,8 @@ export interface SessionLimits {
   idleInTransactionMs: number;
 }
 
+import type { OpeningGate } from "./opening-gate.ts";
+
 export interface TenantConnectionOptions {
   applicationName: string;
   limits: SessionLimits;
@@ -27,6 +29,8 @@ export interface TenantConnectionOptions {
   route?: TunnelRoute;
   /** More pinned settings (a migration pins its `search_path`). */
   extraSettings?: readonly string[];
+  /** The object's bound on connections opening at once (opening-gate.ts); none for a one-off connection. */
+  openingGate?: OpeningGate;
 }
 
 /**

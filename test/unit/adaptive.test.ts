@@ -427,8 +427,8 @@ describe("configuration of adaptive admission", () => {
   it("refuses bad settings with a message that names the setting and the problem", () => {
     const budget = (adaptive: unknown) => fakeEnv({ main: { connections: 20, adaptive } });
     expect(refusal(budget("yes"))).toMatch(/LESSOR_BUDGETS: host main: adaptive must be true, false, or/);
-    expect(refusal(budget({ floor: 0 }))).toMatch(/adaptive\.floor must be a whole number from 1 to 6/);
-    expect(refusal(budget({ floor: 7 }))).toMatch(/adaptive\.floor must be a whole number from 1 to 6/);
+    expect(refusal(budget({ floor: 0 }))).toMatch(/adaptive\.floor must be a whole number from 1 to 32/);
+    expect(refusal(budget({ floor: 33 }))).toMatch(/adaptive\.floor must be a whole number from 1 to 32/);
     expect(refusal(budget({ growthStep: 1.5 }))).toMatch(/adaptive\.growthStep must be a whole number/);
     expect(refusal(budget({ windowMs: 10 }))).toMatch(/adaptive\.windowMs must be a whole number from 1000/);
     expect(refusal(budget({ window: 1000 }))).toMatch(/adaptive has an unknown field \(window\)/);
@@ -440,8 +440,8 @@ describe("configuration of adaptive admission", () => {
     expect(refusal(tiers({ a: { size: 3, max: 2 } }))).toMatch(
       /tier a: max \(2\) is smaller than size \(3\)/,
     );
-    expect(refusal(tiers({ a: { size: 1, max: 7 } }))).toMatch(
-      /tier a: max must be a whole number from 1 to 6/,
+    expect(refusal(tiers({ a: { size: 1, max: 33 } }))).toMatch(
+      /tier a: max must be a whole number from 1 to 32/,
     );
     expect(refusal(tiers({ a: { max: 4 } }))).toMatch(/tier a: size must be a whole number/);
     expect(refusal(tiers({ a: { size: 1, maximum: 4 } }))).toMatch(/tier a has unknown fields \(maximum\)/);

@@ -32,6 +32,7 @@ import { describeFailure, LessorError } from "../../errors/index.ts";
 import { logEvent, logEventSampled } from "../../log/index.ts";
 import { type ConnectionTarget, endPool, openPool, terminateAndWait } from "../../postgres/index.ts";
 import { driverPoolMax, setDriverPoolMax } from "../../postgres/internals.ts";
+import { OpeningGate } from "../../postgres/opening-gate.ts";
 import type { PoolReport } from "../../rpc/budget.ts";
 import type { TenantRecord } from "../../rpc/tenant.ts";
 import { sessionLimits } from "../../tenant-db/connect.ts";
@@ -134,8 +135,11 @@ export class TenantPool implements SizedPool {
     },
   ) {
     this.credentials = new TenantCredentials(rt);
-    this.opener = new GenerationOpener(rt, this.credentials, (generation, error) =>
-      this.onPoolError(generation, error),
+    this.opener = new GenerationOpener(
+      rt,
+      this.credentials,
+      (generation, error) => this.onPoolError(generation, error),
+      new OpeningGate(),
     );
     this.sizing = new PoolSizing(rt, this);
     this.starter = new GenerationStart(rt, this);
@@ -632,6 +636,7 @@ export class TenantPool implements SizedPool {
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
+      openingGate: this.opener.openingGate,
       onError: (error, client) => {
         if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
       },

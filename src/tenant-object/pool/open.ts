@@ -22,6 +22,7 @@ import {
 import { LessorError } from "../../errors/index.ts";
 import { logEvent } from "../../log/index.ts";
 import { endPool, openPool, underDeadline, withTenantConnection } from "../../postgres/index.ts";
+import type { OpeningGate } from "../../postgres/opening-gate.ts";
 import type { TenantRecord } from "../../rpc/tenant.ts";
 import { migrationLimits, migrationSettings, sessionLimits } from "../../tenant-db/connect.ts";
 import { withMaintenanceSlot } from "../../tenant-db/maintenance.ts";
@@ -62,6 +63,8 @@ export class GenerationOpener {
     private readonly credentials: TenantCredentials,
     /** A pooled connection of `generation` failed outside any checkout. */
     private readonly onPoolError: (generation: number, error: Error) => void,
+    /** The object's bound on connections opening at once, shared by every pool it opens. */
+    readonly openingGate: OpeningGate,
   ) {}
 
   /**
@@ -102,6 +105,7 @@ export class GenerationOpener {
       applicationName: poolApplicationName(record.roleName, generation),
       limits: sessionLimits(this.rt.config),
       loginToken: credential.loginToken,
+      openingGate: this.openingGate,
       onError: (error, client) => {
         if (!wasEndedOnPurpose(client)) this.onPoolError(generation, error);
       },

@@ -19,14 +19,20 @@
  *     ADAPTIVE_DURATION_MS=5000 ADAPTIVE_WARMUP_MS=2000 npm run bench:adaptive   # a quick check
  *
  * Settings (bounded): ADAPTIVE_HOT (2), ADAPTIVE_TRICKLE (12), ADAPTIVE_HOT_CONCURRENCY (8 per hot
- * tenant), ADAPTIVE_TRICKLE_INTERVAL_MS (200), ADAPTIVE_SLEEP_MS (20), ADAPTIVE_SIZE (2, the tier's
- * size), ADAPTIVE_MAX (6, the tier's maximum), ADAPTIVE_DURATION_MS (20000), ADAPTIVE_WARMUP_MS
- * (5000). Writes bench/results/adaptive-<date>.json.
+ * tenant, up to 256), ADAPTIVE_TRICKLE_INTERVAL_MS (200), ADAPTIVE_SLEEP_MS (20), ADAPTIVE_SIZE (2,
+ * the tier's size, up to 32), ADAPTIVE_MAX (6, the tier's maximum), ADAPTIVE_DURATION_MS (20000),
+ * ADAPTIVE_WARMUP_MS (5000), ADAPTIVE_MODES (`fixed,adaptive`). Writes
+ * bench/results/adaptive-<date>.json.
+ *
+ * One object's ceiling at a pool size (docs/adr/030): one hot tenant, a fixed pool, statements of
+ * a few milliseconds, e.g. `ADAPTIVE_MODES=fixed ADAPTIVE_HOT=1 ADAPTIVE_TRICKLE=1
+ * ADAPTIVE_HOT_CONCURRENCY=64 ADAPTIVE_SLEEP_MS=5 ADAPTIVE_SIZE=12 ADAPTIVE_MAX=12`.
  */
 import { randomBytes } from "node:crypto";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { writeEnvFile } from "../local/stack.ts";
+import { maxPoolSize } from "../src/core/pool-size.ts";
 import {
   ApiError,
   admin,
@@ -51,11 +57,17 @@ import { buildWorker, freePort, type RunningWrangler, root, startStack, startWra
 
 const hotTenants = setting("ADAPTIVE_HOT", 2, 1, 8);
 const trickleTenants = setting("ADAPTIVE_TRICKLE", 12, 1, 40);
-const hotConcurrency = setting("ADAPTIVE_HOT_CONCURRENCY", 8, 1, 32);
+const hotConcurrency = setting("ADAPTIVE_HOT_CONCURRENCY", 8, 1, 256);
 const trickleIntervalMs = setting("ADAPTIVE_TRICKLE_INTERVAL_MS", 200, 20, 5_000);
 const sleepMs = setting("ADAPTIVE_SLEEP_MS", 20, 1, 500);
-const tierSize = setting("ADAPTIVE_SIZE", 2, 1, 6);
-const tierMax = setting("ADAPTIVE_MAX", 6, tierSize, 6);
+const tierSize = setting("ADAPTIVE_SIZE", 2, 1, maxPoolSize);
+const tierMax = setting("ADAPTIVE_MAX", Math.max(6, tierSize), tierSize, maxPoolSize);
+/** Which modes run, in order (`fixed`, `adaptive`, or both): one mode measures one tenant object's ceiling at a pool size. */
+const modes = (process.env.ADAPTIVE_MODES ?? "fixed,adaptive")
+  .split(",")
+  .map((m) => m.trim())
+  .filter((m): m is Mode => m === "fixed" || m === "adaptive");
+if (modes.length === 0) throw new Error("ADAPTIVE_MODES names no mode (fixed, adaptive)");
 const durationMs = setting("ADAPTIVE_DURATION_MS", 20_000, 2_000, 120_000);
 const warmupMs = setting("ADAPTIVE_WARMUP_MS", 5_000, 0, 60_000);
 const reserve = 2;
@@ -313,7 +325,7 @@ async function main(): Promise<void> {
     superuserUrl: stack.info.superuserUrl,
   };
   const results: ModeResult[] = [];
-  for (const mode of ["fixed", "adaptive"] as const) results.push(await runMode(mode, script, info));
+  for (const mode of modes) results.push(await runMode(mode, script, info));
 
   const [fixed, adaptive] = results as [ModeResult, ModeResult];
   const row = (r: ModeResult) => [

@@ -12,6 +12,7 @@ import type { SweepRun } from "../../src/budget-object/sweep.ts";
 import { budgetHooksForTests } from "../../src/budget-object/test-hooks.ts";
 import { loadConfig } from "../../src/config/index.ts";
 import { controlPlaneSessionsOpened } from "../../src/control-plane/index.ts";
+import { isSweepTick, tickIndexOf } from "../../src/core/sweep.ts";
 import { type CronJob, cronJobs, runScheduled } from "../../src/cron/index.ts";
 import { budgetReconcileJob } from "../../src/cron/jobs/budget-reconcile.ts";
 import { hostHygieneJob } from "../../src/cron/jobs/host-hygiene.ts";
@@ -23,6 +24,18 @@ import { type LogMark, markServerLog, serverLogLines } from "./server-log.ts";
 
 const config = loadConfig(env);
 const region = config.defaultRegion;
+
+/**
+ * `from`, or the first moment after the last sweep tick among the `ticks` minutes that follow it,
+ * so that the `ticks` minutes from the answer hold no sweep tick (src/core/sweep.ts).
+ */
+function clearOfSweepTicks(from: number, ticks: number): number {
+  let start = from;
+  for (let tick = tickIndexOf(from); tick <= tickIndexOf(from) + ticks; tick++) {
+    if (isSweepTick(tick, config.sweepMinutes)) start = (tick + 1) * 60_000 + 1_000;
+  }
+  return start;
+}
 const subjects = sweptSubjects(config, region);
 const superuser = decodeURIComponent(
   new URL(env.TEST_PG_SUPERUSER_URL.replace(/^postgres:/, "http:")).username,
@@ -138,7 +151,11 @@ describe("an idle hour", () => {
     }
 
     vi.useFakeTimers({ toFake: ["Date"] });
-    vi.setSystemTime(Date.now() + 60_000);
+    // The settle and the hour span about 75 ticks from here. A job on the slow cadence runs on the
+    // fleet sweep's ticks (every LESSOR_SWEEP_MINUTES, at fixed times of the wall clock): if one falls
+    // in them, the run starts just after it, so that what is counted never depends on the hour the
+    // suite happens to run at (CI at 22:41 UTC counted midnight's audit-retention run).
+    vi.setSystemTime(clearOfSweepTicks(Date.now() + 60_000, 80));
     // Settle: every host's object has an alarm (what the sweep's visits make sure of over a sweep),
     // and whatever is due now (the stopped pools' look, every host's first visit) runs.
     for (const name of subjects) await env.BUDGETS.getByName(name).ensureSweep(name);

@@ -21,7 +21,7 @@
  * Settings (bounded): ADAPTIVE_HOT (2), ADAPTIVE_TRICKLE (12), ADAPTIVE_HOT_CONCURRENCY (8 per hot
  * tenant, up to 256), ADAPTIVE_TRICKLE_INTERVAL_MS (200), ADAPTIVE_SLEEP_MS (20), ADAPTIVE_SIZE (2,
  * the tier's size, up to 32), ADAPTIVE_MAX (6, the tier's maximum), ADAPTIVE_DURATION_MS (20000),
- * ADAPTIVE_WARMUP_MS (5000), ADAPTIVE_MODES (`fixed,adaptive`). Writes
+ * ADAPTIVE_WARMUP_MS (5000), ADAPTIVE_MODES (`fixed,adaptive`), ADAPTIVE_WRANGLER_LOG (`warn`). Writes
  * bench/results/adaptive-<date>.json.
  *
  * One object's ceiling at a pool size (docs/adr/030): one hot tenant, a fixed pool, statements of
@@ -205,7 +205,7 @@ async function runMode(
     inspectorPort: await freePort(),
     envFile,
     persistTo,
-    logLevel: "warn",
+    logLevel: process.env.ADAPTIVE_WRANGLER_LOG ?? "warn",
   });
   const base = `http://127.0.0.1:${port}`;
   try {
@@ -220,7 +220,11 @@ async function runMode(
           return { id, key: body.key };
         } catch (error) {
           const busy = error instanceof ApiError && error.status === 503 && attempt < 30;
-          if (!busy) throw error;
+          if (!busy) {
+            // What the Worker logged says why (its answer never does).
+            console.error((running.wrangler?.output ?? []).slice(-20).join("\n"));
+            throw error;
+          }
           await sleep(500);
         }
       }

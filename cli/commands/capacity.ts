@@ -28,7 +28,7 @@ export function capacityLines(
   const connection = status.connection;
   const tunnel = status.tunnel ?? null;
   return [
-    kv("repos", {
+    kv("pools", {
       ...(tunnel ? { tunnel: tunnel.name } : { host: status.host }),
       ...(region === undefined ? {} : { region }),
       ready: status.pools.allocated,
@@ -174,7 +174,7 @@ export function register(program: Command, ctx: CommandContext): void {
       "after",
       `
 Output, per host:
-  repos host=local region=default ready=8 starting=1 draining=1 failed=2
+  pools host=local region=default ready=8 starting=1 draining=1 failed=2
   connections allocated=45 budget=54 pool_capacity=50 startup_reserved=5 waiters=3 draining=5 reserve=4 leases=7
   pooled adaptive=on in_use=7 idle=38 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16
   maintenance in_use=1 reserve=4 waiting=0
@@ -190,7 +190,7 @@ Output, per host:
   docs/capacity.md).
 
 Then per customer tunnel (LESSOR_TUNNELS), the same three lines apart from every host:
-  repos tunnel=acme-net region=default ready=1 starting=0 draining=0 failed=0
+  pools tunnel=acme-net region=default ready=1 starting=0 draining=0 failed=0
   connections allocated=2 budget=8 pool_capacity=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1
   maintenance in_use=0 reserve=1 waiting=0
   tunnel health=up breaker=closed failures_slow=0 failures_down=0 refused_by_breaker=0 last_failure=-

@@ -289,7 +289,7 @@ describe("status page", { timeout: 600_000 }, () => {
       sleep,
     });
     assert.equal(code, 0, lines.join("\n"));
-    assert.match(lines[0] ?? "", /^repos host=local region=default ready=4 starting=0 draining=0 failed=0$/);
+    assert.match(lines[0] ?? "", /^pools host=local region=default ready=4 starting=0 draining=0 failed=0$/);
     assert.match(
       lines[1] ?? "",
       /^connections allocated=20 budget=40 pool_capacity=36 startup_reserved=0 waiters=0 /,

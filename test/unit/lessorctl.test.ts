@@ -129,7 +129,7 @@ describe("lessorctl capacity", () => {
     });
     expect(run.code).toBe(0);
     expect(run.stdout).toEqual([
-      "repos host=local ready=8 starting=1 draining=1 failed=2",
+      "pools host=local ready=8 starting=1 draining=1 failed=2",
       "connections allocated=40 budget=60 pool_capacity=50 startup_reserved=5 waiters=3 draining=5 reserve=10 leases=7",
       "pooled adaptive=on in_use=7 idle=33 grown=4 shrunk=11 growths=9 growths_refused=1 shrinks=6 reclaim_shrinks=5 evictions=16",
       "maintenance in_use=2 reserve=10 waiting=1",
@@ -147,8 +147,8 @@ describe("lessorctl capacity", () => {
         Response.json({ code: "control_plane_unavailable", message: "down" }, { status: 503 }),
     });
     expect(run.code).toBe(0);
-    expect(run.stdout[0]).toBe("repos host=local ready=8 starting=1 draining=1 failed=unknown");
-    expect(run.stdout.filter((l) => l.startsWith("repos"))).toHaveLength(1);
+    expect(run.stdout[0]).toBe("pools host=local ready=8 starting=1 draining=1 failed=unknown");
+    expect(run.stdout.filter((l) => l.startsWith("pools"))).toHaveLength(1);
   });
 
   it("shows each customer tunnel beside the hosts, with its health, and filters by --tunnel", async () => {
@@ -187,15 +187,15 @@ describe("lessorctl capacity", () => {
     const run = await lessorctl(["capacity"], answers);
     expect(run.code).toBe(0);
     expect(run.stdout.slice(-4)).toEqual([
-      "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
+      "pools tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
       "connections allocated=2 budget=8 pool_capacity=7 startup_reserved=0 waiters=0 draining=0 reserve=1 leases=1",
       "maintenance in_use=0 reserve=1 waiting=0",
       "tunnel health=slow breaker=open failures_slow=2 failures_down=0 refused_by_breaker=3 last_failure=2026-12-01T10:00:00.000Z",
     ]);
-    expect(run.stdout[0]).toBe("repos host=local ready=8 starting=1 draining=1 failed=2");
+    expect(run.stdout[0]).toBe("pools host=local ready=8 starting=1 draining=1 failed=2");
     const only = await lessorctl(["capacity", "--tunnel", "acme-net"], answers);
-    expect(only.stdout.filter((l) => l.startsWith("repos"))).toEqual([
-      "repos tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
+    expect(only.stdout.filter((l) => l.startsWith("pools"))).toEqual([
+      "pools tunnel=acme-net ready=1 starting=0 draining=0 failed=1",
     ]);
     const unknown = await lessorctl(["capacity", "--tunnel", "nowhere"], answers);
     expect(unknown.code).toBe(1);
@@ -938,8 +938,8 @@ describe("lessorctl and regions", () => {
       "GET /v1/fleet/failing": () => ({ ...failing, byHost: { "eu-1": 1 } }),
     });
     expect(run.code).toBe(0);
-    expect(run.stdout.filter((line) => line.startsWith("repos "))).toEqual([
-      "repos host=eu-1 region=eu ready=8 starting=1 draining=1 failed=1",
+    expect(run.stdout.filter((line) => line.startsWith("pools "))).toEqual([
+      "pools host=eu-1 region=eu ready=8 starting=1 draining=1 failed=1",
     ]);
     expect(new URL(run.requests[1]?.url ?? "").searchParams.get("region")).toBe("eu");
     // A host of another region is not this region's: the message says which region was asked.

@@ -15,7 +15,7 @@ import {
   symlinkSync,
 } from "node:fs";
 import { resolve } from "node:path";
-import { freePort, wranglerDevArgs, writeEnvFile } from "../local/stack.ts";
+import { extraCaFileTrusting, freePort, wranglerDevArgs, writeEnvFile } from "../local/stack.ts";
 import { ensureLocalTls } from "../local/tls.ts";
 import { lightFetch } from "./load.ts";
 import type { BenchStackInfo } from "./stack.ts";
@@ -175,7 +175,9 @@ export async function startWrangler(options: {
         ...process.env,
         // workerd trusts the local authority that signed the stack's Postgres certificate (the
         // stack runs in a child of its own, whose environment this process does not see).
-        NODE_EXTRA_CA_CERTS: process.env.NODE_EXTRA_CA_CERTS || ensureLocalTls().caFile,
+        // With one already set (this machine sets its system bundle), both: the bench failed every
+        // provisioning with host_tls_refused when the local authority was left out.
+        NODE_EXTRA_CA_CERTS: extraCaFileTrusting(ensureLocalTls()),
         // No metrics from a benchmark, no prompts, and no reload when a config file is touched.
         WRANGLER_SEND_METRICS: "false",
         CI: "1",

@@ -117,14 +117,19 @@ export async function startLocalStack(options: {
  * authority) is kept: both go into one file.
  */
 function trustLocalAuthority(tls: LocalTls): void {
-  const current = process.env.NODE_EXTRA_CA_CERTS;
-  if (current === undefined || current === "" || current === tls.caFile) {
-    process.env.NODE_EXTRA_CA_CERTS = tls.caFile;
-    return;
-  }
+  process.env.NODE_EXTRA_CA_CERTS = extraCaFileTrusting(tls);
+}
+
+/**
+ * What `NODE_EXTRA_CA_CERTS` must name for a child to trust the local authority as well as the one
+ * this process was given (a machine's own bundle, a company's authority): the authority's file, or
+ * one file with both.
+ */
+export function extraCaFileTrusting(tls: LocalTls, current = process.env.NODE_EXTRA_CA_CERTS): string {
+  if (current === undefined || current === "" || current === tls.caFile) return tls.caFile;
   const both = resolve(dirname(tls.caFile), `extra-ca-${process.pid}.pem`);
   writeFileSync(both, `${readFileSync(current, "utf8")}\n${readFileSync(tls.caFile, "utf8")}`);
-  process.env.NODE_EXTRA_CA_CERTS = both;
+  return both;
 }
 
 /** The host admin's connection string (`lessor_admin`, whose password is the stack's) for `database`. */

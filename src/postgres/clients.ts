@@ -75,13 +75,12 @@ interface EndState {
  * server that never closed for ever (test/integration/end-waits-for-backend.test.ts). A busy or
  * broken connection is cut at once, as the driver does.
  *
- * And the driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
- * driver's `end()` waits for the connection's `end` event, which a connection emits once: when the
- * host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel), that event
- * came before, and `end()` never settles. A pool ends only once every client's `end()` has called
- * back, so one such client left `Pool.end()` pending for ever: the generation never finished
- * closing, and its budget allocation was never released (the chaos soak's leak, issue 32; the
- * sequence is test/integration/pool-end-after-cut.test.ts).
+ * And the driver's `end()` waits for the connection's `end` event, which a connection emits once:
+ * when the host cut it first (a killed backend, a restart, a proxy that dropped a frozen tunnel),
+ * that event came before, and `end()` never settles. A pool's end waits for every client's `end()`
+ * to call back (src/postgres/index.ts `endPool`), so one such client left it pending for ever: the
+ * generation never finished closing, and its budget allocation was never released (the chaos
+ * soak's leak, issue 32; the sequence is test/integration/pool-end-after-cut.test.ts).
  */
 export class SettlingClient extends Client {
   private connectionEnded = false;

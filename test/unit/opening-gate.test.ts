@@ -17,8 +17,13 @@ describe("the opening gate", () => {
     const a = await gate.enter();
     const b = await gate.enter();
     const order: string[] = [];
-    const c = gate.enter().then((leave) => (order.push("c"), leave));
-    const d = gate.enter().then((leave) => (order.push("d"), leave));
+    const entered = (name: string) =>
+      gate.enter().then((leave) => {
+        order.push(name);
+        return leave;
+      });
+    const c = entered("c");
+    const d = entered("d");
     await Promise.resolve();
     expect(order).toEqual([]);
     expect(gate.size).toBe(2);

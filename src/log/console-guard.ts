@@ -1,7 +1,7 @@
 /**
  * The console guard: whatever anything in the isolate prints (Lessor's logger, a dependency's
  * warning, the driver's `console.warn(error)`), it reaches the runtime's console as one line of
- * text with every secret taken out (DESIGN.md invariant 19, docs/invariants.md).
+ * text with every secret taken out (docs/invariants.md invariant 19).
  *
  * Lessor's own lines are redacted where they are made (`logEvent`). Dependencies print what they
  * like: the Neon driver's bundled EventEmitter warns of a listener leak with `console.warn(error)`

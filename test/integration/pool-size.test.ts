@@ -1,9 +1,9 @@
 /**
- * Pools larger than six (docs/adr/030-pools-larger-than-six.md): the platform bounds how many of an
- * object's connections are opening at once, not how many it holds. Inside a Durable Object, a pool
- * of twelve takes twelve connections to the real Postgres (through the real driver and proxy), and
- * its connections open at most six at a time (src/postgres/opening-gate.ts), however many checkouts
- * ask at once. The condition is made: twelve checkouts start in the same turn, so twelve opens
+ * Pools larger than six (docs/adr/030-pools-larger-than-six.md, docs/invariants.md invariant 24):
+ * the platform bounds how many of an object's connections are opening at once, not how many it
+ * holds. Inside a Durable Object, a pool of twelve takes twelve connections to the real Postgres
+ * (through the real driver and proxy), and its connections open at most six at a time
+ * (src/postgres/opening-gate.ts), however many checkouts ask at once. The condition is made: twelve checkouts start in the same turn, so twelve opens
  * would run together without the gate.
  */
 import { runInDurableObject } from "cloudflare:test";

@@ -1,7 +1,7 @@
 /**
  * The console guard's text (src/log/scrub.ts): what any code in the isolate prints reaches the
  * runtime's console without a secret of the configuration, without a stack, and without the
- * objects a dependency hangs on its warnings (DESIGN.md invariant 19, docs/invariants.md).
+ * objects a dependency hangs on its warnings (docs/invariants.md invariant 19).
  */
 import { describe, expect, it } from "vitest";
 import {

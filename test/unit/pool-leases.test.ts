@@ -8,6 +8,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { LeaseBook, type LeaseKind } from "../../src/tenant-object/pool/leases.ts";
+import { seededRandom as random } from "./seeded-random.ts";
 
 describe("the lease book", () => {
   it("counts each lease once: a second release, or an id never given, changes nothing", () => {
@@ -68,18 +69,6 @@ describe("the lease book", () => {
     await expect(book.waitForNone(5)).resolves.toBe(false);
   });
 });
-
-/** A small seeded generator (mulberry32), so a failing sequence can be replayed from its seed. */
-function random(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  };
-}
 
 interface ModelLease {
   overdueAt: number;

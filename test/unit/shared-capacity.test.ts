@@ -14,6 +14,7 @@ import {
   keptAfterGiveBack,
   type SideCounts,
 } from "../../src/core/shared-capacity.ts";
+import { seededRandom as random } from "./seeded-random.ts";
 
 const side = (total: number, idle: number, claimed = 0): SideCounts => ({ total, idle, claimed });
 
@@ -51,18 +52,6 @@ describe("the decisions", () => {
     expect(keptAfterGiveBack(1, 9, 3)).toBe(1);
   });
 });
-
-/** A small seeded generator (mulberry32), so a failing sequence can be replayed from its seed. */
-function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  };
-}
 
 type Kind = "tenant" | "jwt";
 

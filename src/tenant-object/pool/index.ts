@@ -260,15 +260,7 @@ export class TenantPool implements SizedPool {
       const side = giveBackFrom(this.countsOf(pool), jwtPool ? this.countsOf(jwtPool) : null);
       const from = side === "tenant" ? pool : side === "jwt" ? jwtPool : null;
       if (!from) break;
-      const idle = await this.claiming(from, () => from.connect());
-      markEndedOnPurpose(idle);
-      this.closingForRoom++;
-      try {
-        await terminateAndWait(idle);
-      } finally {
-        this.closingForRoom--;
-        idle.release(new Error("given back to the host's budget"));
-      }
+      await this.closeIdle(from, "given back to the host's budget");
     }
     // The generation stopped meanwhile: its whole allocation goes with it, nothing to give back here.
     if (this.pool !== pool || this.poolGeneration !== generation) return 0;
@@ -484,16 +476,7 @@ export class TenantPool implements SizedPool {
         return client;
       }
       if (step === "close_other") {
-        // Counted until its backend has exited, so the two kinds never hold more than the pool size.
-        const idle = await this.claiming(other, () => other.connect());
-        markEndedOnPurpose(idle);
-        this.closingForRoom++;
-        try {
-          await terminateAndWait(idle);
-        } finally {
-          this.closingForRoom--;
-          idle.release(new Error("closed to make room for the other kind"));
-        }
+        await this.closeIdle(other, "closed to make room for the other kind");
         continue;
       }
       const returned = this.capacityReturned(deadline);
@@ -505,6 +488,23 @@ export class TenantPool implements SizedPool {
           internal: "no connection of the shared capacity came back",
         });
       }
+    }
+  }
+
+  /**
+   * Closes one idle connection of `pool` (claimed, so no checkout counts on it meanwhile), counted
+   * in `closingForRoom` until its backend has exited, so the two kinds never hold more than the
+   * generation's maximum and the budget never gets back a place Postgres still counts.
+   */
+  private async closeIdle(pool: Pool, why: string): Promise<void> {
+    const idle = await this.claiming(pool, () => pool.connect());
+    markEndedOnPurpose(idle);
+    this.closingForRoom++;
+    try {
+      await terminateAndWait(idle);
+    } finally {
+      this.closingForRoom--;
+      idle.release(new Error(why));
     }
   }
 

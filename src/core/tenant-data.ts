@@ -116,3 +116,11 @@ export const erasedTables = (Object.keys(tenantData) as TenantDataTable[]).filte
     return action.do === "delete" && action.stage !== "commit";
   },
 );
+
+/**
+ * The tables an erase deletes from at `stage`, in the declaration's order (which is the order they
+ * are deleted in: `usageDeltas` before `usageRollups`).
+ */
+export function tablesErasedAt(stage: EraseStage): ErasedTable[] {
+  return erasedTables.filter((name) => eraseStageOf(name) === stage);
+}

@@ -11,18 +11,12 @@ import {
   adoptedDatabases,
   campaigns,
   campaignTenants,
-  generationLedger,
-  lifecycleEvents,
-  tenantCredentials,
   tenantErasures,
-  tenantJwt,
   tenantKeys,
   tenants,
-  usageDeltas,
-  usageRollups,
 } from "../control-plane/schema.ts";
 import { type EraseLeftovers, type EraseStage, type RecheckVerdict, recheckVerdict } from "../core/erase.ts";
-import { type ErasedTable, erasedTables, tenantData } from "../core/tenant-data.ts";
+import { type ErasedTable, erasedTables, tablesErasedAt, tenantData } from "../core/tenant-data.ts";
 import type { EraseStatus } from "../rpc/tenant.ts";
 
 export type EraseJob = typeof tenantErasures.$inferSelect;
@@ -201,128 +195,89 @@ export async function recordEraseFailure(
 
 // ── The control-plane stages ─────────────────────────────────────────────────────────────────────
 
-/**
- * `keys`: every key of the tenant (end-user keys too), the first-format hash its catalog row may
- * still hold, and its end-user JWT configuration (what lets end users' tokens in).
- */
-export async function eraseKeys(
-  db: ControlPlane,
-  tenantId: string,
-): Promise<{ keys: number; jwtConfigs: number }> {
-  return db.transaction(async (tx) => {
-    const deleted = await tx
-      .delete(tenantKeys)
-      .where(eq(tenantKeys.tenantId, tenantId))
-      .returning({ keyId: tenantKeys.keyId });
-    const jwt = await tx
-      .delete(tenantJwt)
-      .where(eq(tenantJwt.tenantId, tenantId))
-      .returning({ tenantId: tenantJwt.tenantId });
-    await tx.update(tenants).set({ keyHash: null }).where(eq(tenants.id, tenantId));
-    return { keys: deleted.length, jwtConfigs: jwt.length };
-  });
-}
+type Transaction = Parameters<Parameters<ControlPlane["transaction"]>[0]>[0];
+
+/** The rows a stage deleted, per declared table: only the columns some stage's `alongside` reads. */
+type Deleted = Partial<Record<ErasedTable, Record<string, unknown>[]>>;
+
+/** The columns a table's deleted rows are returned with (the tenant column for the others). */
+const returned: Partial<Record<ErasedTable, string[]>> = {
+  campaignTenants: ["campaign_id"],
+  adoptedDatabases: ["tunnel"],
+};
 
 /**
- * `campaigns`: the tenant's rows in every campaign, each campaign's `erased_tenants` raised by as
- * many in the same transaction, so its counts still add up to what it enrolled.
+ * What a stage does beside deleting its declared rows, in the same transaction. Nothing here
+ * deletes: which rows go is the declaration's alone (core/tenant-data.ts).
  */
-export async function eraseCampaignRows(
-  db: ControlPlane,
-  tenantId: string,
-): Promise<{ campaignRows: number }> {
-  return db.transaction(async (tx) => {
-    const deleted = await tx
-      .delete(campaignTenants)
-      .where(eq(campaignTenants.tenantId, tenantId))
-      .returning({ campaignId: campaignTenants.campaignId });
-    const perCampaign = new Map<string, number>();
-    for (const row of deleted) perCampaign.set(row.campaignId, (perCampaign.get(row.campaignId) ?? 0) + 1);
-    for (const [campaignId, n] of perCampaign) {
-      await tx
-        .update(campaigns)
-        .set({ erasedTenants: sql`${campaigns.erasedTenants} + ${n}`, updatedAt: sql`now()` })
-        .where(eq(campaigns.id, campaignId));
-    }
-    return { campaignRows: deleted.length };
-  });
-}
-
-/**
- * `database` for a customer's database (adopted): where it is goes from the catalog, with one
- * `tenant.detach` audit row written in the same transaction (so exactly once, whatever re-runs).
- * Nothing runs on the customer's server: their database and role stay as they are.
- */
-export async function detachAdoptedDatabase(db: ControlPlane, job: EraseJob): Promise<{ detached: number }> {
-  return db.transaction(async (tx) => {
-    const removed = await tx
-      .delete(adoptedDatabases)
-      .where(eq(adoptedDatabases.tenantId, job.tenantId))
-      .returning({ tunnel: adoptedDatabases.tunnel });
-    const gone = removed[0];
-    if (gone) {
+const alongside: { [S in EraseStage]?: (tx: Transaction, job: EraseJob, deleted: Deleted) => Promise<void> } =
+  {
+    // The first-format key hash the catalog row may still hold goes with the keys.
+    keys: async (tx, job) => {
+      await tx.update(tenants).set({ keyHash: null }).where(eq(tenants.id, job.tenantId));
+    },
+    // Each campaign's `erased_tenants` is raised by as many rows as went, so its counts still add up
+    // to what it enrolled.
+    campaigns: async (tx, _job, deleted) => {
+      const perCampaign = new Map<string, number>();
+      for (const row of deleted.campaignTenants ?? []) {
+        const id = String(row.campaign_id);
+        perCampaign.set(id, (perCampaign.get(id) ?? 0) + 1);
+      }
+      for (const [campaignId, n] of perCampaign) {
+        await tx
+          .update(campaigns)
+          .set({ erasedTenants: sql`${campaigns.erasedTenants} + ${n}`, updatedAt: sql`now()` })
+          .where(eq(campaigns.id, campaignId));
+      }
+    },
+    // A customer's database is detached: one `tenant.detach` audit row with the row that went, so
+    // exactly once, whatever re-runs. Nothing runs on the customer's server.
+    database: async (tx, job, deleted) => {
+      const gone = deleted.adoptedDatabases?.[0];
+      if (!gone) return;
       await writeAudit(tx, {
         actor: job.actor,
         action: "tenant.detach",
         tenantId: job.tenantId,
         detail: {
           ordinal: job.ordinal,
-          tunnel: gone.tunnel,
+          tunnel: String(gone.tunnel),
           database: job.databaseName,
           role: job.roleName,
           dropped: false,
         },
       });
-    }
-    return { detached: removed.length };
-  });
-}
-
-/** `credentials`: the sealed password (everything else it made lives in the dropped database and role). */
-export async function eraseCredentials(db: ControlPlane, tenantId: string): Promise<{ credentials: number }> {
-  const deleted = await db
-    .delete(tenantCredentials)
-    .where(eq(tenantCredentials.tenantId, tenantId))
-    .returning({ tenantId: tenantCredentials.tenantId });
-  return { credentials: deleted.length };
-}
+    },
+  };
 
 /**
- * `usage`: deltas first, then the rollup: a fold that drained deltas into the rollup at the same
- * moment has committed its rollup by the time the second statement reads it.
+ * The control-plane half of an erase stage, in one transaction: every table the declaration says
+ * the stage deletes from (core/tenant-data.ts, in its order: usage deltas before the rollup, so a
+ * fold that drained deltas at the same moment has committed its rollup by the time it is read),
+ * then what the stage does alongside. Returns how many rows went, per table. A table declared for
+ * a stage is deleted by it with no code here: the declaration drives the erase.
  */
-export async function eraseUsage(
+export function eraseStageRows(
   db: ControlPlane,
-  tenantId: string,
-): Promise<{ usageDeltas: number; usageRollups: number }> {
+  job: EraseJob,
+  stage: EraseStage,
+): Promise<Record<string, number>> {
   return db.transaction(async (tx) => {
-    const deltas = await tx
-      .delete(usageDeltas)
-      .where(eq(usageDeltas.tenantId, tenantId))
-      .returning({ seq: usageDeltas.seq });
-    const rollups = await tx
-      .delete(usageRollups)
-      .where(eq(usageRollups.tenantId, tenantId))
-      .returning({ tenantId: usageRollups.tenantId });
-    return { usageDeltas: deltas.length, usageRollups: rollups.length };
-  });
-}
-
-/** `events`: lifecycle events and generation-ledger rows (the audit log keeps its own rows). */
-export async function eraseEvents(
-  db: ControlPlane,
-  tenantId: string,
-): Promise<{ lifecycleEvents: number; generations: number }> {
-  return db.transaction(async (tx) => {
-    const events = await tx
-      .delete(lifecycleEvents)
-      .where(eq(lifecycleEvents.tenantId, tenantId))
-      .returning({ seq: lifecycleEvents.seq });
-    const generations = await tx
-      .delete(generationLedger)
-      .where(eq(generationLedger.tenantId, tenantId))
-      .returning({ generation: generationLedger.generation });
-    return { lifecycleEvents: events.length, generations: generations.length };
+    const deleted: Deleted = {};
+    for (const name of tablesErasedAt(stage)) {
+      const { table, column } = tenantData[name];
+      const columns = sql.join(
+        (returned[name] ?? [column]).map((c) => sql.identifier(c)),
+        sql`, `,
+      );
+      const { rows } = await tx.execute<Record<string, unknown>>(
+        sql`DELETE FROM ${sql.identifier(table)} WHERE ${sql.identifier(column)} = ${job.tenantId} RETURNING ${columns}`,
+      );
+      deleted[name] = rows;
+    }
+    await alongside[stage]?.(tx, job, deleted);
+    return Object.fromEntries(Object.entries(deleted).map(([name, rows]) => [name, rows.length]));
   });
 }
 

@@ -23,6 +23,7 @@ import {
   eraseRetryDelay,
   stageAfter,
 } from "../core/erase.ts";
+import { tablesErasedAt } from "../core/tenant-data.ts";
 import {
   type DatabaseRemoval,
   localPostgresProvider,
@@ -31,14 +32,9 @@ import {
 import {
   advanceErase,
   commitErase,
-  detachAdoptedDatabase,
   type EraseJob,
-  eraseCampaignRows,
-  eraseCredentials,
-  eraseEvents,
-  eraseKeys,
+  eraseStageRows,
   eraseStatusOf,
-  eraseUsage,
   loadEraseOf,
   openErase,
   recordEraseFailure,
@@ -315,25 +311,37 @@ export class TenantErase {
     return { kind: "done", counts: await this.stageWork(job, stage) };
   }
 
-  private stageWork(job: EraseJob, stage: Exclude<EraseStage, "commit">): Promise<Record<string, number>> {
+  /**
+   * A stage's work in the object (and on the database host), then the control-plane rows the
+   * declaration says it deletes (core/tenant-data.ts: no table is erased by hand here).
+   */
+  private async stageWork(
+    job: EraseJob,
+    stage: Exclude<EraseStage, "commit">,
+  ): Promise<Record<string, number>> {
+    const inObject = await this.objectWork(job, stage);
+    if (tablesErasedAt(stage).length === 0) return inObject;
+    const rows = await this.onControlPlane((db) => eraseStageRows(db, job, stage));
+    return { ...inObject, ...rows };
+  }
+
+  private objectWork(job: EraseJob, stage: Exclude<EraseStage, "commit">): Promise<Record<string, number>> {
     switch (stage) {
       case "keys":
-        return this.keys(job);
+        return this.keys();
       case "leases":
         return this.leases();
       case "pool":
         return this.stopPool(job);
-      case "campaigns":
-        return this.onControlPlane((db) => eraseCampaignRows(db, job.tenantId));
       case "database":
         return this.database(job);
-      case "credentials":
-        return this.onControlPlane((db) => eraseCredentials(db, job.tenantId));
       case "usage":
         this.rt.discardUsage();
-        return this.onControlPlane((db) => eraseUsage(db, job.tenantId));
+        return Promise.resolve({});
+      case "campaigns":
+      case "credentials":
       case "events":
-        return this.onControlPlane((db) => eraseEvents(db, job.tenantId));
+        return Promise.resolve({});
       case "object":
         return this.wipeObject(job);
     }
@@ -346,19 +354,18 @@ export class TenantErase {
   }
 
   /**
-   * `keys`: every key's hash goes from the catalog, so no request can authenticate again anywhere.
-   * The object keeps only the keys that opened a live session lease, so their owners can finish
-   * (the next stage ends those leases).
+   * `keys`: the object keeps only the keys that opened a live session lease, so their owners can
+   * finish (the next stage ends those leases); every key's hash then goes from the catalog (the
+   * declared rows), so no request can authenticate again anywhere.
    */
-  private async keys(job: EraseJob): Promise<Record<string, number>> {
-    const counts = await this.onControlPlane((db) => eraseKeys(db, job.tenantId));
+  private async keys(): Promise<Record<string, number>> {
     const record = this.rt.record;
     if (record) {
       const held = this.rt.holders.keyIds();
       this.rt.record = { ...record, keys: record.keys.filter((key) => held.has(key.keyId)) };
       if (this.rt.storage.isOpen) this.rt.storage.write("record", this.rt.record);
     }
-    return counts;
+    return {};
   }
 
   /**
@@ -408,14 +415,10 @@ export class TenantErase {
   /**
    * `database`: the provider removes the database and the role (idempotent). A customer's database
    * is detached instead: Lessor never connects there to drop anything; where it is goes from the
-   * catalog, audited (its credential goes at the next stage).
+   * catalog (the declared row, audited as a detach), and its credential at the next stage.
    */
   private async database(job: EraseJob): Promise<Record<string, number>> {
-    if (job.detached) {
-      const detached = await this.onControlPlane((db) => detachAdoptedDatabase(db, job));
-      return { databases: 0, roles: 0, ...detached };
-    }
-    if (job.databaseName === null || job.roleName === null) return { databases: 0, roles: 0 };
+    if (job.detached || job.databaseName === null || job.roleName === null) return { databases: 0, roles: 0 };
     const removed: DatabaseRemoval = await this.provider.remove({
       tenantId: job.tenantId,
       host: job.host,

@@ -278,8 +278,8 @@ describe("erase: the request", () => {
     expect(erase[0]?.detail).toMatchObject({ ordinal: Number(ordinal), forced: false });
     const stages = erase[0]?.detail.stages as Record<string, Record<string, number>>;
     expect(Object.keys(stages).sort()).toEqual(eraseStages.filter((s) => s !== "commit").sort());
-    expect(stages.keys).toEqual({ keys: 2, jwtConfigs: 0 });
-    expect(stages.database).toEqual({ databases: 1, roles: 1 });
+    expect(stages.keys).toEqual({ tenantKeys: 2, tenantJwt: 0 });
+    expect(stages.database).toEqual({ databases: 1, roles: 1, adoptedDatabases: 0 });
     expect(stages.usage?.usageDeltas).toBe(deltas);
     expect(JSON.stringify(erase)).not.toMatch(/lsk_|password|postgres:\/\//);
     expect(JSON.stringify(erase)).not.toContain(env.LESSOR_ADMIN_KEY);
@@ -768,7 +768,7 @@ describe("erase: a campaign", () => {
     expect((await requestErase(held.id)).status).toBe(202);
     expect((await untilErased(held.id)).state).toBe("erased");
     expect((await counts(campaign.id)).counts).toMatchObject({ succeeded: 1, erased: 2, total: 3 });
-    expect((await stageCounts(held.id)).campaigns).toEqual({ campaignRows: 1 });
+    expect((await stageCounts(held.id)).campaigns).toEqual({ campaignTenants: 1 });
     await expectNothingLeft(held);
     await expectNothingLeft(gone);
   });
@@ -867,7 +867,7 @@ describe("erase: faults and the commit's re-check", () => {
     // The commit was refused once and the job went back to `keys`, the earliest stage concerned.
     expect(Object.fromEntries(watch.starts.get(tenant.id) ?? [])).toEqual(timesEach(eraseStages, 2));
     const stages = await stageCounts(tenant.id);
-    expect(stages.keys?.keys).toBe(3);
+    expect(stages.keys?.tenantKeys).toBe(3);
     expect(stages.usage?.usageDeltas).toBeGreaterThanOrEqual(1);
     await expectNothingLeft(tenant);
   });
@@ -917,8 +917,8 @@ describe("erase: a tenant in end-user JWT mode", () => {
     expect((await requestErase(tenant.id)).status).toBe(202);
     expect((await untilErased(tenant.id)).state).toBe("erased");
     const stages = await stageCounts(tenant.id);
-    expect(stages.keys).toEqual({ keys: 3, jwtConfigs: 1 });
-    expect(stages.database).toEqual({ databases: 1, roles: 2 });
+    expect(stages.keys).toEqual({ tenantKeys: 3, tenantJwt: 1 });
+    expect(stages.database).toEqual({ databases: 1, roles: 2, adoptedDatabases: 0 });
     await expectNothingLeft(tenant);
     // The end-user role is shared by every tenant in JWT mode: it is not the tenant's to drop.
     const after = await asSuperuser(

@@ -8,6 +8,7 @@ import {
   recheckVerdict,
   stageAfter,
 } from "../../src/core/erase.ts";
+import { erasedTables, tablesErasedAt } from "../../src/core/tenant-data.ts";
 
 const none: EraseLeftovers = {
   tenantKeys: 0,
@@ -104,6 +105,23 @@ describe("recheckVerdict", () => {
     expect(recheckVerdict({ ...none, adoptedDatabases: 1, tenantCredentials: 1 })).toMatchObject({
       resumeAt: "database",
     });
+  });
+});
+
+describe("the tables each stage deletes from (the declaration drives the erase)", () => {
+  it("every declared table is deleted by exactly one stage before the commit", () => {
+    const byStage = eraseStages.flatMap((stage) => tablesErasedAt(stage));
+    expect([...byStage].sort()).toEqual([...erasedTables].sort());
+    expect(new Set(byStage).size).toBe(byStage.length);
+    expect(tablesErasedAt("commit")).toEqual([]);
+    // Stages that touch only the object or the host delete no control-plane row.
+    for (const stage of ["leases", "pool", "object"] as const) expect(tablesErasedAt(stage)).toEqual([]);
+  });
+
+  it("usage deltas go before the rollup (a fold that drained deltas has committed its rollup by then)", () => {
+    expect(tablesErasedAt("usage")).toEqual(["usageDeltas", "usageRollups"]);
+    expect(tablesErasedAt("keys")).toEqual(["tenantKeys", "tenantJwt"]);
+    expect(tablesErasedAt("database")).toEqual(["adoptedDatabases"]);
   });
 });
 

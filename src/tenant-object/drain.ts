@@ -95,7 +95,7 @@ export class TenantDrain {
       // not wait for the next heartbeat to learn this pool became idle.
       if (lc.generation === generation && (this.pool.leases > 0 || blocking > 0)) this.pool.reportWhenIdle();
       // A generation this object no longer runs holds nothing: let the budget release it.
-      const gone = lc.generation !== generation && !this.pool.holds(generation);
+      const gone = lc.generation !== generation && !this.pool.generations.holds(generation);
       return { evicted: gone, report: this.pool.report() };
     }
     await this.pool.stop("evicted");
@@ -111,6 +111,6 @@ export class TenantDrain {
     this.pool.reclaimOverdueLeases(Date.now());
     const lc = this.rt.lifecycle;
     const current = lc.generation === generation && lc.state === "ready";
-    return { holds: this.pool.holds(generation), report: current ? this.pool.report() : null };
+    return { holds: this.pool.generations.holds(generation), report: current ? this.pool.report() : null };
   }
 }

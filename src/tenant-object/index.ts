@@ -167,7 +167,8 @@ export class TenantObject extends DurableObject<Env> {
   /** For the orphan reaper: does this object still hold connections of `generation`? */
   async holdsGeneration(generation: number): Promise<boolean> {
     return (
-      this.rooms.gate.forwardTo("budget")?.holdsGeneration(generation) ?? this.rooms.pool.holds(generation)
+      this.rooms.gate.forwardTo("budget")?.holdsGeneration(generation) ??
+      this.rooms.pool.generations.holds(generation)
     );
   }
 

@@ -42,7 +42,7 @@ import { tunnelUnavailable } from "../tenant-db/customer.ts";
 import { asLessorError } from "./answers.ts";
 import type { TenantAuth } from "./auth.ts";
 import { flushOutboxes } from "./outbox.ts";
-import type { TenantPool } from "./pool/index.ts";
+import type { PreparedGeneration, TenantPool } from "./pool/index.ts";
 import type { TenantRuntime } from "./runtime.ts";
 import { type RotationStep, tenantHooksForTests } from "./test-hooks.ts";
 
@@ -197,7 +197,7 @@ export class CredentialRotation {
     rt.note(`rotation_started: generation ${to} prepares under a new credential`);
     const budget = rt.budget(record.host);
     // The new generation holds what the current one holds now (a grown or shrunk pool keeps its size).
-    const size = this.pool.rotationSize(record);
+    const size = this.pool.generations.rotationSize(record);
     const bounds = this.pool.sizing.bounds(record);
     let admitted: Awaited<ReturnType<typeof budget.admitRotation>>;
     try {
@@ -222,7 +222,7 @@ export class CredentialRotation {
       if (admitted.tunnel) throw tunnelUnavailable(admitted.tunnel, admitted.retryAfterMs / 1000);
       throw new LessorError("capacity_saturated", { retryAfterSeconds: admitted.retryAfterMs / 1000 });
     }
-    let prepared: Awaited<ReturnType<TenantPool["prepare"]>> | null = null;
+    let prepared: PreparedGeneration | null = null;
     try {
       await this.step(record, "admitted");
       const keyId =
@@ -238,7 +238,7 @@ export class CredentialRotation {
       });
       await this.step(record, "resealed");
       const credential = await this.pool.credentials.credentialFor(next, password);
-      prepared = await this.pool.prepare(next, to, credential, size);
+      prepared = await this.pool.generations.prepare(next, to, credential, size);
       await this.step(record, "prepared");
       const switched = rotationSwitched(rt.lifecycle, from);
       if (!switched) {
@@ -250,7 +250,7 @@ export class CredentialRotation {
         });
       }
       // Same turn, no await: from here new leases go to the new generation.
-      this.pool.switchTo(prepared, to);
+      this.pool.generations.switchTo(prepared, to);
       rt.apply(switched, "credential_rotated");
       // What a rotation does to each holder is the holders' table's (src/core/holders.ts `rotate`:
       // every kind keeps what it holds, on the retiring generation), like every other operation's.
@@ -267,7 +267,8 @@ export class CredentialRotation {
         source: source.kind,
       });
       await budget.confirm(record.host, record.tenantId, to, this.pool.report()).catch(() => undefined);
-      if (this.pool.holds(from)) await budget.draining(record.tenantId, from).catch(() => undefined);
+      if (this.pool.generations.holds(from))
+        await budget.draining(record.tenantId, from).catch(() => undefined);
       await this.step(record, "switched");
       void flushOutboxes(rt).catch(() => undefined);
       return { ok: true, generation: to, overlapped: true };

@@ -275,7 +275,7 @@ export class SessionLeases {
     const session = this.sessions.get(tokenHash);
     if (session) {
       // The current generation's, or a retiring one's: a rotation lets a lease finish where it began.
-      if (!this.pool.serves(session.generation)) {
+      if (!this.pool.generations.serves(session.generation)) {
         this.end(session, new Error("stale generation"), "stale");
         throw new LessorError("stale_generation", { retryAfterSeconds: 1 });
       }

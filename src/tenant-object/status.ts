@@ -39,7 +39,7 @@ export function runtimeStatus(
         }
       : null,
     reclaimedLeases: rt.reclaimedLeases,
-    retiring: pool.retiringStatus,
+    retiring: pool.generations.retiringStatus,
     rotatingTo: lc.rotatingTo,
     erasing: rt.erasing,
     move: rt.move ? { state: rt.move.state, to: rt.move.to } : null,

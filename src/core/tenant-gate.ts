@@ -94,7 +94,8 @@ export const gateTable: { readonly [P in GatePurpose]: { readonly [S in TenantSt
     moving: refuse("tenant_moving"),
     moved: refuse("tenant_moved"),
   },
-  migrate: { serving: proceed, erasing: proceed, erased: proceed, moving: skip, moved: skip },
+  // An erase closed the gate: a campaign skips the tenant (its rows go with the erase).
+  migrate: { serving: proceed, erasing: skip, erased: proceed, moving: skip, moved: skip },
   erase: {
     serving: proceed,
     erasing: proceed,
@@ -110,7 +111,8 @@ export const gateTable: { readonly [P in GatePurpose]: { readonly [S in TenantSt
     moved: refuse("tenant_moved"),
   },
   pin: { serving: proceed, erasing: skip, erased: proceed, moving: skip, moved: skip },
-  configure: { serving: proceed, erasing: proceed, erased: proceed, moving: skip, moved: skip },
+  // A late refresh must not bring an erased tenant's keys back, nor a moved tenant's.
+  configure: { serving: proceed, erasing: skip, erased: proceed, moving: skip, moved: skip },
   budget: { serving: proceed, erasing: proceed, erased: proceed, moving: proceed, moved: forward },
   resume: { serving: proceed, erasing: proceed, erased: proceed, moving: proceed, moved: proceed },
   // A tenant that lived here and moved away comes back to a pointer (dropped); an id re-created
@@ -126,6 +128,15 @@ export const gateTable: { readonly [P in GatePurpose]: { readonly [S in TenantSt
   drain: { serving: proceed, erasing: skip, erased: skip, moving: skip, moved: skip },
   observe: { serving: proceed, erasing: proceed, erased: proceed, moving: proceed, moved: proceed },
 };
+
+/** Why a campaign's migration was skipped, from the state the gate skipped it in. */
+export function migrationSkipReason(
+  state: TenantState,
+): "tenant_erasing" | "tenant_moving" | "tenant_unknown" {
+  if (state === "erasing") return "tenant_erasing";
+  if (state === "moving") return "tenant_moving";
+  return "tenant_unknown";
+}
 
 /** What the gate answers an RPC of `purpose` in `state`. */
 export function gateDecision(purpose: GatePurpose, state: TenantState): GateDecision {

@@ -6,7 +6,7 @@
 import { DurableObject } from "cloudflare:workers";
 import type { SqlRequest, Statement } from "../core/neon-protocol.ts";
 import { driverOutputMode, type OutputMode } from "../core/result-shape.ts";
-import type { GatePurpose } from "../core/tenant-gate.ts";
+import { type GatePurpose, migrationSkipReason } from "../core/tenant-gate.ts";
 import { LessorError, type WireError } from "../errors/index.ts";
 import type { EvictOutcome, GenerationCheck, ShrinkOutcome } from "../rpc/budget.ts";
 import type {
@@ -56,7 +56,7 @@ export class TenantObject extends DurableObject<Env> {
     }
   }
 
-  /** Installs the catalog record (provisioning, disable, keys); a move's late refresh is skipped. */
+  /** Installs the catalog record (provisioning, disable, keys); a late refresh (erasing, moving) is skipped. */
   async configure(record: TenantRecord): Promise<void> {
     if (this.rooms.gate.through("configure", null).kind === "skip") return;
     await this.rooms.auth.install(record);
@@ -166,10 +166,8 @@ export class TenantObject extends DurableObject<Env> {
 
   /** For the orphan reaper: does this object still hold connections of `generation`? */
   async holdsGeneration(generation: number): Promise<boolean> {
-    return (
-      this.rooms.gate.forwardTo("budget")?.holdsGeneration(generation) ??
-      this.rooms.pool.generations.holds(generation)
-    );
+    const owner = this.rooms.gate.forwardTo("budget");
+    return owner ? owner.holdsGeneration(generation) : this.rooms.pool.generations.holds(generation);
   }
 
   /** For the budget's reconcile: is `generation` still held, and the pool's own facts (drain.ts). */
@@ -202,10 +200,10 @@ export class TenantObject extends DurableObject<Env> {
     });
   }
 
-  /** Migrates the database to `targetVersion` (migrate.ts); a tenant moving or moved away is skipped. */
+  /** Migrates the database to `targetVersion` (migrate.ts); a tenant erasing, moving or moved away is skipped. */
   migrate(tenantId: string, targetVersion: number, drainTimeoutMs: number): Promise<MigrateOutcome> {
     if (this.rooms.gate.through("migrate", tenantId).kind === "skip") {
-      const reason = this.rooms.rt.moving ? "tenant_moving" : "tenant_unknown";
+      const reason = migrationSkipReason(this.rooms.gate.stateFor(tenantId));
       return Promise.resolve({ outcome: "skipped", reason });
     }
     return this.rooms.migration.migrate(tenantId, targetVersion, drainTimeoutMs);

@@ -37,8 +37,6 @@ export class SchemaMigration {
 
   async migrate(tenantId: string, targetVersion: number, drainTimeoutMs: number): Promise<MigrateOutcome> {
     const rt = this.rt;
-    // An erase closed the gate: the campaign skips this tenant (its rows go with the erase).
-    if (rt.erasing) return { outcome: "skipped", reason: "tenant_erasing" };
     let record: TenantRecord | null;
     try {
       record = await this.auth.resolve(tenantId);

@@ -83,7 +83,7 @@ describe("every RPC passes the one gate (issue 41)", () => {
     await setGates(tenant.id, { move: null });
   });
 
-  it("a tenant being erased: no credential changes, the customer's supplied credential included", async () => {
+  it("a tenant being erased: no credential changes, the customer's supplied credential included, and no migration", async () => {
     const tenant = await createTenant(uniqueTenantId("gate-erasing"));
     await setGates(tenant.id, {
       erase: {
@@ -103,6 +103,8 @@ describe("every RPC passes the one gate (issue 41)", () => {
         error: { code: "tenant_erasing" },
       },
     );
+    // A campaign skips it (its rows go with the erase), and says why.
+    expect(await stub.migrate(tenant.id, 1, 1_000)).toEqual({ outcome: "skipped", reason: "tenant_erasing" });
     await setGates(tenant.id, { erase: null });
   });
 });

@@ -4,6 +4,7 @@ import {
   gateDecision,
   gatePurposes,
   gateTable,
+  migrationSkipReason,
   tenantStateOf,
   tenantStates,
 } from "../../src/core/tenant-gate.ts";
@@ -53,6 +54,17 @@ describe("the gate table", () => {
     expect(gateDecision("move_in", "erased")).toEqual({ kind: "proceed" });
     expect(gateDecision("move_in", "erasing")).toEqual({ kind: "refuse", code: "tenant_erasing" });
     expect(gateDecision("move_in", "moving")).toEqual({ kind: "refuse", code: "tenant_moving" });
+  });
+
+  it("skips a campaign's migration and a late catalog refresh once an erase closed the gate, saying why", () => {
+    expect(gateDecision("migrate", "erasing")).toEqual({ kind: "skip" });
+    expect(gateDecision("configure", "erasing")).toEqual({ kind: "skip" });
+    // An id created again after its erase committed is a new tenant: it is migrated and configured.
+    expect(gateDecision("migrate", "erased")).toEqual({ kind: "proceed" });
+    expect(gateDecision("configure", "erased")).toEqual({ kind: "proceed" });
+    expect(migrationSkipReason("erasing")).toBe("tenant_erasing");
+    expect(migrationSkipReason("moving")).toBe("tenant_moving");
+    expect(migrationSkipReason("moved")).toBe("tenant_unknown");
   });
 
   it("skips an operator drain once an erase or a move owns the pool", () => {

@@ -4,7 +4,13 @@
  * this turns the answer into the refusal a caller gets (`tenant_moved` naming the region) or the new
  * owner's stub to forward to. Nothing in the object checks the erase or the move gate by hand.
  */
-import { type GateDecision, type GatePurpose, gateDecision, tenantStateOf } from "../../core/tenant-gate.ts";
+import {
+  type GateDecision,
+  type GatePurpose,
+  gateDecision,
+  type TenantState,
+  tenantStateOf,
+} from "../../core/tenant-gate.ts";
 import { LessorError, type WireError } from "../../errors/index.ts";
 import { tenantObject } from "../../placement/index.ts";
 import type { SqlOutcome } from "../../rpc/tenant.ts";
@@ -16,7 +22,12 @@ export class TenantGate {
 
   /** What the gate answers an RPC of `purpose` from a caller of `tenantId` (null: one that names none). */
   through(purpose: GatePurpose, tenantId: string | null): GateDecision {
-    return gateDecision(purpose, tenantStateOf(this.rt, tenantId));
+    return gateDecision(purpose, this.stateFor(tenantId));
+  }
+
+  /** The tenant's state for a caller of `tenantId` (core/tenant-gate.ts `tenantStateOf`). */
+  stateFor(tenantId: string | null): TenantState {
+    return tenantStateOf(this.rt, tenantId);
   }
 
   /** The refusal for an RPC of `purpose`, as it travels in an RPC answer; null if it may proceed. */

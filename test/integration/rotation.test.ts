@@ -7,7 +7,9 @@
  */
 import { env } from "cloudflare:workers";
 import { afterEach, describe, expect, it } from "vitest";
+import { loadConfig } from "../../src/config/index.ts";
 import { credentialRotationJob } from "../../src/cron/jobs/credential-rotation.ts";
+import { pathOf } from "../../src/postgres/driver.ts";
 import { type RotationStep, tenantHooksForTests } from "../../src/tenant-object/test-hooks.ts";
 import {
   admin,
@@ -90,6 +92,13 @@ async function guardKeys(tenant: CreatedTenant): Promise<number> {
 describe("credential rotation through overlapping generations", () => {
   it("seed trace: two leased transactions commit on the old generation, /sql never fails, the old generation goes when they end", async () => {
     const host = "rot";
+    // The host is reached as a deployed `postgres` host is: over TCP, TLS verified (issue 43).
+    const hostConfig = loadConfig(env).hosts.get(host);
+    if (!hostConfig) throw new Error(`no host ${host}`);
+    expect(pathOf(loadConfig(env), { host: hostConfig.hostname, port: hostConfig.port })).toMatchObject({
+      path: "tcp",
+      sslmode: "verify-full",
+    });
     const tenant = await createTenant(uniqueTenantId("rot"), { host, tier: "standard" });
     const filler = await createTenant(uniqueTenantId("rotfill"), { host, tier: "standard" });
     // The host's pool share is full: the overlap can only come from the rotation reserve.
@@ -194,6 +203,19 @@ describe("credential rotation through overlapping generations", () => {
       `lessor:${tenant.role}:${generation}`,
     );
     expect((await tenantBackends(tenant)).some((app) => app.endsWith(`:${oldGeneration}`))).toBe(true);
+    // Both generations' backends came in over TLS, as Postgres itself reports.
+    const overTls = await asSuperuser(async (client) => {
+      const { rows } = await client.query<{ tls: number; plain: number; generations: number }>(
+        `SELECT count(*) FILTER (WHERE s.ssl)::int AS tls, count(*) FILTER (WHERE NOT s.ssl)::int AS plain,
+                count(DISTINCT a.application_name)::int AS generations
+         FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) WHERE a.application_name LIKE $1`,
+        [`lessor:${tenant.role}:%`],
+      );
+      return rows[0];
+    });
+    expect(overTls?.plain).toBe(0);
+    expect(overTls?.generations).toBe(2);
+    expect(overTls?.tls).toBeGreaterThan(2);
 
     // Both transactions finish on the old generation: Postgres keeps a session that logged in with
     // the old password.

@@ -101,6 +101,14 @@ const maxRequests = 50_000;
  * moved by up to 0.27 between runs (2026-12-02); eight halve the variance of their mean.
  */
 const rounds = setting("BENCH_ROUNDS", 8, 2, 12);
+/**
+ * `BENCH_ONLY=profile`: only the CPU profiles of the warm paths (after provisioning), for looking at
+ * where the isolate's time goes; it writes no results file and judges nothing.
+ */
+const profileOnly = process.env.BENCH_ONLY === "profile";
+if (process.env.BENCH_ONLY !== undefined && !profileOnly) {
+  throw new Error(`BENCH_ONLY=${process.env.BENCH_ONLY}: the only value is "profile"`);
+}
 
 /** How long a group is measured: the judged cells in full, the reported-only ones at half. */
 interface Shape {
@@ -795,6 +803,7 @@ async function quietFloor(warm: TenantCredentials): Promise<void> {
  */
 async function profilePaths(
   warm: TenantCredentials,
+  warmWs: TenantCredentials,
   inspectorPort: number,
   sourceMapPath: string,
 ): Promise<Record<string, ProfileSummary>> {
@@ -803,8 +812,9 @@ async function profilePaths(
   const profileDir = resolve(stateDir, "bench-profiles");
   mkdirSync(profileDir, { recursive: true });
   const out: Record<string, ProfileSummary> = {};
-  for (const path of ["lessor", "bare", "newconn", "noop"] as const) {
-    const call = neonCall(warm, `${path}-direct`, "select1");
+  // `lessor-ws`: the same warm path, its tenant's host reached over the WebSocket (issue 43).
+  for (const path of ["lessor", "lessor-ws", "bare", "newconn", "noop"] as const) {
+    const call = neonCall(path === "lessor-ws" ? warmWs : warm, `${path}-direct`, "select1");
     const run: { result: LoadResult | null } = { result: null };
     const profile = await profileWhile(`ws://127.0.0.1:${inspectorPort}/ws`, async () => {
       // No warmup inside the profile: the path has just been measured, and every request the profile
@@ -1286,6 +1296,19 @@ async function main(): Promise<number> {
   pgPool.on("error", () => undefined);
   pgPools.push(pgPool);
 
+  if (profileOnly) {
+    // A profile of the warm paths and nothing else: no figures, no results file (see bench/README.md).
+    const profiled = await profilePaths(warm, warmWs, inspectorPort, `${script}.map`);
+    for (const [path, summary] of Object.entries(profiled)) {
+      progress(`${path}: ms per request by source ${JSON.stringify(summary.msPerRequestBySource)}`);
+      for (const top of summary.top.slice(0, 20)) {
+        progress(`  ${top.msPerRequest.toFixed(3)} ms  ${top.fn}  ${top.source}`);
+      }
+    }
+    await cleanup();
+    progress(`profiles written to ${resolve(stateDir, "bench-profiles")} (BENCH_ONLY=profile: no results file)`);
+    return;
+  }
   const stormResult = await coldStartsAndStorm(
     direct,
     adminKey,
@@ -1303,7 +1326,7 @@ async function main(): Promise<number> {
   );
   await warmPaths(warm, warmWs, pgPool);
   await fetchFloor(warm);
-  const profiles = await profilePaths(warm, inspectorPort, `${script}.map`);
+  const profiles = await profilePaths(warm, warmWs, inspectorPort, `${script}.map`);
 
   progress("restarting wrangler dev with --log-level warn");
   await running.wrangler?.stop();

@@ -1306,8 +1306,10 @@ async function main(): Promise<number> {
       }
     }
     await cleanup();
-    progress(`profiles written to ${resolve(stateDir, "bench-profiles")} (BENCH_ONLY=profile: no results file)`);
-    return;
+    progress(
+      `profiles written to ${resolve(stateDir, "bench-profiles")} (BENCH_ONLY=profile: no results file)`,
+    );
+    return 0;
   }
   const stormResult = await coldStartsAndStorm(
     direct,

@@ -3,7 +3,8 @@
  * official `neon()` client, on one warm tenant.
  *
  * Starts its own stack (a throwaway Postgres under .lessor/bench-jwt-pg and the WebSocket proxy) and
- * `wrangler dev` on a snapshot of the Worker, provisions one tenant with JWT mode (a static ES256
+ * `wrangler dev` on the bench Worker (Lessor unchanged plus the `/bench/*` routes, bench/README.md)
+ * bundled once, with Lessor's `[vars]`, provisions one tenant with JWT mode (a static ES256
  * key set), warms both kinds of connection, then measures, interleaved in rounds so drift on the
  * machine hits both alike:
  *
@@ -18,14 +19,22 @@
  *     npm run bench:jwt                 # 400 requests per cell
  *     REQUESTS=1000 npm run bench:jwt
  */
-import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { cpSync, mkdirSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
-import { cpus, loadavg, totalmem } from "node:os";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { resolve } from "node:path";
 import { neon, neonConfig } from "@neondatabase/serverless";
 import { exportJWK, generateKeyPair, SignJWT } from "jose";
-import { freePort, root, startLocalStack, wranglerDevArgs, writeEnvFile } from "../local/stack.ts";
+import {
+  freePort,
+  freshWorkerSecrets,
+  localWorkerVars,
+  root,
+  startLocalStack,
+  writeEnvFile,
+} from "../local/stack.ts";
+import { admin, type BenchRunning, machineFacts, stopOnExit, wranglerVars } from "./harness.ts";
+import { type CountedCell, countedCell, type LoadResult, runRequests } from "./load.ts";
+import { buildWorker, type RunningWrangler, startWrangler } from "./processes.ts";
 
 const requestsPerCell = Number(process.env.REQUESTS ?? 400);
 const rounds = 4;
@@ -33,115 +42,15 @@ const concurrencies = [1, 8];
 const stateDir = resolve(root, ".lessor");
 const pgDir = resolve(stateDir, "bench-jwt-pg");
 const persistDir = resolve(stateDir, "bench-jwt-wrangler");
-const snapshotDir = resolve(stateDir, "bench-jwt-src");
 const envFile = resolve(stateDir, "bench-jwt.vars");
-const adminKey = `lak_${randomBytes(24).toString("base64url")}`;
+const secrets = freshWorkerSecrets();
+const adminKey = secrets.adminKey;
+const running: BenchRunning & { wrangler: RunningWrangler | null } = { stack: null, wrangler: null };
+const cleanup = stopOnExit("bench:jwt", envFile, running);
 
-function sleep(ms: number): Promise<void> {
-  return new Promise((done) => setTimeout(done, ms));
-}
-
-/** A copy of the Worker's sources, so edits in the working tree never reload it mid-run. */
-function snapshotSources(): void {
-  rmSync(snapshotDir, { recursive: true, force: true });
-  mkdirSync(snapshotDir, { recursive: true });
-  cpSync(resolve(root, "src"), resolve(snapshotDir, "src"), { recursive: true });
-  for (const file of ["wrangler.toml", "package.json", "tsconfig.json"]) {
-    cpSync(resolve(root, file), resolve(snapshotDir, file));
-  }
-  symlinkSync(resolve(root, "node_modules"), resolve(snapshotDir, "node_modules"), "dir");
-}
-
-async function startWrangler(port: number): Promise<{ stop(): Promise<void>; tail(): string }> {
-  snapshotSources();
-  const child = spawn(
-    process.execPath,
-    wranglerDevArgs({ port, envFile, persistTo: persistDir, inspectorPort: await freePort() }),
-    {
-      cwd: snapshotDir,
-      detached: true,
-      stdio: ["ignore", "pipe", "pipe"],
-      env: {
-        ...process.env,
-        WRANGLER_SEND_METRICS: "false",
-        CI: "1",
-        WRANGLER_CI_DISABLE_CONFIG_WATCHING: "true",
-        WRANGLER_REGISTRY_PATH: resolve(stateDir, "bench-jwt-registry"),
-      },
-    },
-  );
-  const output: string[] = [];
-  for (const stream of [child.stdout, child.stderr]) {
-    stream?.on("data", (chunk: Buffer) => {
-      output.push(chunk.toString());
-      if (output.length > 100) output.shift();
-    });
-  }
-  const signal = (name: NodeJS.Signals) => {
-    if (child.pid === undefined) return;
-    try {
-      process.kill(-child.pid, name);
-    } catch {
-      // Already gone.
-    }
-  };
-  const stop = async () => {
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = new Promise<void>((done) => child.once("exit", () => done()));
-      signal("SIGTERM");
-      await Promise.race([exited, sleep(15_000)]);
-    }
-    signal("SIGKILL");
-  };
-  for (let attempt = 0; attempt < 480; attempt++) {
-    if (child.exitCode !== null) break;
-    try {
-      const response = await fetch(`http://127.0.0.1:${port}/`, { signal: AbortSignal.timeout(2_000) });
-      if (response.ok) return { stop, tail: () => output.join("").slice(-4_000) };
-    } catch {
-      // Not listening yet.
-    }
-    await sleep(250);
-  }
-  await stop();
-  throw new Error(`wrangler dev did not start:\n${output.join("").slice(-3_000)}`);
-}
-
-function percentile(sorted: readonly number[], p: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
-}
-
-interface Cell {
+interface Cell extends CountedCell {
   path: string;
   concurrency: number;
-  requests: number;
-  seconds: number;
-  requestsPerSecond: number;
-  p50Ms: number;
-  p99Ms: number;
-}
-
-/** Runs `count` checked requests at `concurrency`; answers wall time and latencies. */
-async function measure(
-  count: number,
-  concurrency: number,
-  request: () => Promise<void>,
-): Promise<{ seconds: number; latencies: number[] }> {
-  const latencies: number[] = [];
-  let next = 0;
-  const started = performance.now();
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < count) {
-        next++;
-        const at = performance.now();
-        await request();
-        latencies.push(performance.now() - at);
-      }
-    }),
-  );
-  return { seconds: (performance.now() - started) / 1000, latencies };
 }
 
 async function main(): Promise<void> {
@@ -153,34 +62,28 @@ async function main(): Promise<void> {
     pgPassword: randomBytes(18).toString("base64url"),
     persistent: false,
   });
-  let wrangler: { stop(): Promise<void>; tail(): string } | null = null;
-  const shutdown = async () => {
-    await wrangler?.stop().catch(() => undefined);
-    await stack.stop().catch(() => undefined);
-  };
-  process.once("SIGINT", () => void shutdown().then(() => process.exit(130)));
+  running.stack = stack;
   try {
     writeEnvFile(envFile, {
-      LESSOR_ADMIN_KEY: adminKey,
-      LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
-      LESSOR_KEY_MAC_KEYS: randomBytes(32).toString("base64"),
-      LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-      LESSOR_HOSTS: stack.hostsJson,
-      LESSOR_WS_PROXY: stack.wsProxy,
+      // The bench Worker has no [vars] of its own: Lessor's, as a deploy would have them.
+      ...wranglerVars(),
+      ...localWorkerVars(stack, secrets),
     });
+    console.log("bundling the bench Worker and starting wrangler dev …");
+    // A bundle built once: nothing for wrangler dev to watch, so edits in the working tree never
+    // reload the Worker mid-run (bench/processes.ts).
+    const script = await buildWorker(resolve(stateDir, "bench-jwt-build"));
     const port = await freePort();
     const base = `http://127.0.0.1:${port}`;
-    console.log("building and starting wrangler dev …");
-    wrangler = await startWrangler(port);
-    const api = async (path: string, method: string, json?: unknown) => {
-      const response = await fetch(`${base}${path}`, {
-        method,
-        headers: { Authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-        ...(json === undefined ? {} : { body: JSON.stringify(json) }),
-      });
-      if (!response.ok) throw new Error(`${method} ${path}: ${response.status} ${await response.text()}`);
-      return response.json() as Promise<Record<string, unknown>>;
-    };
+    running.wrangler = await startWrangler({
+      script,
+      port,
+      inspectorPort: await freePort(),
+      envFile,
+      persistTo: persistDir,
+    });
+    const api = async (path: string, method: string, json?: unknown) =>
+      (await admin(base, adminKey, path, json, method)) as Record<string, unknown>;
 
     const id = `bench-jwt-${randomBytes(3).toString("hex")}`;
     const created = await api("/v1/tenants", "POST", { id });
@@ -234,28 +137,14 @@ async function main(): Promise<void> {
 
     const cells: Cell[] = [];
     for (const concurrency of concurrencies) {
-      const totals = new Map<string, { seconds: number; latencies: number[] }>();
+      const runs = new Map<string, LoadResult[]>();
       for (let round = 0; round < rounds; round++) {
         for (const [path, request] of Object.entries(paths)) {
-          const run = await measure(Math.ceil(requestsPerCell / rounds), concurrency, request);
-          const total = totals.get(path) ?? { seconds: 0, latencies: [] };
-          total.seconds += run.seconds;
-          total.latencies.push(...run.latencies);
-          totals.set(path, total);
+          const run = await runRequests(Math.ceil(requestsPerCell / rounds), concurrency, request);
+          runs.set(path, [...(runs.get(path) ?? []), run]);
         }
       }
-      for (const [path, total] of totals) {
-        const sorted = [...total.latencies].sort((a, b) => a - b);
-        cells.push({
-          path,
-          concurrency,
-          requests: sorted.length,
-          seconds: total.seconds,
-          requestsPerSecond: sorted.length / total.seconds,
-          p50Ms: percentile(sorted, 50),
-          p99Ms: percentile(sorted, 99),
-        });
-      }
+      for (const [path, ofPath] of runs) cells.push({ path, concurrency, ...countedCell(ofPath) });
     }
 
     const plainOf = (c: number) => cells.find((cell) => cell.path === "plain" && cell.concurrency === c);
@@ -275,7 +164,7 @@ async function main(): Promise<void> {
       `${JSON.stringify(
         {
           date,
-          machine: { cpus: cpus().length, memoryGiB: Math.round(totalmem() / 2 ** 30), loadavg: loadavg() },
+          machine: machineFacts(),
           requestsPerCell,
           rounds,
           cells,
@@ -287,10 +176,10 @@ async function main(): Promise<void> {
     console.log(`\nwrote ${out}`);
   } catch (error) {
     console.error(error);
-    console.error(wrangler?.tail() ?? "");
+    console.error(running.wrangler?.output.slice(-40).join("\n") ?? "");
     process.exitCode = 1;
   } finally {
-    await shutdown();
+    await cleanup();
   }
 }
 

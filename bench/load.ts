@@ -86,6 +86,51 @@ export function percentile(values: readonly number[], p: number): number {
   return sorted[rank - 1] ?? 0;
 }
 
+/**
+ * Sends `count` requests at `concurrency`, with no warmup and no time limit (a closed loop, as
+ * `runLoad`), and fails the run if any of them failed: for the benches that measure a fixed number
+ * of checked requests per cell, where one wrong answer means the figures are not results.
+ */
+export async function runRequests(
+  count: number,
+  concurrency: number,
+  call: (sequence: number) => Promise<void>,
+): Promise<LoadResult> {
+  const result = await runLoad({
+    concurrency,
+    warmupMs: 0,
+    durationMs: Number.POSITIVE_INFINITY,
+    maxRequests: count,
+    call: (_worker, sequence) => call(sequence),
+  });
+  if (result.errors > 0) {
+    throw new Error(`${result.errors} of ${count} requests failed: ${result.errorSamples.join("; ")}`);
+  }
+  return result;
+}
+
+/** One cell of a fixed-count bench: requests, wall seconds, throughput and latency percentiles. */
+export interface CountedCell {
+  requests: number;
+  seconds: number;
+  requestsPerSecond: number;
+  p50Ms: number;
+  p99Ms: number;
+}
+
+/** Sums the runs of one cell (interleaved rounds) into its figures; 0 req/s when no time passed. */
+export function countedCell(runs: readonly Pick<LoadResult, "elapsedMs" | "latenciesMs">[]): CountedCell {
+  const latencies = runs.flatMap((run) => run.latenciesMs);
+  const seconds = runs.reduce((sum, run) => sum + run.elapsedMs, 0) / 1000;
+  return {
+    requests: latencies.length,
+    seconds,
+    requestsPerSecond: seconds > 0 ? latencies.length / seconds : 0,
+    p50Ms: percentile(latencies, 50),
+    p99Ms: percentile(latencies, 99),
+  };
+}
+
 // ── HTTP transport ───────────────────────────────────────────────────────────────────────────────
 
 /** Keep-alive connections, as many as the concurrency needs. */

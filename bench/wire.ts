@@ -31,15 +31,21 @@
  */
 import { randomBytes } from "node:crypto";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
-import { cpus, loadavg, totalmem } from "node:os";
 import { resolve } from "node:path";
 import { Client, neon, neonConfig, Pool } from "@neondatabase/serverless";
 import pg from "pg";
 import WebSocket from "ws";
-import { freePort, root, startLocalStack, writeEnvFile } from "../local/stack.ts";
+import {
+  freePort,
+  freshWorkerSecrets,
+  localWorkerVars,
+  root,
+  startLocalStack,
+  writeEnvFile,
+} from "../local/stack.ts";
 import { concatBytes, frontend, startupMessage, textMessage } from "../src/core/pg-wire.ts";
-import { wranglerVars } from "./harness.ts";
-import { lightFetch } from "./load.ts";
+import { admin, type BenchRunning, machineFacts, stopOnExit, wranglerVars } from "./harness.ts";
+import { type CountedCell, countedCell, type LoadResult, lightFetch, runRequests } from "./load.ts";
 import {
   buildWorker,
   cpuDelta,
@@ -59,47 +65,23 @@ const stateDir = resolve(root, ".lessor");
 const pgDir = resolve(stateDir, "bench-wire-pg");
 const persistDir = resolve(stateDir, "bench-wire-wrangler");
 const envFile = resolve(stateDir, "bench-wire.vars");
-const adminKey = `lak_${randomBytes(24).toString("base64url")}`;
+const secrets = freshWorkerSecrets();
+const adminKey = secrets.adminKey;
+const pools: Pool[] = [];
+const running: BenchRunning & { wrangler: RunningWrangler | null } = { stack: null, wrangler: null };
+const cleanup = stopOnExit("bench:wire", envFile, running, {
+  before: async () => {
+    for (const pool of pools.splice(0)) await pool.end().catch(() => undefined);
+  },
+});
 
 type QueryName = "SELECT 1" | "indexed read";
 type PathName = "/sql" | "wire tx" | "wire session" | "floor";
 
-interface Cell {
+interface Cell extends CountedCell {
   path: PathName;
   query: QueryName;
   concurrency: number;
-  requests: number;
-  seconds: number;
-  requestsPerSecond: number;
-  p50Ms: number;
-  p99Ms: number;
-}
-
-function percentile(sorted: readonly number[], p: number): number {
-  if (sorted.length === 0) return Number.NaN;
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] ?? Number.NaN;
-}
-
-/** Runs `count` checked requests at `concurrency`; answers wall time and latencies. */
-async function measure(
-  count: number,
-  concurrency: number,
-  request: (n: number) => Promise<void>,
-): Promise<{ seconds: number; latencies: number[] }> {
-  const latencies: number[] = [];
-  let next = 0;
-  const started = performance.now();
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < count) {
-        const n = next++;
-        const at = performance.now();
-        await request(n);
-        latencies.push(performance.now() - at);
-      }
-    }),
-  );
-  return { seconds: (performance.now() - started) / 1000, latencies };
 }
 
 /** The driver's per-client settings (its documented `client.neonConfig`), given to a Pool's clients. */
@@ -226,14 +208,7 @@ async function main(): Promise<void> {
     pgPassword: randomBytes(18).toString("base64url"),
     persistent: false,
   });
-  let wrangler: RunningWrangler | null = null;
-  const pools: Pool[] = [];
-  const shutdown = async () => {
-    for (const pool of pools) await pool.end().catch(() => undefined);
-    await wrangler?.stop().catch(() => undefined);
-    await stack.stop().catch(() => undefined);
-  };
-  process.once("SIGINT", () => void shutdown().then(() => process.exit(130)));
+  running.stack = stack;
   try {
     // The floor's own database, as the superuser: the same table, reached with no Lessor.
     const superuser = new pg.Client(stack.pg.url("postgres"));
@@ -252,36 +227,24 @@ async function main(): Promise<void> {
 
     writeEnvFile(envFile, {
       ...wranglerVars(),
-      LESSOR_ADMIN_KEY: adminKey,
-      LESSOR_SEAL_KEY: randomBytes(32).toString("base64"),
-      LESSOR_KEY_MAC_KEYS: randomBytes(32).toString("base64"),
-      LESSOR_CONTROL_PLANE_URL: stack.controlPlaneUrl,
-      LESSOR_HOSTS: stack.hostsJson,
-      LESSOR_WS_PROXY: stack.wsProxy,
-      BENCH_DATABASE_URL: floorUrl,
+      ...localWorkerVars(stack, secrets, { BENCH_DATABASE_URL: floorUrl }),
     });
     console.log("bundling the bench Worker and starting wrangler dev …");
     const script = await buildWorker(resolve(stateDir, "bench-wire-build"));
     const port = await freePort();
-    wrangler = await startWrangler({
+    const wrangler = await startWrangler({
       script,
       port,
       inspectorPort: await freePort(),
       envFile,
       persistTo: persistDir,
     });
+    running.wrangler = wrangler;
     const base = `http://127.0.0.1:${port}`;
 
-    const created = await fetch(`${base}/v1/tenants`, {
-      method: "POST",
-      headers: { Authorization: `Bearer ${adminKey}`, "content-type": "application/json" },
-      body: JSON.stringify({ id: `bench-wire-${randomBytes(3).toString("hex")}` }),
-    });
-    if (created.status !== 201) throw new Error(`create: ${created.status} ${await created.text()}`);
-    const { connectionString, tenant } = (await created.json()) as {
-      connectionString: string;
-      tenant: { poolSize?: number };
-    };
+    const { connectionString, tenant } = (await admin(base, adminKey, "/v1/tenants", {
+      id: `bench-wire-${randomBytes(3).toString("hex")}`,
+    })) as { connectionString: string; tenant: { poolSize?: number } };
     const poolSize = tenant.poolSize ?? 5;
 
     neonConfig.fetchEndpoint = `${base}/sql`;
@@ -326,7 +289,7 @@ async function main(): Promise<void> {
           { connectionString: sessionString, max: Math.min(concurrency, poolSize) },
           toLessor,
         );
-        await measure(concurrency * 2, concurrency, paths["wire session"]["SELECT 1"]);
+        await runRequests(concurrency * 2, concurrency, paths["wire session"]["SELECT 1"]);
       };
       const endSession = async () => {
         await wireSession?.end();
@@ -335,14 +298,11 @@ async function main(): Promise<void> {
       // Warm every path: the tenant's pool, the drivers' connections, the plans.
       for (const [path, queries] of Object.entries(paths)) {
         if (path === "wire session") await openSession();
-        await measure(concurrency * 4, concurrency, queries["SELECT 1"]);
-        await measure(concurrency * 4, concurrency, queries["indexed read"]);
+        await runRequests(concurrency * 4, concurrency, queries["SELECT 1"]);
+        await runRequests(concurrency * 4, concurrency, queries["indexed read"]);
         if (path === "wire session") await endSession();
       }
-      const totals = new Map<
-        string,
-        { path: PathName; query: QueryName; seconds: number; latencies: number[] }
-      >();
+      const runs = new Map<string, { path: PathName; query: QueryName; runs: LoadResult[] }>();
       for (let round = 0; round < rounds; round++) {
         for (const query of ["SELECT 1", "indexed read"] as const) {
           for (const [path, queries] of Object.entries(paths) as [
@@ -350,28 +310,17 @@ async function main(): Promise<void> {
             ReturnType<typeof queriesFor>,
           ][]) {
             if (path === "wire session") await openSession();
-            const run = await measure(Math.ceil(requestsPerCell / rounds), concurrency, queries[query]);
+            const run = await runRequests(Math.ceil(requestsPerCell / rounds), concurrency, queries[query]);
             if (path === "wire session") await endSession();
             const key = `${path}|${query}`;
-            const total = totals.get(key) ?? { path, query, seconds: 0, latencies: [] };
-            total.seconds += run.seconds;
-            total.latencies.push(...run.latencies);
-            totals.set(key, total);
+            const cell = runs.get(key) ?? { path, query, runs: [] };
+            cell.runs.push(run);
+            runs.set(key, cell);
           }
         }
       }
-      for (const total of totals.values()) {
-        const sorted = [...total.latencies].sort((a, b) => a - b);
-        cells.push({
-          path: total.path,
-          query: total.query,
-          concurrency,
-          requests: sorted.length,
-          seconds: total.seconds,
-          requestsPerSecond: sorted.length / total.seconds,
-          p50Ms: percentile(sorted, 50),
-          p99Ms: percentile(sorted, 99),
-        });
+      for (const cell of runs.values()) {
+        cells.push({ path: cell.path, query: cell.query, concurrency, ...countedCell(cell.runs) });
       }
       for (const pool of [wireTx, floor]) await pool.end();
       pools.length = 0;
@@ -414,7 +363,7 @@ async function main(): Promise<void> {
         {
           date,
           quick,
-          machine: { cpus: cpus().length, memoryGiB: Math.round(totalmem() / 2 ** 30), loadavg: loadavg() },
+          machine: machineFacts(),
           requestsPerCell,
           rounds,
           poolSize,
@@ -428,10 +377,10 @@ async function main(): Promise<void> {
     console.log(`\nwrote ${out}`);
   } catch (error) {
     console.error(error);
-    console.error(wrangler?.output.slice(-40).join("\n") ?? "");
+    console.error(running.wrangler?.output.slice(-40).join("\n") ?? "");
     process.exitCode = 1;
   } finally {
-    await shutdown();
+    await cleanup();
   }
 }
 

@@ -398,11 +398,7 @@ export function round(value: number, digits = 2): number {
   return Math.round(value * scale) / scale;
 }
 
-/** A markdown table. */
-export function mdTable(header: readonly string[], rows: readonly (readonly string[])[]): string {
-  const line = (cells: readonly string[]) => `| ${cells.join(" | ")} |`;
-  return [line(header), line(header.map(() => "---")), ...rows.map(line)].join("\n");
-}
+export { mdTable } from "./report.ts";
 
 /** A number for a table: fixed digits, or "–" when there is none. */
 export function num(value: number | null | undefined, digits = 0): string {

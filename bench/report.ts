@@ -382,10 +382,13 @@ export function fixed(value: number | null, digits: number): string {
   return value === null ? "–" : value.toFixed(digits);
 }
 
-function table(header: string[], rows: string[][]): string {
-  const line = (cells: string[]) => `| ${cells.join(" | ")} |`;
+/** A markdown table (harness.ts re-exports it: this module has no side effects, the harness does). */
+export function mdTable(header: readonly string[], rows: readonly (readonly string[])[]): string {
+  const line = (cells: readonly string[]) => `| ${cells.join(" | ")} |`;
   return [line(header), line(header.map(() => "---")), ...rows.map(line)].join("\n");
 }
+
+const table = mdTable;
 
 const queryTitle: Record<QueryName, string> = { select1: "SELECT 1", indexed: "indexed read" };
 

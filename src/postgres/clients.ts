@@ -82,8 +82,37 @@ interface EndState {
  * generation never finished closing, and its budget allocation was never released (the chaos
  * soak's leak, issue 32; the sequence is test/integration/pool-end-after-cut.test.ts).
  */
+/**
+ * What Lessor knows of one of its connections, kept on the connection itself (`SettlingClient`'s
+ * `state`), not in tables beside it: its transaction status, whether Lessor ends it on purpose, and
+ * what the server reported at its start.
+ */
+export class ConnectionState {
+  /** The last ReadyForQuery's status ('I' idle, 'T' in a transaction, 'E' failed); null until tracked. */
+  transactionStatus: string | null = null;
+  /** Lessor destroys this connection on purpose: its closing errors are expected, not news. */
+  endedOnPurpose = false;
+  /** The parameters the server reported (ParameterStatus); only a tenant connection records them. */
+  serverParameters: Map<string, string> | null = null;
+}
+
+const foreignState = Symbol("lessor.connectionState");
+
+/**
+ * The state of `client`: a `SettlingClient`'s own; for any other object (a client Lessor did not
+ * make, in a test), one kept on that object under a symbol of Lessor's.
+ */
+export function connectionState(client: object): ConnectionState {
+  if (client instanceof SettlingClient) return client.state;
+  const holder = client as { [foreignState]?: ConnectionState };
+  holder[foreignState] ??= new ConnectionState();
+  return holder[foreignState];
+}
+
 export class SettlingClient extends Client {
   private connectionEnded = false;
+  /** What Lessor knows of this connection (connection-state.ts reads and writes it). */
+  readonly state = new ConnectionState();
 
   /**
    * SCRAM's client-final step with the platform's PBKDF2 in one call, and the salted password kept
@@ -194,14 +223,12 @@ export function configuredClientClass(config: LessorConfig): typeof SettlingClie
   };
 }
 
-const serverParametersOf = new WeakMap<object, Map<string, string>>();
-
 /**
  * The parameters the server reported when the connection started (ParameterStatus: its version,
  * encoding, date style, time zone, …), as a tenant connection recorded them; empty for any other.
  */
 export function serverParameters(client: object): ReadonlyMap<string, string> {
-  return serverParametersOf.get(client) ?? new Map();
+  return connectionState(client).serverParameters ?? new Map();
 }
 
 /**
@@ -209,7 +236,7 @@ export function serverParameters(client: object): ReadonlyMap<string, string> {
  * answer, read off the wire: src/tenant-object/execute.ts); only a tenant connection keeps them.
  */
 export function noteServerParameter(client: object, name: string, value: string): void {
-  serverParametersOf.get(client)?.set(name, value);
+  connectionState(client).serverParameters?.set(name, value);
 }
 
 interface ParameterSource {
@@ -237,7 +264,7 @@ export function tenantClientClass(
       super(clientConfig);
       configure(this, config, options.route);
       const parameters = new Map<string, string>();
-      serverParametersOf.set(this, parameters);
+      this.state.serverParameters = parameters;
       (this as unknown as { connection: ParameterSource }).connection.on("parameterStatus", (message) => {
         parameters.set(message.parameterName, message.parameterValue);
       });

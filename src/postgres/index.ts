@@ -17,7 +17,14 @@ import {
   type TenantConnectionOptions,
 } from "./session-settings.ts";
 
-export { noteServerParameter, SettlingClient, serverParameters, terminateAndWait } from "./clients.ts";
+export {
+  ConnectionState,
+  connectionState,
+  noteServerParameter,
+  SettlingClient,
+  serverParameters,
+  terminateAndWait,
+} from "./clients.ts";
 export type { ConnectionPurpose, ConnectionTarget, TunnelRoute } from "./driver.ts";
 export { configureDriver, connectionsOpened } from "./driver.ts";
 export type { Queryable } from "./queryable.ts";

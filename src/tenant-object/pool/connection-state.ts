@@ -1,23 +1,21 @@
 /**
- * Tracks each pooled connection's transaction status from the ReadyForQuery messages Postgres
- * sends ('I' idle, 'T' in a transaction, 'E' in a failed transaction), so a connection is never
- * returned to the pool inside a transaction.
+ * A pooled connection's transaction status, from the ReadyForQuery messages Postgres sends ('I'
+ * idle, 'T' in a transaction, 'E' in a failed transaction), so a connection is never returned to
+ * the pool inside a transaction; and the reset that leaves it as a fresh one would be. The state
+ * lives on the connection itself (`ConnectionState`, src/postgres/clients.ts).
  */
 import type { PoolClient } from "@neondatabase/serverless";
+import { connectionState } from "../../postgres/index.ts";
 import { onReadyForQuery } from "../../postgres/internals.ts";
-
-const statusOf = new WeakMap<object, string>();
-/** Connections Lessor destroys on purpose: their closing errors are expected, not news. */
-const endedOnPurpose = new WeakSet<object>();
 
 /** Marks a connection Lessor is about to destroy (a cancelled or cut statement, a forced drain). */
 export function markEndedOnPurpose(client: PoolClient): void {
-  endedOnPurpose.add(client);
+  connectionState(client).endedOnPurpose = true;
 }
 
 /** Whether Lessor destroyed this connection on purpose (its closing errors are not news). */
 export function wasEndedOnPurpose(client: object | undefined): boolean {
-  return client !== undefined && endedOnPurpose.has(client);
+  return client !== undefined && connectionState(client).endedOnPurpose;
 }
 
 /**
@@ -27,13 +25,14 @@ export function wasEndedOnPurpose(client: object | undefined): boolean {
  * failure still reaches whoever uses the connection next, through its query.
  */
 export function trackTransactionStatus(client: PoolClient, onError: (error: Error) => void): void {
-  if (statusOf.has(client)) return;
-  statusOf.set(client, "I");
+  const state = connectionState(client);
+  if (state.transactionStatus !== null) return;
+  state.transactionStatus = "I";
   client.on("error", (error: Error) => {
-    if (!endedOnPurpose.has(client)) onError(error);
+    if (!state.endedOnPurpose) onError(error);
   });
   onReadyForQuery(client, (message) => {
-    if (typeof message.status === "string") statusOf.set(client, message.status);
+    if (typeof message.status === "string") state.transactionStatus = message.status;
   });
 }
 
@@ -42,12 +41,12 @@ export function trackTransactionStatus(client: PoolClient, onError: (error: Erro
  * connection's traffic itself, src/tenant-object/wire.ts), so the reset's check reads the truth.
  */
 export function noteTransactionStatus(client: PoolClient, status: "I" | "T" | "E"): void {
-  statusOf.set(client, status);
+  connectionState(client).transactionStatus = status;
 }
 
 /** True if the last ReadyForQuery said the connection is idle outside any transaction. */
 export function isIdleOutsideTransaction(client: PoolClient): boolean {
-  return (statusOf.get(client) ?? "I") === "I";
+  return (connectionState(client).transactionStatus ?? "I") === "I";
 }
 
 /**
@@ -91,7 +90,7 @@ export const sessionResetSql = `BEGIN; ROLLBACK; ${resetAfterTransaction}`;
 
 /** The reset for a connection whose status the driver saw: nothing to end when it is idle. */
 export function resetSqlFor(client: PoolClient): string {
-  const status = statusOf.get(client);
+  const status = connectionState(client).transactionStatus;
   if (status === "I") return resetAfterTransaction;
   if (status === "T" || status === "E") return `ROLLBACK; ${resetAfterTransaction}`;
   return sessionResetSql;

@@ -156,7 +156,9 @@ describe("a connection cut while it is being returned (the soak's leak)", () => 
     expect((await drained).status).toBeLessThan(300);
     expect(
       await inObject(tenant.id, (o) =>
-        (o as unknown as { pool: { holds(g: number): boolean } }).pool.holds(generation),
+        (o as unknown as { pool: { generations: { holds(g: number): boolean } } }).pool.generations.holds(
+          generation,
+        ),
       ),
     ).toBe(false);
     // Closed by the fix at the source, not by the bound that cuts a close that never finishes.
@@ -253,7 +255,9 @@ describe("the reconcile repairs the class from the outside", () => {
     ).toEqual([]);
     expect(
       await inObject(tenant.id, (o) =>
-        (o as unknown as { pool: { holds(g: number): boolean } }).pool.holds(generation),
+        (o as unknown as { pool: { generations: { holds(g: number): boolean } } }).pool.generations.holds(
+          generation,
+        ),
       ),
     ).toBe(false);
     const events = await pollUntil(
